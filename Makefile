@@ -1,0 +1,116 @@
+# One entry point for everything: `make` lists the targets.
+# `make train` and `make test` do their own set-up (a .venv with pinned packages, the pinned CDK CLI).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+CDK    := node_modules/.bin/cdk
+export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
+export CDK_DISABLE_CLI_TELEMETRY := true
+
+# Training knobs (override on the command line: `make train NPROC=4 STEPS=500 FAULTS=...`).
+TARGET  ?= local
+RECIPE  ?= debug_cpu
+NPROC   ?= 2
+RUN     ?= local
+RESTART ?= none
+FAULTS  ?=
+STEPS   ?=
+ARGS    ?=
+OVERLAY ?= smoke
+DATA    := data/stdlib
+
+.PHONY: help setup train test test-fast lint format clean synth diff deploy destroy bench report planner data eks-status eks-logs eks-stop
+
+help: ## List the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
+
+# --- set-up ---------------------------------------------------------------------------------
+# The stamp is rebuilt only when the project or the lock changes, so repeated runs are quick.
+$(VENV)/.stamp: pyproject.toml requirements.lock
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --disable-pip-version-check --upgrade pip
+	# The lock pins torch==2.13.0+cpu, which only the CPU wheel on disk satisfies: no CUDA torch.
+	$(PIP) install -q --disable-pip-version-check -c requirements.lock -e '.[train,infra,dev]'
+	@touch $@
+
+node_modules/.stamp: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+setup: $(VENV)/.stamp node_modules/.stamp ## Create .venv with pinned packages and install the pinned CDK CLI
+
+lock: ## Re-pin every Python package into requirements.lock (after changing pyproject.toml)
+	$(PIP) install -q -e '.[train,infra,dev]'
+	$(PIP) freeze --exclude-editable | grep -v '^-e ' > requirements.lock
+
+# --- training -------------------------------------------------------------------------------
+$(DATA)/meta.json: | $(VENV)/.stamp
+	$(PY) -m training prepare --stdlib --out $(DATA)
+
+data: $(VENV)/.stamp $(DATA)/meta.json ## Build the local corpus (Python's standard library source, tokenized)
+
+train: $(VENV)/.stamp ## Train: locally on CPU ranks (default) or on EKS with TARGET=eks
+ifeq ($(TARGET),eks)
+	$(PY) -m training.launch.eks submit --overlay $(OVERLAY) --follow $(ARGS)
+else
+	@$(MAKE) --no-print-directory $(DATA)/meta.json
+	$(PY) -m training.launch.local --nproc $(NPROC) --recipe $(RECIPE) --run-dir runs/$(RUN) \
+	  --restart $(RESTART) $(if $(FAULTS),--faults '$(FAULTS)') $(if $(STEPS),--train.steps=$(STEPS)) $(ARGS)
+endif
+
+eks-status: $(VENV)/.stamp ## Show the EKS training job's pods, restarts and completion
+	$(PY) -m training.launch.eks status --overlay $(OVERLAY)
+
+eks-logs: $(VENV)/.stamp ## Stream rank 0's log of the EKS training job
+	$(PY) -m training.launch.eks logs --overlay $(OVERLAY)
+
+eks-stop: $(VENV)/.stamp ## Delete the EKS training job (never the data on FSx)
+	$(PY) -m training.launch.eks stop --overlay $(OVERLAY)
+
+report: $(VENV)/.stamp ## Redraw a run's timeline and summary: make report RUN=local
+	$(PY) -m training.report runs/$(RUN)
+
+planner: $(VENV)/.stamp ## Goodput planner for cluster scale (writes docs/planner.png)
+	$(PY) -m training.planner $(ARGS)
+
+bench: $(VENV)/.stamp data ## Run every benchmark side by side and print the tables
+	$(PY) -m bench.run_all $(ARGS)
+
+# --- infrastructure -------------------------------------------------------------------------
+synth: setup ## Synthesize the CloudFormation templates offline
+	$(CDK) synth --no-notices --no-lookups --no-version-reporting $(ARGS)
+
+diff: setup ## Compare the deployed stack with the local one
+	$(CDK) diff --no-notices $(ARGS)
+
+deploy: setup ## Deploy the stack (needs AWS credentials); writes cdk-outputs.json
+	$(CDK) deploy --no-notices --outputs-file cdk-outputs.json $(ARGS)
+
+destroy: setup ## Tear the stack down (FSx data is deleted with it unless retained)
+	$(CDK) destroy --no-notices $(ARGS)
+
+# --- quality --------------------------------------------------------------------------------
+lint: $(VENV)/.stamp ## ruff lint + format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(VENV)/.stamp ## Apply ruff's fixes and formatting
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+test: setup lint ## Run the whole test suite (CPU; GPU tests are skipped without a GPU)
+	$(VENV)/bin/pytest $(ARGS)
+
+test-fast: setup ## Tests without the slow ones
+	$(VENV)/bin/pytest -m "not slow" $(ARGS)
+
+clean: ## Remove build outputs and local runs (keeps .venv; `make distclean` removes it too)
+	rm -rf cdk.out runs .pytest_cache .ruff_cache
+	find . -name __pycache__ -not -path './.venv/*' -not -path './node_modules/*' -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) node_modules data

@@ -1,0 +1,1 @@
+"""Fault-tolerant FSDP2 trainer (PyTorch + NVIDIA Resiliency Extension)."""
