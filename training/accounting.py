@@ -1,0 +1,393 @@
+"""Run accounting: turn a run directory's JSONL logs into a `RunSummary` (no plotting here).
+
+The run directory contract (written by the trainer):
+
+- ``metrics.jsonl``: rank 0, one object per optimizer step (``time`` = end of the step, ``step``,
+  ``loss``, ``lr``, ``step_time_s``, ``tokens_per_s``, ``mfu``, ``attempt``). After a restart from
+  a checkpoint the steps after that checkpoint appear again, later and with a higher attempt.
+- ``events.jsonl``: any rank, appended, ``{"time", "rank", "kind", "step", ...}``.
+
+Both files may end in a truncated line (a killed process); undecodable lines are skipped and
+counted. `summarize` raises `RunDirError` when there is nothing to summarize.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+EVENTS_FILE = "events.jsonl"
+
+# Events that belong to a restart incident. Everything logged between a fault and the first step
+# completed after it (by any rank, in any order) is one incident.
+_INCIDENT_KINDS = frozenset({"fault", "restart_begin", "restart_end", "attempt_start"})
+
+
+class RunDirError(Exception):
+    """The run directory is missing or holds no usable records."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One line of metrics.jsonl (the fields the accounting needs)."""
+
+    time: float
+    """Unix time at the end of the step."""
+    step: int
+    """The 1-based step number just completed."""
+    step_time_s: float
+    """Seconds the step took (its start is ``time - step_time_s``)."""
+    attempt: int
+    """0 for the first process/iteration, +1 per restart."""
+    loss: float | None
+    """Training loss of the step."""
+    tokens_per_s: float | None
+    """Throughput of the step."""
+    mfu: float | None
+    """Model FLOPs utilisation of the step, when the trainer knows the peak FLOPs."""
+
+
+@dataclass(frozen=True)
+class Restart:
+    """One restart incident: a fault (or a bare restart_begin) and the recovery after it.
+
+    Time lost is defined as ``lost_s = downtime_s + recompute_s`` where
+
+    - ``downtime_s`` runs from the incident's begin (the first ``fault`` event; if the incident has
+      no fault event, the first ``restart_begin``; failing both, its first event) to the *start*
+      of the first step completed after it (that step's ``time - step_time_s``). The start, not
+      the end, so that the step's own compute is not counted twice: it is productive (or, if it
+      repeats a step, part of ``recompute_s``). Clamped at 0.
+    - ``recompute_s`` is the summed ``step_time_s`` of the step occurrences completed *before* the
+      begin that are superseded by an occurrence of the same step number completed after it:
+      work done since the last checkpoint and thrown away by this restart.
+
+    So ``productive_s + sum(r.recompute_s) == sum of every step_time_s`` in the run.
+    """
+
+    mode: str
+    """inprocess, injob or cold (from restart_begin/restart_end), or "unknown"."""
+    fault: str | None
+    """The fault kind (exception, hang, sigkill, ...) of the incident's first fault event."""
+    attempt: int | None
+    """The attempt number of the first step after the restart (None: the run never resumed)."""
+    begin_s: float
+    """Seconds since run start at which the incident began (see the class docstring)."""
+    resumed_s: float | None
+    """Seconds since run start at which the first step after the incident completed."""
+    downtime_s: float
+    """Seconds from begin to the start of the first step after it (to the run's end if none)."""
+    recompute_s: float
+    """Seconds of step work done before the incident and done again after it."""
+    recomputed_steps: int
+    """How many step numbers were completed before the incident and repeated after it."""
+    restart_s: float | None
+    """The longest ``seconds`` reported by this incident's restart_end events, if any."""
+
+    @property
+    def lost_s(self) -> float:
+        """Total time lost to this incident: downtime plus recomputed work."""
+        return self.downtime_s + self.recompute_s
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What one run achieved and what its faults cost (all times in seconds)."""
+
+    run_dir: str
+    """The run directory summarized."""
+    status: str | None
+    """The last run_end status (completed, failed, preempted); None while running or killed."""
+    cause: str | None
+    """The last run_end cause, if any."""
+    world_size: int | None
+    """From the first run_start event."""
+    steps_completed: int
+    """Unique step numbers completed."""
+    final_step: int | None
+    """The highest step number completed."""
+    attempts: int
+    """How many attempts (processes or in-process iterations) produced steps or attempt_start."""
+    wall_s: float
+    """First run_start (or the earliest record) to the last step or run_end, whichever is later."""
+    productive_s: float
+    """Sum of step_time_s over the last occurrence of each step number."""
+    ettr: float
+    """Effective training time ratio: productive_s / wall_s (0 when wall_s is 0)."""
+    lost_s: float
+    """Sum of every restart's lost_s."""
+    faults: int
+    """Incidents that contain at least one fault event (recovered or not)."""
+    restarts: tuple[Restart, ...]
+    """Incidents that contain a restart (restart_begin/restart_end or a new attempt)."""
+    checkpoints_committed: int
+    """Distinct committed checkpoints (by step, else by path), duplicates across ranks removed."""
+    ckpt_blocking_median_s: float | None
+    """Median over checkpoints of the slowest rank's blocking_s (the training stall)."""
+    tokens_per_s_median: float | None
+    """Median tokens/s over every step occurrence."""
+    mfu_median: float | None
+    """Median MFU over the step occurrences that report one."""
+    final_loss: float | None
+    """Loss of the last occurrence of the highest step."""
+    skipped_lines: int
+    """JSONL lines that could not be parsed (e.g. a truncated last line) and were ignored."""
+    start_time: float
+    """Unix time the wall clock starts from (x = 0 on the timeline)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (restarts as a list of dicts, with lost_s spelled out)."""
+        out = {k: v for k, v in self.__dict__.items() if k != "restarts"}
+        out["restarts"] = [{**r.__dict__, "lost_s": r.lost_s} for r in self.restarts]
+        return out
+
+
+@dataclass(frozen=True)
+class RunLogs:
+    """The parsed contents of a run directory."""
+
+    steps: tuple[Step, ...]
+    """Every metrics line, sorted by time."""
+    events: tuple[dict[str, Any], ...]
+    """Every event line with a numeric time and a kind, sorted by time."""
+    skipped_lines: int
+    """Lines that were not valid JSON objects of the expected shape."""
+
+
+def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """Objects of a JSONL file (missing file: none) and the count of lines that failed to parse."""
+    if not path.is_file():
+        return [], 0
+    rows: list[dict[str, Any]] = []
+    bad = 0
+    with path.open("r", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                bad += 1  # most often the last line of a killed process
+                continue
+            if isinstance(obj, dict):
+                rows.append(obj)
+            else:
+                bad += 1
+    return rows, bad
+
+
+def _num(value: Any) -> float | None:
+    """A finite float, or None for null/missing/non-numeric values."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if value == value and abs(value) != float("inf") else None
+
+
+def load_run(*, run_dir: Path) -> RunLogs:
+    """Parse metrics.jsonl and events.jsonl, skipping lines that are not usable records."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunDirError(f"run directory {run_dir} does not exist")
+    raw_steps, bad_m = _read_jsonl(run_dir / METRICS_FILE)
+    raw_events, bad_e = _read_jsonl(run_dir / EVENTS_FILE)
+    skipped = bad_m + bad_e
+    steps: list[Step] = []
+    for m in raw_steps:
+        t, s, st = _num(m.get("time")), m.get("step"), _num(m.get("step_time_s"))
+        if t is None or not isinstance(s, int) or st is None:
+            skipped += 1
+            continue
+        attempt = m.get("attempt")
+        steps.append(
+            Step(
+                time=t,
+                step=s,
+                step_time_s=st,
+                attempt=attempt if isinstance(attempt, int) else 0,
+                loss=_num(m.get("loss")),
+                tokens_per_s=_num(m.get("tokens_per_s")),
+                mfu=_num(m.get("mfu")),
+            )
+        )
+    events: list[dict[str, Any]] = []
+    for e in raw_events:
+        if _num(e.get("time")) is None or not isinstance(e.get("kind"), str):
+            skipped += 1
+            continue
+        events.append(e)
+    if not steps and not events:
+        raise RunDirError(
+            f"run directory {run_dir} has no usable records in {METRICS_FILE} or {EVENTS_FILE}"
+        )
+    steps.sort(key=lambda s: s.time)
+    events.sort(key=lambda e: float(e["time"]))
+    return RunLogs(steps=tuple(steps), events=tuple(events), skipped_lines=skipped)
+
+
+def _incidents(
+    events: tuple[dict[str, Any], ...], step_times: list[float]
+) -> list[list[dict[str, Any]]]:
+    """Group fault/restart events into incidents: no step completes inside an incident.
+
+    Ranks log the same restart several times and in no fixed order, so grouping by "no progress
+    in between" is what makes per-rank duplicates collapse into one incident.
+    """
+    groups: list[list[dict[str, Any]]] = []
+    prev_t: float | None = None
+    for e in events:
+        if e["kind"] not in _INCIDENT_KINDS:
+            continue
+        if e["kind"] == "attempt_start" and not (e.get("attempt") or 0):
+            continue  # the first attempt's start is not a restart
+        t = float(e["time"])
+        # Start a new incident when a step completed since the previous incident event.
+        progressed = prev_t is not None and bisect.bisect_right(
+            step_times, t
+        ) > bisect.bisect_right(step_times, prev_t)
+        if not groups or progressed:
+            groups.append([])
+        groups[-1].append(e)
+        prev_t = t
+    # A slow rank may log restart_end after the first step: it belongs to the previous incident.
+    merged: list[list[dict[str, Any]]] = []
+    for g in groups:
+        if merged and all(e["kind"] == "restart_end" for e in g):
+            merged[-1].extend(g)
+        else:
+            merged.append(g)
+    return merged
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def summarize(*, run_dir: Path) -> RunSummary:
+    """Compute the `RunSummary` of a run directory (see `Restart` for how time lost is defined).
+
+    Raises `RunDirError` if the directory is missing or holds no usable records.
+    """
+    logs = load_run(run_dir=run_dir)
+    steps, events = logs.steps, logs.events
+    step_times = [s.time for s in steps]
+
+    starts = [float(e["time"]) for e in events if e["kind"] == "run_start"]
+    if starts:
+        t0 = min(starts)
+    else:  # no run_start (e.g. truncated): the earliest evidence of the run
+        candidates = [float(e["time"]) for e in events] + [s.time - s.step_time_s for s in steps]
+        t0 = min(candidates)
+    ends = [float(e["time"]) for e in events if e["kind"] == "run_end"]
+    t_end = max([*ends, *(s.time for s in steps), t0])
+    wall = t_end - t0
+
+    # The last occurrence of each step number is the one that counts; earlier ones were lost.
+    last: dict[int, Step] = {}
+    for s in steps:
+        last[s.step] = s
+    productive = sum(s.step_time_s for s in last.values())
+
+    restarts: list[Restart] = []
+    faults = 0
+    for group in _incidents(events, step_times):
+        kinds = {e["kind"] for e in group}
+        fault_events = [e for e in group if e["kind"] == "fault"]
+        faults += bool(fault_events)
+        if not kinds & {"restart_begin", "restart_end", "attempt_start"}:
+            continue  # a fault nobody restarted from (the run failed): not a restart
+        begin_ev = (
+            fault_events[0]
+            if fault_events
+            else next((e for e in group if e["kind"] == "restart_begin"), group[0])
+        )
+        begin = float(begin_ev["time"])
+        modes = Counter(
+            str(e["mode"])
+            for e in group
+            if e["kind"] in ("restart_begin", "restart_end")
+            if e.get("mode")
+        )
+        restart_secs = [
+            v
+            for e in group
+            if e["kind"] == "restart_end"
+            if (v := _num(e.get("seconds"))) is not None
+        ]
+        i = bisect.bisect_right(step_times, begin)
+        after = steps[i] if i < len(steps) else None
+        before_steps = steps[:i]
+        later_numbers = {s.step for s in steps[i:]}
+        # Occurrences before the incident that a later occurrence supersedes: thrown-away work.
+        # Only the latest pre-incident occurrence of a step number counts here; older ones were
+        # already superseded by an earlier incident.
+        latest_before: dict[int, Step] = {}
+        for s in before_steps:
+            latest_before[s.step] = s
+        redone = [s for n, s in latest_before.items() if n in later_numbers]
+        if after is not None:
+            downtime = max(0.0, after.time - after.step_time_s - begin)
+        else:
+            downtime = max(0.0, t_end - begin)
+        restarts.append(
+            Restart(
+                mode=modes.most_common(1)[0][0] if modes else "unknown",
+                fault=str(fault_events[0].get("fault")) if fault_events else None,
+                attempt=after.attempt if after is not None else None,
+                begin_s=begin - t0,
+                resumed_s=after.time - t0 if after is not None else None,
+                downtime_s=downtime,
+                recompute_s=sum(s.step_time_s for s in redone),
+                recomputed_steps=len(redone),
+                restart_s=max(restart_secs) if restart_secs else None,
+            )
+        )
+
+    committed: set[Any] = set()
+    for e in events:
+        if e["kind"] == "checkpoint_committed":
+            committed.add(("step", e["step"]) if e.get("step") is not None else e.get("path"))
+    # The stall a checkpoint causes is the slowest rank's: group staged events per step.
+    blocking: dict[Any, float] = {}
+    for e in events:
+        if e["kind"] == "checkpoint_staged" and (b := _num(e.get("blocking_s"))) is not None:
+            key = e.get("step") if e.get("step") is not None else float(e["time"])
+            blocking[key] = max(b, blocking.get(key, 0.0))
+
+    run_start = next((e for e in events if e["kind"] == "run_start"), None)
+    run_end = next((e for e in reversed(events) if e["kind"] == "run_end"), None)
+    ws = run_start.get("world_size") if run_start else None
+    attempt_numbers = {s.attempt for s in steps} | {
+        e["attempt"]
+        for e in events
+        if e["kind"] == "attempt_start" and isinstance(e.get("attempt"), int)
+    }
+    final = last[max(last)] if last else None
+    return RunSummary(
+        run_dir=str(run_dir),
+        status=str(run_end["status"]) if run_end and run_end.get("status") else None,
+        cause=str(run_end["cause"]) if run_end and run_end.get("cause") else None,
+        world_size=ws if isinstance(ws, int) else None,
+        steps_completed=len(last),
+        final_step=final.step if final else None,
+        attempts=(max(attempt_numbers) + 1) if attempt_numbers else 0,
+        wall_s=wall,
+        productive_s=productive,
+        ettr=productive / wall if wall > 0 else 0.0,
+        lost_s=sum(r.lost_s for r in restarts),
+        faults=faults,
+        restarts=tuple(restarts),
+        checkpoints_committed=len(committed),
+        ckpt_blocking_median_s=_median(list(blocking.values())),
+        tokens_per_s_median=_median([s.tokens_per_s for s in steps if s.tokens_per_s is not None]),
+        mfu_median=_median([s.mfu for s in steps if s.mfu is not None]),
+        final_loss=final.loss if final else None,
+        skipped_lines=logs.skipped_lines,
+        start_time=t0,
+    )
