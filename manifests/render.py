@@ -1,0 +1,529 @@
+"""Render the training job's Kubernetes objects: the one place the manifests are built.
+
+Three users, one source (`sizes.py` + the builders below):
+- the CDK app (`infra/`) calls `shared_objects(...)` and `job_objects(...)` and hands the dicts
+  to `cluster.add_manifest`; arguments may be CDK tokens, used here as opaque strings;
+- `python -m training.launch.eks` applies `job_objects(...)` with the kubernetes client;
+- kubectl users run `kubectl apply -k manifests/overlays/<name>`; those YAML files are
+  generated from the same builders by `python -m manifests.render write` (placeholders for
+  the image and FSx ids), and a test fails when they drift.
+
+Pure Python + PyYAML: no kubectl, no cluster, no AWS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from manifests.sizes import RESTART_MODES, SIZES, OverlaySize
+
+PROJECT = "eks-fsdp-resilient"
+"""Part-of label and the server-side apply field manager."""
+KUBERNETES_VERSION = "1.35.0"
+"""The cluster's Kubernetes version; manifests are validated against its schema."""
+OVERLAYS: tuple[str, ...] = tuple(SIZES)
+
+SERVICE_ACCOUNT = "fsdp-trainer"
+CONFIG_MAP = "fsdp-config"
+PV_NAME = "fsdp-fsx"
+PVC_NAME = "fsx-claim"
+CONTAINER = "trainer"
+FSX_MOUNT = "/fsx"
+DATA_DIR = f"{FSX_MOUNT}/data/stdlib"
+RDZV_PORT = 29500
+FT_INITIAL_HEARTBEAT_TIMEOUT_S = 1800  # first step: image warm-up, NCCL init, checkpoint load
+FT_HEARTBEAT_TIMEOUT_S = 600  # a rank silent this long is hung: restart the workers
+TTL_SECONDS_AFTER_FINISHED = 86400  # a finished Job (and its logs) stays a day, then goes
+# Exit codes that mean the job is misconfigured: retrying a pod cannot help, so fail at once.
+# 2: our launch script's own checks (and argparse); 126/127: the image lacks the command.
+CONFIG_ERROR_EXIT_CODES = (2, 126, 127)
+
+# Placeholders in the committed kustomize YAML (the Python renderer gets the real values).
+DEFAULT_NAMESPACE = "training"
+IMAGE_NAME = "trainer"
+PLACEHOLDER_IMAGE_REPO = "ACCOUNT.dkr.ecr.REGION.amazonaws.com/eks-fsdp-resilient"
+PLACEHOLDER_IMAGE_TAG = "latest"
+PLACEHOLDER_IMAGE = f"{PLACEHOLDER_IMAGE_REPO}:{PLACEHOLDER_IMAGE_TAG}"
+PLACEHOLDER_FSX = {
+    "file_system_id": "fs-0123456789abcdef0",
+    "dns_name": "fs-0123456789abcdef0.fsx.REGION.amazonaws.com",
+    "mount_name": "abcdefgh",
+    "storage_capacity_gib": 1200,
+}
+
+# The EFA + NCCL environment every rank gets (via the ConfigMap: tune it without a new image).
+EFA_NCCL_ENV = {
+    "FI_PROVIDER": "efa",  # libfabric over EFA, never TCP sockets
+    "FI_EFA_USE_DEVICE_RDMA": "1",  # GPUDirect RDMA on p5
+    "FI_EFA_FORK_SAFE": "1",  # data loader workers fork
+    "NCCL_DEBUG": "WARN",
+    "NCCL_SOCKET_IFNAME": "^lo,docker",  # bootstrap over the pod's interface
+    "NCCL_CROSS_NIC": "1",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # a failed collective raises, so NVRx can restart
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+}
+
+# The container's entry point. Plain bash, all inputs from the environment, so the overlays only
+# change env values. No "$(" anywhere: Kubernetes would try to expand it as a variable reference.
+LAUNCH_SCRIPT = r"""set -euo pipefail
+# Rank 0's stable DNS name: Indexed Job pods get hostname <job>-<index>, and the headless
+# Service (named like the Job) publishes <hostname>.<service>, even before the pod is ready.
+RDZV_HOST="${JOB_NAME}-0.${JOB_NAME}"
+for _ in {1..120}; do getent hosts "$RDZV_HOST" >/dev/null && break; sleep 5; done
+getent hosts "$RDZV_HOST" >/dev/null \
+  || { echo "rendezvous host $RDZV_HOST never resolved" >&2; exit 1; }
+TRAIN=(-m training train --recipe "$RECIPE" --run-dir "/fsx/runs/$JOB_NAME" --restart "$RESTART"
+       "--checkpoint.dir=/fsx/checkpoints/$JOB_NAME" "--data.path=$DATA_DIR" "$@")
+case "$RESTART" in
+  injob)  # NVRx in-job restart: ft_launcher restarts hung or dead ranks on every node
+    exec ft_launcher --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" \
+      --rdzv-backend=c10d --rdzv-endpoint="$RDZV_HOST:$RDZV_PORT" --rdzv-id="$JOB_NAME" \
+      --rdzv-conf=join_timeout=1800 --max-restarts="$MAX_RESTARTS" \
+      --term-timeout="$TERM_TIMEOUT" --workers-stop-timeout=60 \
+      --ft-initial-rank-heartbeat-timeout="$FT_INITIAL_HEARTBEAT_TIMEOUT" \
+      --ft-rank-heartbeat-timeout="$FT_HEARTBEAT_TIMEOUT" "${TRAIN[@]}" ;;
+  inprocess)  # NVRx in-process restart: static ranks, the Wrapper restarts inside each rank
+    exec torchrun --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" \
+      --node-rank="$JOB_COMPLETION_INDEX" --master-addr="$RDZV_HOST" \
+      --master-port="$RDZV_PORT" --max-restarts=0 "${TRAIN[@]}" ;;
+  *) echo "RESTART must be injob or inprocess, got '$RESTART'" >&2; exit 2 ;;
+esac
+"""
+
+# Data shards on FSx, prepared once: index 0 builds them in a temporary directory and renames it
+# into place (atomic on Lustre); the other pods wait for meta.json.
+PREPARE_SCRIPT = r"""set -euo pipefail
+if [ -f "$DATA_DIR/meta.json" ]; then echo "data ready in $DATA_DIR"; exit 0; fi
+if [ "$JOB_COMPLETION_INDEX" = 0 ]; then
+  TMP="$DATA_DIR.tmp.$HOSTNAME"
+  rm -rf "$TMP"
+  python -m training prepare --stdlib --out "$TMP"
+  mkdir -p "${DATA_DIR%/*}"
+  mv -T "$TMP" "$DATA_DIR" 2>/dev/null || rm -rf "$TMP"  # another job won the race: fine
+fi
+for _ in {1..360}; do [ -f "$DATA_DIR/meta.json" ] && exit 0; sleep 5; done
+echo "no $DATA_DIR/meta.json after 30 min" >&2; exit 1
+"""
+
+
+def _labels(component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "fsdp-train",
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": PROJECT,
+    }
+
+
+def size_of(overlay: str) -> OverlaySize:
+    """The sizes row of `overlay`; ValueError naming the allowed overlays."""
+    try:
+        return SIZES[overlay]
+    except KeyError:
+        raise ValueError(
+            f"unknown overlay {overlay!r}: choose one of {', '.join(OVERLAYS)}"
+        ) from None
+
+
+# --- shared objects: deployed with every `cdk deploy` -----------------------------------------
+
+
+def shared_objects(
+    *,
+    namespace: str,
+    file_system_id: str,
+    dns_name: str,
+    mount_name: str,
+    storage_capacity_gib: int,
+    image: str,
+) -> list[dict]:
+    """Namespace, FSx PV + PVC, ServiceAccount, ConfigMap: what every training job needs.
+
+    `image` is recorded in the ConfigMap (for the launcher and for humans); the Job takes its
+    image from `job_objects`.
+    """
+    del image  # kept in the signature for the CDK contract; the Job carries the image
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": namespace, "labels": _labels("namespace")},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {
+                "name": SERVICE_ACCOUNT,
+                "namespace": namespace,
+                "labels": _labels("trainer"),
+            },
+            # The trainer talks to no Kubernetes API: no token in the pods.
+            "automountServiceAccountToken": False,
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": CONFIG_MAP, "namespace": namespace, "labels": _labels("config")},
+            "data": {
+                **EFA_NCCL_ENV,
+                # The stack's FSx file system; the kustomize base copies these into the PV.
+                "FSX_FILE_SYSTEM_ID": file_system_id,
+                "FSX_DNS_NAME": dns_name,
+                "FSX_MOUNT_NAME": mount_name,
+                "FSX_STORAGE_CAPACITY": f"{storage_capacity_gib}Gi",
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": PV_NAME, "labels": _labels("storage")},
+            "spec": {
+                "capacity": {"storage": f"{storage_capacity_gib}Gi"},
+                "volumeMode": "Filesystem",
+                "accessModes": ["ReadWriteMany"],
+                # Static provisioning: the file system belongs to the stack, never to a claim.
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "mountOptions": ["flock"],
+                "csi": {
+                    "driver": "fsx.csi.aws.com",
+                    "volumeHandle": file_system_id,
+                    "volumeAttributes": {"dnsname": dns_name, "mountname": mount_name},
+                },
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": PVC_NAME, "namespace": namespace, "labels": _labels("storage")},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": "",
+                "volumeName": PV_NAME,
+                "resources": {"requests": {"storage": f"{storage_capacity_gib}Gi"}},
+            },
+        },
+    ]
+
+
+# --- the job: headless Service + Indexed Job ---------------------------------------------------
+
+
+def job_objects(
+    *,
+    overlay: str,
+    namespace: str,
+    image: str,
+    restart: str | None = None,
+    train_args: Sequence[str] | None = None,
+) -> list[dict]:
+    """The headless Service and the Indexed Job of `overlay`.
+
+    `restart` (injob | inprocess) and `train_args` (trainer overrides such as
+    `--train.steps=100`) default to the overlay's row in `sizes.py`.
+    """
+    size = size_of(overlay)
+    restart = restart or size.restart
+    if restart not in RESTART_MODES:
+        raise ValueError(f"restart must be one of {', '.join(RESTART_MODES)}, got {restart!r}")
+    args = list(size.train_args if train_args is None else train_args)
+    return [
+        _service(size=size, namespace=namespace),
+        _job(size=size, namespace=namespace, image=image, restart=restart, train_args=args),
+    ]
+
+
+def _service(*, size: OverlaySize, namespace: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": size.job_name, "namespace": namespace, "labels": _labels("rdzv")},
+        "spec": {
+            "clusterIP": "None",
+            # Ranks resolve rank 0 while it is still starting: publish before readiness.
+            "publishNotReadyAddresses": True,
+            "selector": {"batch.kubernetes.io/job-name": size.job_name},
+            "ports": [{"name": "rdzv", "port": RDZV_PORT, "targetPort": RDZV_PORT}],
+        },
+    }
+
+
+def _env(*, size: OverlaySize, restart: str) -> list[dict]:
+    values = {
+        "JOB_NAME": size.job_name,
+        "NNODES": str(size.nodes),
+        "NPROC_PER_NODE": str(size.nproc_per_node),
+        "WORLD_SIZE_EXPECTED": str(size.world_size),
+        "RECIPE": size.recipe,
+        "RESTART": restart,
+        "MAX_RESTARTS": str(size.max_restarts),
+        # ft_launcher forwards SIGTERM to the ranks, then SIGKILLs after this: leave 30 s of
+        # the grace period for the launcher itself to exit.
+        "TERM_TIMEOUT": str(max(size.grace_seconds - 30, 30)),
+        "FT_INITIAL_HEARTBEAT_TIMEOUT": str(FT_INITIAL_HEARTBEAT_TIMEOUT_S),
+        "FT_HEARTBEAT_TIMEOUT": str(FT_HEARTBEAT_TIMEOUT_S),
+        "RDZV_PORT": str(RDZV_PORT),
+        "DATA_DIR": DATA_DIR,
+        "TMPDIR": "/scratch",
+    }
+    return [{"name": k, "value": v} for k, v in values.items()]
+
+
+def _job(
+    *, size: OverlaySize, namespace: str, image: str, restart: str, train_args: list[str]
+) -> dict:
+    node = size.node_type
+    # Extended resources (GPU, EFA) and huge pages need requests == limits.
+    devices = {
+        "nvidia.com/gpu": str(node.gpus),
+        "vpc.amazonaws.com/efa": str(node.efa),
+        "hugepages-2Mi": node.hugepages_2mi,
+    }
+    volume_mounts = [
+        {"name": "fsx", "mountPath": FSX_MOUNT},
+        {"name": "shm", "mountPath": "/dev/shm"},
+        {"name": "scratch", "mountPath": "/scratch"},
+    ]
+    container = {
+        "name": CONTAINER,
+        "image": image,
+        "workingDir": "/app",
+        "command": ["bash", "-c", LAUNCH_SCRIPT, "launch"],
+        "args": train_args,
+        "env": _env(size=size, restart=restart),
+        "envFrom": [{"configMapRef": {"name": CONFIG_MAP}}],
+        "ports": [{"name": "rdzv", "containerPort": RDZV_PORT}],
+        "resources": {
+            "requests": {"cpu": node.cpu, "memory": node.memory, **devices},
+            "limits": dict(devices),
+        },
+        # EFA registers (pins) memory: the provider needs an unlimited memlock.
+        "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
+        "volumeMounts": volume_mounts,
+    }
+    prepare = {
+        "name": "prepare-data",
+        "image": image,
+        "workingDir": "/app",
+        "command": ["bash", "-c", PREPARE_SCRIPT],
+        "env": [{"name": "DATA_DIR", "value": DATA_DIR}],
+        "resources": {"requests": {"cpu": "4", "memory": "16Gi"}},
+        "volumeMounts": [{"name": "fsx", "mountPath": FSX_MOUNT}],
+    }
+    pod_spec = {
+        "serviceAccountName": SERVICE_ACCOUNT,
+        "restartPolicy": "Never",  # required by podFailurePolicy; restarts happen in NVRx
+        "subdomain": size.job_name,  # with the headless Service: <job>-<i>.<job> DNS names
+        "terminationGracePeriodSeconds": size.grace_seconds,
+        # One pod per node follows from requesting every GPU; the selector picks the node type.
+        "nodeSelector": {"node.kubernetes.io/instance-type": node.name},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "initContainers": [prepare],
+        "containers": [container],
+        "volumes": [
+            {"name": "fsx", "persistentVolumeClaim": {"claimName": PVC_NAME}},
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": node.shm}},
+            # Scratch on the node's disk; with the node group's local-storage RAID0 (nodeadm),
+            # the kubelet's directory, and so every emptyDir, lives on the instance NVMe.
+            {"name": "scratch", "emptyDir": {}},
+        ],
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": size.job_name, "namespace": namespace, "labels": _labels("trainer")},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": size.nodes,
+            "parallelism": size.nodes,
+            "backoffLimit": size.backoff_limit,
+            "ttlSecondsAfterFinished": TTL_SECONDS_AFTER_FINISHED,
+            # A replacement pod starts only once the old one is gone: no two pods share a
+            # hostname (rank), and the old one finishes its final checkpoint first.
+            "podReplacementPolicy": "Failed",
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {
+                            "containerName": CONTAINER,
+                            "operator": "In",
+                            "values": list(CONFIG_ERROR_EXIT_CODES),
+                        },
+                    },
+                    # Node drain, preemption, eviction: not the job's fault.
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                ]
+            },
+            "template": {
+                "metadata": {"labels": _labels("trainer")},
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+# --- the committed kustomize tree, generated from the builders above ---------------------------
+
+MANIFESTS_DIR = Path(__file__).resolve().parent
+BASE_OVERLAY = "smoke"  # the base carries this size; each overlay patches the differences
+
+
+def placeholder_objects(*, overlay: str) -> list[dict]:
+    """What `kubectl kustomize manifests/overlays/<overlay>` yields (placeholders included)."""
+    return [
+        *shared_objects(namespace=DEFAULT_NAMESPACE, image=PLACEHOLDER_IMAGE, **PLACEHOLDER_FSX),
+        *job_objects(overlay=overlay, namespace=DEFAULT_NAMESPACE, image=PLACEHOLDER_IMAGE),
+    ]
+
+
+def json_patch(*, old: Any, new: Any, path: str = "") -> list[dict]:
+    """RFC 6902 operations turning `old` into `new` (lists of equal length are patched by index)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        ops: list[dict] = []
+        for key in old:
+            sub = f"{path}/{_escape(key)}"
+            if key not in new:
+                ops.append({"op": "remove", "path": sub})
+            else:
+                ops += json_patch(old=old[key], new=new[key], path=sub)
+        ops += [
+            {"op": "add", "path": f"{path}/{_escape(k)}", "value": v}
+            for k, v in new.items()
+            if k not in old
+        ]
+        return ops
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        ops = []
+        for i, (a, b) in enumerate(zip(old, new, strict=True)):
+            sub = json_patch(old=a, new=b, path=f"{path}/{i}")
+            if sub and isinstance(a, dict) and "name" in a and a.get("name") == b.get("name"):
+                # Guard a patch by index with the item's name (env vars, containers): it fails
+                # loudly instead of patching the wrong item if someone reorders the base.
+                sub.insert(0, {"op": "test", "path": f"{path}/{i}/name", "value": a["name"]})
+            ops += sub
+        return ops
+    return [] if old == new else [{"op": "replace", "path": path, "value": new}]
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def kustomize_tree() -> dict[str, Any]:
+    """Every generated file under manifests/, relative path -> YAML document(s)."""
+    base_objects = shared_objects(
+        namespace=DEFAULT_NAMESPACE, image=PLACEHOLDER_IMAGE, **PLACEHOLDER_FSX
+    ) + job_objects(overlay=BASE_OVERLAY, namespace=DEFAULT_NAMESPACE, image=IMAGE_NAME)
+    files: dict[str, Any] = {}
+    resources = []
+    for obj in base_objects:
+        name = f"{obj['kind'].lower()}.yaml"
+        files[f"base/{name}"] = obj
+        resources.append(name)
+    pv_fields = {
+        "FSX_FILE_SYSTEM_ID": "spec.csi.volumeHandle",
+        "FSX_DNS_NAME": "spec.csi.volumeAttributes.dnsname",
+        "FSX_MOUNT_NAME": "spec.csi.volumeAttributes.mountname",
+        "FSX_STORAGE_CAPACITY": "spec.capacity.storage",
+    }
+    files["base/kustomization.yaml"] = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "namespace": DEFAULT_NAMESPACE,
+        "resources": resources,
+        # Set your stack's image here (ImageUri from cdk-outputs.json) ...
+        "images": [
+            {"name": IMAGE_NAME, "newName": PLACEHOLDER_IMAGE_REPO, "newTag": PLACEHOLDER_IMAGE_TAG}
+        ],
+        # ... and your FSx ids in configmap.yaml: they are copied into the PersistentVolume.
+        "replacements": [
+            {
+                "source": {"kind": "ConfigMap", "name": CONFIG_MAP, "fieldPath": f"data.{key}"},
+                "targets": [{"select": {"kind": "PersistentVolume"}, "fieldPaths": [field]}],
+            }
+            for key, field in pv_fields.items()
+        ],
+    }
+    base_job = job_objects(overlay=BASE_OVERLAY, namespace=DEFAULT_NAMESPACE, image=IMAGE_NAME)
+    for overlay in OVERLAYS:
+        patches = []
+        new = job_objects(overlay=overlay, namespace=DEFAULT_NAMESPACE, image=IMAGE_NAME)
+        for old_obj, new_obj in zip(base_job, new, strict=True):
+            ops = json_patch(old=old_obj, new=new_obj)
+            if ops:
+                file = f"{old_obj['kind'].lower()}-patch.yaml"
+                files[f"overlays/{overlay}/{file}"] = ops
+                target = {"kind": old_obj["kind"], "name": old_obj["metadata"]["name"]}
+                patches.append({"path": file, "target": target})
+        files[f"overlays/{overlay}/kustomization.yaml"] = {
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "resources": ["../../base"],
+            **({"patches": patches} if patches else {}),
+        }
+    return files
+
+
+def _header(rel: str) -> str:
+    overlay = rel.split("/")[1] if rel.startswith("overlays/") else BASE_OVERLAY
+    return (
+        "# GENERATED by `python -m manifests.render write` from manifests/sizes.py and\n"
+        "# manifests/render.py: edit those, then regenerate.\n"
+        f"#   apply:    kubectl apply -k manifests/overlays/{overlay}\n"
+        f"#   watch:    kubectl -n {DEFAULT_NAMESPACE} get pods -l "
+        f"batch.kubernetes.io/job-name=fsdp-{overlay} -w\n"
+        f"#   clean up: kubectl -n {DEFAULT_NAMESPACE} delete job fsdp-{overlay}"
+        "  (keeps the FSx data)\n"
+    )
+
+
+def to_yaml(doc: Any) -> str:
+    import yaml
+
+    class _Dumper(yaml.SafeDumper):
+        pass
+
+    def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    _Dumper.add_representer(str, _str)
+    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=100)
+
+
+def generated_files() -> dict[str, str]:
+    """Relative path -> file text of every generated YAML file."""
+    return {rel: _header(rel) + to_yaml(doc) for rel, doc in kustomize_tree().items()}
+
+
+def write(root: Path = MANIFESTS_DIR) -> list[Path]:
+    written = []
+    for rel, text in generated_files().items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        written.append(path)
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m manifests.render", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("write", help="regenerate manifests/base and manifests/overlays")
+    show = sub.add_parser("show", help="print an overlay's objects as YAML (placeholders)")
+    show.add_argument("overlay", choices=OVERLAYS)
+    ns = parser.parse_args(argv)
+    if ns.cmd == "write":
+        for path in write():
+            print(path.relative_to(MANIFESTS_DIR.parent))
+    else:
+        print("---\n".join(to_yaml(o) for o in placeholder_objects(overlay=ns.overlay)), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The one table of sizes every manifest is derived from.
+
+`render.py` builds the Kubernetes objects from these rows, and the committed kustomize YAML
+under `base/` and `overlays/` is generated from them (`python -m manifests.render write`); a test
+fails when the two drift apart. Change a size here, never in the YAML.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeType:
+    """An EC2 GPU instance type and the devices its pods must request to own the whole node."""
+
+    name: str
+    """EC2 instance type, also the node selector (`node.kubernetes.io/instance-type`)."""
+    gpus: int
+    """NVIDIA GPUs per node: the `nvidia.com/gpu` request and the processes started per node."""
+    efa: int
+    """EFA interfaces per node (one per network card): the `vpc.amazonaws.com/efa` request."""
+    cpu: str
+    """CPU request: most of the node, leaving room for the kubelet and the daemon sets."""
+    memory: str
+    """Memory request, same reasoning as `cpu`."""
+    hugepages_2mi: str
+    """2 MiB huge pages for the EFA provider's registered buffers (libfabric)."""
+    shm: str
+    """Size limit of the memory-backed /dev/shm (NCCL and data loader shared memory)."""
+
+    def __post_init__(self) -> None:
+        if self.gpus < 1 or self.efa < 0:
+            raise ValueError(f"{self.name}: gpus must be >= 1 and efa >= 0")
+
+
+# p5.48xlarge: 8 x H100, 32 network cards (EFA), 192 vCPU, 2 TiB memory.
+P5_48XLARGE = NodeType(
+    name="p5.48xlarge",
+    gpus=8,
+    efa=32,
+    cpu="160",
+    memory="1600Gi",
+    hugepages_2mi="5120Mi",
+    shm="256Gi",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverlaySize:
+    """One overlay: how many nodes, which recipe, and the limits that grow with the job."""
+
+    name: str
+    """Overlay directory under `manifests/overlays/` and the suffix of the Job's name."""
+    nodes: int
+    """Nodes (= pods): the Job's parallelism and completions, and the launcher's --nnodes."""
+    recipe: str
+    """Trainer recipe (`python -m training train --recipe NAME`)."""
+    node_type: NodeType = P5_48XLARGE
+    restart: str = "injob"
+    """Default restart layer: `injob` (ft_launcher) or `inprocess` (torchrun, static ranks)."""
+    max_restarts: int = 10
+    """ft_launcher's in-job restarts before it gives up and the pod fails."""
+    backoff_limit: int = 3
+    """Pod failures (node loss, crash) the Job absorbs before it is marked failed."""
+    grace_seconds: int = 600
+    """terminationGracePeriodSeconds: time for the final checkpoint after SIGTERM."""
+    train_args: tuple[str, ...] = ()
+    """Extra trainer overrides, e.g. `--train.steps=100`."""
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise ValueError(f"overlay {self.name}: nodes must be >= 1, got {self.nodes}")
+        if self.restart not in RESTART_MODES:
+            raise ValueError(
+                f"overlay {self.name}: restart must be one of {RESTART_MODES}, got {self.restart!r}"
+            )
+
+    @property
+    def job_name(self) -> str:
+        return f"fsdp-{self.name}"
+
+    @property
+    def nproc_per_node(self) -> int:
+        # One rank per GPU: derived, never set separately.
+        return self.node_type.gpus
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.node_type.gpus
+
+
+RESTART_MODES = ("injob", "inprocess")
+
+SIZES: dict[str, OverlaySize] = {
+    s.name: s
+    for s in (
+        # The smoke test: one node, a short run, quick to give up.
+        OverlaySize(
+            name="smoke",
+            nodes=1,
+            recipe="p5_smoke",
+            max_restarts=3,
+            backoff_limit=1,
+            grace_seconds=300,
+            train_args=("--train.steps=200",),
+        ),
+        OverlaySize(name="2node", nodes=2, recipe="p5_8b", backoff_limit=4, grace_seconds=600),
+        # 70B shards take longer to flush; a bigger fleet loses nodes more often.
+        OverlaySize(
+            name="16node",
+            nodes=16,
+            recipe="p5_70b",
+            max_restarts=20,
+            backoff_limit=16,
+            grace_seconds=900,
+        ),
+    )
+}
