@@ -76,7 +76,9 @@ RDZV_HOST="${JOB_NAME}-0.${JOB_NAME}"
 for _ in {1..120}; do getent hosts "$RDZV_HOST" >/dev/null && break; sleep 5; done
 getent hosts "$RDZV_HOST" >/dev/null \
   || { echo "rendezvous host $RDZV_HOST never resolved" >&2; exit 1; }
-TRAIN=(-m training train --recipe "$RECIPE" --run-dir "/fsx/runs/$JOB_NAME" --restart "$RESTART"
+# "--" ends the launcher's options: without it, argparse's prefix matching reads the trainer's
+# --restart as an ambiguous abbreviation of ft_launcher's --restart-policy and exits.
+TRAIN=(-m training -- train --recipe "$RECIPE" --run-dir "/fsx/runs/$JOB_NAME" --restart "$RESTART"
        "--checkpoint.dir=/fsx/checkpoints/$JOB_NAME" "--data.path=$DATA_DIR" "$@")
 case "$RESTART" in
   injob)  # NVRx in-job restart: ft_launcher restarts hung or dead ranks on every node
