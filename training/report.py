@@ -158,7 +158,7 @@ def plot_timeline(*, run_dir: Path, summary: RunSummary, out: Path) -> Path:
     ax.set_ylabel("step")
     ax.set_title(f"{Path(summary.run_dir).name}: ETTR {summary.ettr:.1%}", loc="left")
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize=7)
+    ax.legend(loc="lower right", fontsize=7)
     fig.text(0.66, 0.9, format_summary(summary), family="monospace", fontsize=7, va="top")
     fig.savefig(out)
     plt.close(fig)
