@@ -21,9 +21,11 @@ Model (all times in seconds of wall clock):
   ``ETTR = tau / (M * exp(R / M) * (exp((tau + delta) / M) - 1))``, which the Monte Carlo
   simulation reproduces in expectation (up to the first segment, which has no restart, and the
   last, whose uncommitted work counts because the job ends cleanly).
-- Checkpoint size: ``params * bytes_per_param``; the default 16 bytes/param is mixed-precision
-  AdamW as FSDP shards it: bf16 weights (2) + fp32 master weights (4) + fp32 Adam m and v (8) +
-  2 bytes of bf16 gradients kept for the optimizer step; every GPU writes its 1/gpus shard.
+- Checkpoint size: ``params * bytes_per_param``; the default 16 bytes/param is the usual
+  mixed-precision AdamW training state as FSDP shards it: bf16 weights (2) + fp32 master weights
+  (4) + fp32 Adam m and v (8) + bf16 gradients (2); every GPU writes its 1/gpus shard. It is an
+  upper bound: a checkpoint without gradients (and with fp32 params only) is 12-14 bytes/param,
+  see ``--bytes-per-param``.
 
 J. W. Young, "A first order approximation to the optimum checkpoint interval", CACM 17(9), 1974.
 J. T. Daly, "A higher order estimate of the optimum checkpoint interval for restart dumps",
