@@ -1,0 +1,120 @@
+"""The EKS cluster (aws_eks_v2): control plane, access, system node group and core add-ons."""
+
+from __future__ import annotations
+
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_kms as kms
+from aws_cdk.lambda_layer_kubectl_v36 import KubectlV36Layer
+from constructs import Construct
+
+from infra.config import ClusterConfig
+
+# Each supported Kubernetes version with its eks_v2 constant and its matching kubectl layer.
+_VERSIONS = {"1.36": (eks.KubernetesVersion.V1_36, KubectlV36Layer)}
+
+# Every control-plane log type: the audit log is what shows who deleted a training job.
+_ALL_LOG_TYPES = [
+    eks.ClusterLoggingTypes.API,
+    eks.ClusterLoggingTypes.AUDIT,
+    eks.ClusterLoggingTypes.AUTHENTICATOR,
+    eks.ClusterLoggingTypes.CONTROLLER_MANAGER,
+    eks.ClusterLoggingTypes.SCHEDULER,
+]
+
+
+class TrainingCluster(Construct):
+    """An EKS cluster with managed node groups only (no Auto Mode), KMS-encrypted secrets, every
+    control-plane log, an endpoint restricted to the configured CIDRs (or private only), an
+    optional admin access entry, two on-demand system nodes and the Pod Identity and node
+    monitoring agents.
+
+    Attributes: `cluster`, `pod_identity_agent` (an add-on that Pod Identity users depend on).
+    """
+
+    def __init__(
+        self, scope: Construct, construct_id: str, *, vpc: ec2.IVpc, config: ClusterConfig
+    ) -> None:
+        super().__init__(scope, construct_id)
+        version, layer = _VERSIONS[config.kubernetes_version]
+        if config.endpoint_allowed_cidrs:
+            # Public for the listed CIDRs (e.g. the job launcher on a laptop), private inside the
+            # VPC: nodes and the kubectl provider (placed in the private subnets by eks_v2) never
+            # leave the VPC to reach the API server.
+            endpoint = eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(
+                *config.endpoint_allowed_cidrs
+            )
+        else:
+            endpoint = eks.EndpointAccess.PRIVATE
+
+        self.secrets_key = kms.Key(
+            self,
+            "SecretsKey",
+            description=f"Envelope encryption of Kubernetes secrets in {config.cluster_name}",
+            enable_key_rotation=True,
+        )
+        self.cluster = eks.Cluster(
+            self,
+            "Cluster",
+            cluster_name=config.cluster_name,
+            version=version,
+            vpc=vpc,
+            vpc_subnets=[ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)],
+            # eks_v2 defaults to Auto Mode; p5 with a custom EFA launch template needs managed
+            # node groups, so no default capacity and node groups added below.
+            default_capacity_type=eks.DefaultCapacityType.NODEGROUP,
+            default_capacity=0,
+            endpoint_access=endpoint,
+            cluster_logging=_ALL_LOG_TYPES,
+            secrets_encryption_key=self.secrets_key,
+            kubectl_provider_options=eks.KubectlProviderOptions(
+                kubectl_layer=layer(self, "KubectlLayer")
+            ),
+            # The update-kubeconfig command is a stack output with a stable name instead.
+            output_config_command=False,
+        )
+        if config.admin_principal_arn:
+            self.cluster.grant_access(
+                "Admin",
+                config.admin_principal_arn,
+                [
+                    eks.AccessPolicy.from_access_policy_name(
+                        "AmazonEKSClusterAdminPolicy",
+                        access_scope_type=eks.AccessScopeType.CLUSTER,
+                    )
+                ],
+            )
+
+        self.system_nodegroup = self.cluster.add_nodegroup_capacity(
+            "SystemNodes",
+            instance_types=[ec2.InstanceType(config.system_instance_type)],
+            ami_type=eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
+            capacity_type=eks.CapacityType.ON_DEMAND,
+            min_size=config.system_node_count,
+            desired_size=config.system_node_count,
+            max_size=config.system_node_count + 1,
+            disk_size=50,
+            labels={"node-role": "system"},
+            enable_node_auto_repair=True,
+        )
+
+        # Pod Identity: how the FSx CSI driver gets its IAM role (no OIDC provider needed).
+        self.pod_identity_agent = eks.Addon(
+            self,
+            "PodIdentityAgent",
+            cluster=self.cluster,
+            addon_name="eks-pod-identity-agent",
+            preserve_on_delete=False,
+        )
+        # Reports GPU (XID), EFA, kernel and storage faults as node conditions; node auto repair
+        # acts on them, which is what replaces a failed p5 without a human.
+        self.node_monitoring_agent = eks.Addon(
+            self,
+            "NodeMonitoringAgent",
+            cluster=self.cluster,
+            addon_name="eks-node-monitoring-agent",
+            preserve_on_delete=False,
+        )
+        # Add-ons need nodes to schedule on; without the dependency their creation can time out.
+        for addon in (self.pod_identity_agent, self.node_monitoring_agent):
+            addon.node.add_dependency(self.system_nodegroup)

@@ -1,0 +1,411 @@
+"""Typed configuration for the CDK app, read from the CDK context and validated at synth.
+
+Every value comes from one context key (defaults in cdk.json, overrides with `-c key=value`).
+A bad value raises `ConfigError` naming the key and the fix, before any construct is built.
+Values given on the command line arrive as strings; values from cdk.json keep their JSON types,
+so every reader accepts both.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# The stack's name is part of the contract with the job launcher: `make deploy` writes the
+# outputs to cdk-outputs.json under this key.
+STACK_NAME = "EksFsdpResilient"
+
+# Kubernetes versions this app can run: each needs a kubectl layer package of the same minor
+# version (aws-cdk.lambda-layer-kubectl-v36) that aws-cdk-lib's eks_v2 also knows.
+SUPPORTED_KUBERNETES_VERSIONS = ("1.36",)
+
+# The launch template's network-card layout (32 cards) is specific to this instance type.
+GPU_INSTANCE_TYPE = "p5.48xlarge"
+
+CAPACITY_TYPES = ("on-demand", "capacity-reservation", "capacity-block")
+EFA_INTERFACE_TYPES = ("efa-only", "efa")
+# FSx for Lustre PERSISTENT_2 per-unit throughput choices (MB/s per TiB).
+FSX_THROUGHPUTS = (125, 250, 500, 1000)
+
+
+class ConfigError(ValueError):
+    """A context value is missing or invalid; the message names the key and the fix."""
+
+    def __init__(self, key: str, problem: str, fix: str) -> None:
+        super().__init__(f"context '{key}': {problem}. Fix: {fix}")
+        self.key = key
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """Where the stack lives and how its VPC is laid out."""
+
+    region: str
+    """AWS region to deploy to, e.g. us-east-2 (the account comes from the credentials)."""
+    availability_zones: tuple[str, ...]
+    """At least two AZs of `region` for the VPC's public and private subnets (given explicitly,
+    so synth never looks them up)."""
+    gpu_availability_zone: str
+    """The AZ of the GPU nodes and FSx: the AZ of the capacity reservation when there is one."""
+    vpc_cidr: str
+    """IPv4 CIDR of the VPC; pods take VPC addresses, so keep it large (/16)."""
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The EKS control plane and its system node group."""
+
+    cluster_name: str
+    """Name of the EKS cluster (used by `aws eks update-kubeconfig`)."""
+    kubernetes_version: str
+    """Kubernetes minor version, one of SUPPORTED_KUBERNETES_VERSIONS."""
+    endpoint_allowed_cidrs: tuple[str, ...]
+    """CIDRs allowed to reach the public API endpoint; empty means a private endpoint only."""
+    admin_principal_arn: str | None
+    """IAM role or user ARN given cluster-admin through an access entry (None: no extra admin)."""
+    system_instance_type: str
+    """Instance type of the small on-demand node group that runs the add-ons."""
+    system_node_count: int
+    """Number of system nodes (two, so that add-ons survive the loss of one)."""
+
+
+@dataclass(frozen=True)
+class GpuNodesConfig:
+    """The p5.48xlarge managed node group."""
+
+    min_size: int
+    """Minimum number of GPU nodes."""
+    desired_size: int
+    """Number of GPU nodes to start with."""
+    max_size: int
+    """Maximum number of GPU nodes (also bounded by the reservation's size)."""
+    capacity_type: str
+    """`on-demand`, `capacity-reservation` (an ODCR) or `capacity-block` (EC2 Capacity Blocks)."""
+    capacity_reservation_id: str | None
+    """`cr-...` id of the reservation or capacity block; required unless on-demand."""
+    efa_secondary_interface_type: str
+    """Interface type on network cards 1..31: `efa-only` (no IP address used) or `efa`."""
+    root_volume_gib: int
+    """Size of the gp3 root volume (container images for CUDA + PyTorch are large)."""
+
+
+@dataclass(frozen=True)
+class FsxConfig:
+    """The FSx for Lustre file system shared by every pod."""
+
+    storage_capacity_gib: int
+    """Capacity in GiB: 1200, 2400, or a multiple of 2400 (PERSISTENT_2)."""
+    throughput_per_unit: int
+    """Per-unit storage throughput in MB/s/TiB, one of FSX_THROUGHPUTS."""
+    s3_link: str | None
+    """Optional `s3://bucket[/prefix]` linked with a data repository association (None: no link)."""
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """The trainer's container image."""
+
+    repository_name: str
+    """Name of the ECR repository created for trainer images pushed outside CDK (e.g. by CI)."""
+    image_uri: str | None
+    """A prebuilt image to run instead of building training/Dockerfile at deploy time."""
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """Kubernetes objects the stack applies to the cluster."""
+
+    namespace: str
+    """Namespace of the training job, its PVC, service account and configuration."""
+    train_overlay: str | None
+    """Overlay of the training job to apply with the stack (`-c train=smoke`); None: no job."""
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """Everything the stack needs, validated."""
+
+    network: NetworkConfig
+    cluster: ClusterConfig
+    gpu: GpuNodesConfig
+    fsx: FsxConfig
+    image: ImageConfig
+    workload: WorkloadConfig
+
+
+# --- readers: one per value type, each raising ConfigError with the key ----------------------
+
+Getter = Callable[[str], Any]
+
+_REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+_NAME_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9-]{0,99}$")
+_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_RESERVATION_RE = re.compile(r"^cr-[0-9a-f]{8,17}$")
+_PRINCIPAL_RE = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
+_S3_RE = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?$")
+_INSTANCE_TYPE_RE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
+_ECR_NAME_RE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$")
+
+
+def _str(get: Getter, key: str, *, fix: str) -> str:
+    value = get(key)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise ConfigError(key, "is missing", fix)
+    if not isinstance(value, str):
+        raise ConfigError(key, f"must be a string, got {value!r}", fix)
+    return value.strip()
+
+
+def _optional_str(get: Getter, key: str) -> str | None:
+    value = get(key)
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(key, f"must be a string, got {value!r}", "give a string or leave it out")
+    return value.strip()
+
+
+def _int(get: Getter, key: str, *, minimum: int, fix: str) -> int:
+    value = get(key)
+    if isinstance(value, bool):  # bool is an int subclass; true/false is never a count
+        raise ConfigError(key, f"must be an integer, got {value!r}", fix)
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise ConfigError(key, f"must be an integer, got {value!r}", fix) from None
+    if not isinstance(value, int):
+        raise ConfigError(key, f"must be an integer, got {value!r}", fix)
+    if value < minimum:
+        raise ConfigError(key, f"must be >= {minimum}, got {value}", fix)
+    return value
+
+
+def _list(get: Getter, key: str, *, fix: str) -> tuple[str, ...]:
+    """A list from cdk.json, or a JSON list / comma-separated string from `-c`."""
+    value = get(key)
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise ConfigError(key, f"is not a valid JSON list ({err.msg})", fix) from None
+        else:
+            value = [part for part in text.split(",") if part.strip()]
+    if not isinstance(value, Sequence) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(key, f"must be a list of strings, got {value!r}", fix)
+    return tuple(v.strip() for v in value)
+
+
+def _choice(get: Getter, key: str, choices: Sequence[str]) -> str:
+    fix = f"use one of: {', '.join(choices)}"
+    value = _str(get, key, fix=fix)
+    if value not in choices:
+        raise ConfigError(key, f"{value!r} is not supported", fix)
+    return value
+
+
+# --- sections ---------------------------------------------------------------------------------
+
+
+def _network(get: Getter) -> NetworkConfig:
+    region = _str(get, "region", fix="set it to an AWS region, e.g. -c region=us-east-2")
+    if not _REGION_RE.match(region):
+        raise ConfigError("region", f"{region!r} is not an AWS region name", "e.g. us-east-2")
+    azs = _list(get, "availabilityZones", fix=f"e.g. -c availabilityZones={region}a,{region}b")
+    if len(azs) < 2 or len(set(azs)) != len(azs):
+        raise ConfigError(
+            "availabilityZones",
+            f"needs at least two distinct AZs, got {list(azs)}",
+            f"list two or more AZs of {region}, e.g. {region}a,{region}b",
+        )
+    for az in azs:
+        if not re.match(rf"^{re.escape(region)}[a-z]$", az):
+            raise ConfigError(
+                "availabilityZones",
+                f"{az!r} is not an AZ of region {region}",
+                f"use AZ names of {region} ({region}a, {region}b, ...)",
+            )
+    gpu_az = _str(get, "gpuAvailabilityZone", fix=f"set it to one of {list(azs)}")
+    if gpu_az not in azs:
+        raise ConfigError(
+            "gpuAvailabilityZone",
+            f"{gpu_az!r} is not one of availabilityZones {list(azs)}",
+            "use the AZ of your capacity reservation and list it in availabilityZones",
+        )
+    cidr = _str(get, "vpcCidr", fix="e.g. -c vpcCidr=10.0.0.0/16")
+    try:
+        network = ipaddress.IPv4Network(cidr)
+    except ValueError:
+        raise ConfigError("vpcCidr", f"{cidr!r} is not an IPv4 CIDR", "e.g. 10.0.0.0/16") from None
+    if not 16 <= network.prefixlen <= 18:
+        raise ConfigError(
+            "vpcCidr",
+            f"/{network.prefixlen} does not fit the subnet layout (public /24s, private /19s)",
+            "use a /16 to /18 block",
+        )
+    return NetworkConfig(
+        region=region, availability_zones=azs, gpu_availability_zone=gpu_az, vpc_cidr=cidr
+    )
+
+
+def _cluster(get: Getter) -> ClusterConfig:
+    name = _str(get, "clusterName", fix="e.g. -c clusterName=fsdp-resilient")
+    if not _NAME_RE.match(name):
+        raise ConfigError(
+            "clusterName", f"{name!r} is not a valid EKS cluster name", "letters, digits and -"
+        )
+    version = _choice(get, "kubernetesVersion", SUPPORTED_KUBERNETES_VERSIONS)
+    cidrs_fix = 'list your CIDRs, e.g. -c endpointAllowedCidrs=203.0.113.7/32 (or "[]": private)'
+    cidrs = _list(get, "endpointAllowedCidrs", fix=cidrs_fix)
+    for cidr in cidrs:
+        try:
+            net = ipaddress.ip_network(cidr)
+        except ValueError:
+            raise ConfigError(
+                "endpointAllowedCidrs", f"{cidr!r} is not a CIDR", cidrs_fix
+            ) from None
+        if net.prefixlen == 0:
+            raise ConfigError(
+                "endpointAllowedCidrs",
+                f"{cidr} opens the Kubernetes API to the whole internet",
+                cidrs_fix,
+            )
+    admin = _optional_str(get, "adminPrincipalArn")
+    if admin is not None and not _PRINCIPAL_RE.match(admin):
+        raise ConfigError(
+            "adminPrincipalArn",
+            f"{admin!r} is not an IAM role or user ARN",
+            "e.g. arn:aws:iam::123456789012:role/Admin (an SSO role's ARN without the path)",
+        )
+    system_type = _str(get, "systemInstanceType", fix="e.g. -c systemInstanceType=m7i.xlarge")
+    if not _INSTANCE_TYPE_RE.match(system_type):
+        raise ConfigError(
+            "systemInstanceType", f"{system_type!r} is not an instance type", "e.g. m7i.xlarge"
+        )
+    count = _int(get, "systemNodeCount", minimum=1, fix="use 2 (add-ons survive losing a node)")
+    return ClusterConfig(
+        cluster_name=name,
+        kubernetes_version=version,
+        endpoint_allowed_cidrs=cidrs,
+        admin_principal_arn=admin,
+        system_instance_type=system_type,
+        system_node_count=count,
+    )
+
+
+def _gpu(get: Getter) -> GpuNodesConfig:
+    fix = "set gpuNodesMin <= gpuNodesDesired <= gpuNodesMax"
+    low = _int(get, "gpuNodesMin", minimum=0, fix=fix)
+    desired = _int(get, "gpuNodesDesired", minimum=0, fix=fix)
+    high = _int(get, "gpuNodesMax", minimum=1, fix=fix)
+    if not low <= desired <= high:
+        raise ConfigError(
+            "gpuNodesDesired", f"min {low} <= desired {desired} <= max {high} does not hold", fix
+        )
+    capacity = _choice(get, "capacityType", CAPACITY_TYPES)
+    reservation = _optional_str(get, "capacityReservationId")
+    if capacity == "on-demand" and reservation is not None:
+        raise ConfigError(
+            "capacityReservationId",
+            "is set but capacityType is on-demand",
+            "set -c capacityType=capacity-reservation (or capacity-block), or drop the id",
+        )
+    if capacity != "on-demand":
+        if reservation is None:
+            raise ConfigError(
+                "capacityReservationId",
+                f"is required when capacityType is {capacity}",
+                "give the reservation's id, e.g. -c capacityReservationId=cr-0123456789abcdef0",
+            )
+        if not _RESERVATION_RE.match(reservation):
+            raise ConfigError(
+                "capacityReservationId",
+                f"{reservation!r} is not a capacity reservation id",
+                "ids look like cr-0123456789abcdef0",
+            )
+    efa = _choice(get, "efaSecondaryInterfaceType", EFA_INTERFACE_TYPES)
+    root = _int(get, "gpuRootVolumeGiB", minimum=100, fix="use at least 100 (CUDA images are big)")
+    return GpuNodesConfig(
+        min_size=low,
+        desired_size=desired,
+        max_size=high,
+        capacity_type=capacity,
+        capacity_reservation_id=reservation,
+        efa_secondary_interface_type=efa,
+        root_volume_gib=root,
+    )
+
+
+def _fsx(get: Getter) -> FsxConfig:
+    fix = "use 1200, 2400 or a multiple of 2400"
+    capacity = _int(get, "fsxStorageCapacityGiB", minimum=1200, fix=fix)
+    if capacity != 1200 and capacity % 2400:
+        raise ConfigError("fsxStorageCapacityGiB", f"{capacity} is not a PERSISTENT_2 size", fix)
+    choices = ", ".join(map(str, FSX_THROUGHPUTS))
+    throughput = _int(get, "fsxThroughputPerUnit", minimum=1, fix=f"use one of {choices}")
+    if throughput not in FSX_THROUGHPUTS:
+        raise ConfigError(
+            "fsxThroughputPerUnit", f"{throughput} MB/s/TiB is not offered", f"use one of {choices}"
+        )
+    link = _optional_str(get, "fsxS3Link")
+    if link is not None and not _S3_RE.match(link):
+        raise ConfigError(
+            "fsxS3Link", f"{link!r} is not an s3:// URI", "e.g. s3://my-bucket/datasets"
+        )
+    return FsxConfig(storage_capacity_gib=capacity, throughput_per_unit=throughput, s3_link=link)
+
+
+def _image(get: Getter) -> ImageConfig:
+    name = _str(get, "imageRepositoryName", fix="e.g. -c imageRepositoryName=fsdp-trainer")
+    if not _ECR_NAME_RE.match(name):
+        raise ConfigError(
+            "imageRepositoryName", f"{name!r} is not an ECR repository name", "lowercase, . _ - /"
+        )
+    uri = _optional_str(get, "imageUri")
+    if uri is not None and (" " in uri or ":" not in uri.rsplit("/", 1)[-1] and "@" not in uri):
+        raise ConfigError(
+            "imageUri",
+            f"{uri!r} is not a pinned image reference",
+            "give registry/repository:tag or registry/repository@sha256:...",
+        )
+    return ImageConfig(repository_name=name, image_uri=uri)
+
+
+def _workload(get: Getter, overlays: Sequence[str]) -> WorkloadConfig:
+    namespace = _str(get, "trainingNamespace", fix="e.g. -c trainingNamespace=training")
+    if not _DNS_LABEL_RE.match(namespace):
+        raise ConfigError(
+            "trainingNamespace",
+            f"{namespace!r} is not a Kubernetes namespace name",
+            "lowercase letters, digits and -, at most 63 characters",
+        )
+    train = _optional_str(get, "train")
+    if train is not None and train not in overlays:
+        raise ConfigError(
+            "train", f"{train!r} is not an overlay", f"use one of: {', '.join(overlays)}"
+        )
+    return WorkloadConfig(namespace=namespace, train_overlay=train)
+
+
+def load_config(get: Getter, *, overlays: Sequence[str]) -> StackConfig:
+    """Read and validate every context value; `get` is e.g. `app.node.try_get_context`.
+
+    `overlays` are the training job's overlays (manifests.render.OVERLAYS), passed in so that
+    this module stays free of imports outside the standard library.
+    """
+    return StackConfig(
+        network=_network(get),
+        cluster=_cluster(get),
+        gpu=_gpu(get),
+        fsx=_fsx(get),
+        image=_image(get),
+        workload=_workload(get, overlays),
+    )

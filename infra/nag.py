@@ -1,0 +1,137 @@
+"""cdk-nag AwsSolutions checks, every acknowledgment with its reason (all in this module), and
+our own checks for what cdk-nag does not look at on aws_eks_v2 clusters."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from aws_cdk import Acknowledgment, App, Validations
+from aws_cdk import aws_eks_v2 as eks
+from cdk_nag import AwsSolutionsChecks
+from constructs import IConstruct
+
+
+def add_checks(app: App) -> None:
+    """Run the AwsSolutions pack at synth: an unacknowledged finding fails synthesis."""
+    Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+
+
+def acknowledge(
+    *,
+    cluster: eks.Cluster,
+    nodegroups: Sequence[IConstruct],
+    csi_role: IConstruct,
+) -> None:
+    """Acknowledge, each on the construct it concerns and with its reason, the findings this
+    design accepts. Nothing is acknowledged stack-wide: a new finding anywhere fails synth."""
+    for scope, acknowledgments in (
+        (cluster.role, CLUSTER_ROLE),
+        (cluster.node.find_child("KubectlProvider"), KUBECTL_PROVIDER),
+        *((nodegroup, NODE_ROLE) for nodegroup in nodegroups),
+        (csi_role, FSX_CSI_ROLE),
+    ):
+        for rule, reason in acknowledgments.items():
+            Validations.of(scope).acknowledge(
+                Acknowledgment(id=f"AwsSolutions::{rule}", reason=reason)
+            )
+
+
+def _managed(policy: str) -> str:
+    return f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{policy}]"
+
+
+CLUSTER_ROLE = {
+    _managed("AmazonEKSClusterPolicy"): (
+        "The EKS service role needs exactly this AWS-managed policy; AWS updates it when EKS "
+        "needs new permissions, which a copied inline policy would miss."
+    ),
+}
+NODE_ROLE = {
+    _managed("AmazonEKSWorkerNodePolicy"): (
+        "Required by every EKS managed node (kubelet registration, EKS API reads); EKS documents "
+        "this managed policy as the node role's baseline."
+    ),
+    _managed("AmazonEKS_CNI_Policy"): (
+        "The VPC CNI on the nodes assigns pod IPs through ENI calls; this is the documented "
+        "managed policy for it (the CNI runs before Pod Identity is available on a new node)."
+    ),
+    _managed("AmazonEC2ContainerRegistryReadOnly"): (
+        "Nodes pull the trainer image and EKS add-on images from ECR; read-only access to ECR "
+        "is what the managed policy grants."
+    ),
+}
+KUBECTL_PROVIDER = {
+    _managed("service-role/AWSLambdaBasicExecutionRole"): (
+        "aws-cdk-lib's kubectl provider Lambda functions only write their own CloudWatch logs "
+        "with this policy."
+    ),
+    _managed("service-role/AWSLambdaVPCAccessExecutionRole"): (
+        "The kubectl provider runs in the private subnets to reach the private API endpoint; "
+        "Lambda needs this policy to create its VPC network interfaces."
+    ),
+    _managed("AmazonEC2ContainerRegistryReadOnly"): (
+        "aws-cdk-lib's kubectl handler may install Helm charts from ECR (OCI) repositories."
+    ),
+    (
+        'AwsSolutions-IAM4[Policy::{"Fn::If":["EksClusterKubectlProviderHandlerHasEcrPublic'
+        'C426D1A5",{"Fn::Join":["",["arn:",{"Ref":"AWS::Partition"},":iam::aws:policy/'
+        'AmazonElasticContainerRegistryPublicReadOnly"]]},{"Ref":"AWS::NoValue"}]}]'
+    ): (
+        "aws-cdk-lib attaches ECR Public read-only access to the kubectl handler only in "
+        "partitions that have ECR Public, for public OCI Helm charts."
+    ),
+    "AwsSolutions-L1": (
+        "aws-cdk-lib picks the kubectl handler's Python runtime (the newest it knows at release "
+        "2.275); it is not configurable and is updated with aws-cdk-lib."
+    ),
+    "AwsSolutions-IAM5[Resource::<EksClusterKubectlProviderHandlerDA75FB7A.Arn>:*]": (
+        "The custom resource framework invokes any version of the one kubectl handler function; "
+        "the wildcard is the version suffix of that single function ARN."
+    ),
+}
+FSX_CSI_ROLE = {
+    "AwsSolutions-IAM5[Resource::*]": (
+        "fsx:DescribeFileSystems and fsx:DescribeVolumes support no resource-level permissions; "
+        "the role grants nothing else (the PV is provisioned statically)."
+    ),
+}
+
+
+def eks_cluster_findings(template: dict[str, Any]) -> list[str]:
+    """Problems with every AWS::EKS::Cluster in a synthesized template; empty when all is well.
+
+    cdk-nag's EKS rules (EKS1, EKS2) read the old aws-eks custom resource, not the native
+    AWS::EKS::Cluster that aws_eks_v2 emits, so these are checked here: the public endpoint is
+    off or limited to named CIDRs, every control-plane log type is on, secrets are encrypted
+    with a KMS key.
+    """
+    findings: list[str] = []
+    for logical_id, resource in template.get("Resources", {}).items():
+        if resource.get("Type") != "AWS::EKS::Cluster":
+            continue
+        props = resource.get("Properties", {})
+        vpc_config = props.get("ResourcesVpcConfig", {})
+        if vpc_config.get("EndpointPublicAccess", True):
+            cidrs = vpc_config.get("PublicAccessCidrs") or ["0.0.0.0/0"]
+            if any(c in ("0.0.0.0/0", "::/0") for c in cidrs):
+                findings.append(f"{logical_id}: public endpoint open to the internet")
+        if not vpc_config.get("EndpointPrivateAccess", False):
+            findings.append(f"{logical_id}: private endpoint access is off")
+        enabled = {
+            entry.get("Type")
+            for entry in props.get("Logging", {}).get("ClusterLogging", {}).get("EnabledTypes", [])
+        }
+        missing = set(LOG_TYPES) - enabled
+        if missing:
+            findings.append(f"{logical_id}: control-plane logs off: {sorted(missing)}")
+        encryption = props.get("EncryptionConfig") or []
+        if not any(
+            "secrets" in e.get("Resources", []) and e.get("Provider", {}).get("KeyArn")
+            for e in encryption
+        ):
+            findings.append(f"{logical_id}: secrets are not encrypted with a KMS key")
+    return findings
+
+
+LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")

@@ -1,0 +1,78 @@
+"""The VPC: public and private subnets in the configured AZs, NAT, an S3 gateway endpoint, flow
+logs, the GPU nodes' subnet, and the EFA security group."""
+
+from __future__ import annotations
+
+from aws_cdk import aws_ec2 as ec2
+from constructs import Construct
+
+
+class Network(Construct):
+    """VPC plus what the GPU nodes need from it.
+
+    Attributes: `vpc`, `gpu_subnet` (the one private subnet of the GPU AZ: a cluster placement
+    group is single-AZ) and `efa_security_group` (all traffic to and from itself).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        availability_zones: tuple[str, ...],
+        gpu_availability_zone: str,
+        vpc_cidr: str,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.vpc = ec2.Vpc(
+            self,
+            "Vpc",
+            ip_addresses=ec2.IpAddresses.cidr(vpc_cidr),
+            # Explicit AZs: synth never looks them up (no credentials needed), and the GPU AZ is
+            # guaranteed to have a subnet.
+            availability_zones=list(availability_zones),
+            # One NAT gateway: nodes only need it for image pulls and AWS APIs; S3 goes through
+            # the gateway endpoint and NCCL/Lustre traffic stays inside the VPC.
+            nat_gateways=1,
+            subnet_configuration=[
+                ec2.SubnetConfiguration(
+                    name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24
+                ),
+                # /19: the VPC CNI gives every pod a VPC address; p5 nodes run many pods.
+                ec2.SubnetConfiguration(
+                    name="Private", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=19
+                ),
+            ],
+            gateway_endpoints={
+                "S3": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3)
+            },
+        )
+        self.vpc.add_flow_log("FlowLog")
+
+        gpu_subnets = self.vpc.select_subnets(
+            subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS,
+            availability_zones=[gpu_availability_zone],
+        ).subnets
+        self.gpu_subnet: ec2.ISubnet = gpu_subnets[0]
+
+        # EFA needs all traffic to and from the same security group (EC2's EFA guide). With
+        # allow_all_outbound=False CDK refuses an all-traffic egress rule through the L2 API,
+        # hence the CfnSecurityGroupEgress below.
+        self.efa_security_group = ec2.SecurityGroup(
+            self,
+            "EfaSecurityGroup",
+            vpc=self.vpc,
+            description="EFA: all traffic between the EFA interfaces of the GPU nodes",
+            allow_all_outbound=False,
+        )
+        self.efa_security_group.add_ingress_rule(
+            self.efa_security_group, ec2.Port.all_traffic(), "EFA from itself"
+        )
+        ec2.CfnSecurityGroupEgress(
+            self,
+            "EfaEgressToSelf",
+            group_id=self.efa_security_group.security_group_id,
+            ip_protocol="-1",
+            destination_security_group_id=self.efa_security_group.security_group_id,
+            description="EFA to itself",
+        )

@@ -1,0 +1,93 @@
+"""The one stack: network, cluster, GPU nodes, storage, device plugins, image, Kubernetes
+objects, and the outputs the job launcher reads from cdk-outputs.json."""
+
+from __future__ import annotations
+
+from aws_cdk import CfnOutput, Stack
+from constructs import Construct
+
+from infra import nag
+from infra.addons import DevicePlugins
+from infra.cluster import TrainingCluster
+from infra.config import StackConfig
+from infra.gpu_nodegroup import GpuNodeGroup
+from infra.image import TrainerImage
+from infra.network import Network
+from infra.storage import LustreStorage
+from infra.workloads import TrainingWorkloads
+
+
+class TrainingClusterStack(Stack):
+    """EKS + p5.48xlarge/EFA + FSx for Lustre for fault-tolerant FSDP2 training."""
+
+    def __init__(
+        self, scope: Construct, construct_id: str, *, config: StackConfig, **kwargs
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        network = Network(
+            self,
+            "Network",
+            availability_zones=config.network.availability_zones,
+            gpu_availability_zone=config.network.gpu_availability_zone,
+            vpc_cidr=config.network.vpc_cidr,
+        )
+        cluster = TrainingCluster(self, "Eks", vpc=network.vpc, config=config.cluster)
+        gpu = GpuNodeGroup(
+            self,
+            "Gpu",
+            cluster=cluster.cluster,
+            subnet=network.gpu_subnet,
+            efa_security_group=network.efa_security_group,
+            config=config.gpu,
+        )
+        storage = LustreStorage(
+            self,
+            "Storage",
+            vpc=network.vpc,
+            subnet=network.gpu_subnet,
+            cluster=cluster.cluster,
+            pod_identity_agent=cluster.pod_identity_agent,
+            config=config.fsx,
+        )
+        plugins = DevicePlugins(self, "DevicePlugins", cluster=cluster.cluster)
+        image = TrainerImage(self, "TrainerImage", config=config.image)
+        fs = storage.file_system
+        TrainingWorkloads(
+            self,
+            "Workloads",
+            cluster=cluster.cluster,
+            namespace=config.workload.namespace,
+            file_system_id=fs.file_system_id,
+            dns_name=fs.dns_name,
+            mount_name=fs.mount_name,
+            storage_capacity_gib=config.fsx.storage_capacity_gib,
+            image=image.image_uri,
+            csi_driver=storage.csi_driver,
+            train_overlay=config.workload.train_overlay,
+            job_dependencies=[gpu.nodegroup, plugins.nvidia, plugins.efa],
+        )
+        nag.acknowledge(
+            cluster=cluster.cluster,
+            nodegroups=[cluster.system_nodegroup, gpu.nodegroup],
+            csi_role=storage.csi_role,
+        )
+
+        name = config.cluster.cluster_name
+        region = config.network.region
+        outputs = {
+            "ClusterName": (name, "EKS cluster name"),
+            "Region": (region, "AWS region of the stack"),
+            "UpdateKubeconfigCommand": (
+                f"aws eks update-kubeconfig --region {region} --name {name}",
+                "Run this to point kubectl at the cluster",
+            ),
+            "FsxFileSystemId": (fs.file_system_id, "FSx for Lustre file system id"),
+            "FsxDnsName": (fs.dns_name, "FSx for Lustre DNS name"),
+            "FsxMountName": (fs.mount_name, "FSx for Lustre mount name"),
+            "ImageUri": (image.image_uri, "Trainer image the pods run"),
+            "ImageRepositoryUri": (image.repository.repository_uri, "ECR repository for CI"),
+            "TrainingNamespace": (config.workload.namespace, "Namespace of the training job"),
+            "GpuNodegroupName": (gpu.nodegroup.nodegroup_name, "p5.48xlarge node group"),
+        }
+        for output_id, (value, description) in outputs.items():
+            CfnOutput(self, output_id, value=value, description=description)

@@ -1,0 +1,357 @@
+"""Typed run configuration: one small frozen dataclass per component.
+
+Every field has a docstring-style comment and is validated in ``__post_init__``. A bad value
+raises :class:`ConfigError` naming the field (``section.field``) and what is allowed; the CLI turns
+it into one message and exit code 2. Overrides come from the command line as
+``--section.field=value`` (see :func:`apply_overrides`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+RestartMode = Literal["none", "inprocess", "injob"]
+CheckpointEngine = Literal["nvrx", "torch_async", "sync"]
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid. ``str(err)`` is the one message shown to the user."""
+
+    def __init__(self, field_path: str, problem: str) -> None:
+        super().__init__(f"config error: {field_path}: {problem}")
+        self.field_path = field_path
+
+
+def _require(condition: bool, section: str, name: str, problem: str) -> None:
+    if not condition:
+        raise ConfigError(f"{section}.{name}", problem)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Shape of the Llama-style decoder."""
+
+    vocab_size: int = 256
+    """Vocabulary size; 256 for the byte tokenizer used by the local corpus."""
+    dim: int = 128
+    """Hidden size (width of the residual stream)."""
+    n_layers: int = 4
+    """Number of transformer blocks; each block is one FSDP unit."""
+    n_heads: int = 4
+    """Attention (query) heads; ``dim`` must be divisible by it."""
+    n_kv_heads: int = 2
+    """Key/value heads for grouped-query attention; must divide ``n_heads``."""
+    ffn_hidden: int = 0
+    """SwiGLU hidden size; 0 derives Llama's ``8/3 * dim`` rounded up to ``multiple_of``."""
+    multiple_of: int = 32
+    """Rounding for the derived SwiGLU hidden size."""
+    max_seq_len: int = 256
+    """Longest sequence the rotary table covers; must be >= ``data.seq_len``."""
+    rope_theta: float = 10000.0
+    """Rotary embedding base."""
+    norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
+
+    def __post_init__(self) -> None:
+        s = "model"
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "max_seq_len"):
+            _require(getattr(self, name) >= 1, s, name, f"must be >= 1, got {getattr(self, name)}")
+        _require(
+            self.dim % self.n_heads == 0,
+            s,
+            "n_heads",
+            f"must divide model.dim={self.dim}, got {self.n_heads}",
+        )
+        _require(
+            self.n_heads % self.n_kv_heads == 0,
+            s,
+            "n_kv_heads",
+            f"must divide model.n_heads={self.n_heads}, got {self.n_kv_heads}",
+        )
+        _require((self.dim // self.n_heads) % 2 == 0, s, "dim", "head dim must be even (rotary)")
+        _require(self.ffn_hidden >= 0, s, "ffn_hidden", f"must be >= 0, got {self.ffn_hidden}")
+        _require(self.multiple_of >= 1, s, "multiple_of", "must be >= 1")
+        _require(self.rope_theta > 0, s, "rope_theta", "must be > 0")
+        _require(0 < self.norm_eps < 1, s, "norm_eps", "must be in (0, 1)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def ffn_dim(self) -> int:
+        if self.ffn_hidden:
+            return self.ffn_hidden
+        hidden = int(2 * (4 * self.dim) / 3)
+        return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Where the tokenized shards are and how samples are cut from them."""
+
+    path: str = "data/stdlib"
+    """Directory with ``meta.json`` and the shard files (``python -m training prepare``)."""
+    seq_len: int = 128
+    """Tokens per sample (each sample reads ``seq_len + 1`` tokens for the shifted target)."""
+    shuffle: bool = True
+    """Shuffle sample order per epoch with a seeded permutation (same on every rank)."""
+
+    def __post_init__(self) -> None:
+        _require(bool(self.path), "data", "path", "must not be empty")
+        _require(self.seq_len >= 2, "data", "seq_len", f"must be >= 2, got {self.seq_len}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """Length and batch shape of the run."""
+
+    steps: int = 300
+    """Optimizer steps to run in total (a resumed run continues up to this number)."""
+    micro_batch_size: int = 8
+    """Samples per rank per forward/backward."""
+    grad_accum_steps: int = 1
+    """Micro-batches accumulated per optimizer step. Global batch = micro * accum * world."""
+    seed: int = 1234
+    """Seeds model init and the data order; same seed, same run."""
+    log_every: int = 10
+    """Plain log line every N steps (the JSONL metrics file gets every step)."""
+    progress: Literal["auto", "bar", "plain"] = "auto"
+    """``auto``: a progress bar on a terminal, plain log lines in CI and pods."""
+
+    def __post_init__(self) -> None:
+        s = "train"
+        for name in ("steps", "micro_batch_size", "grad_accum_steps", "log_every"):
+            _require(getattr(self, name) >= 1, s, name, f"must be >= 1, got {getattr(self, name)}")
+        _require(self.seed >= 0, s, "seed", f"must be >= 0, got {self.seed}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    """AdamW with linear warm-up then cosine decay, and gradient clipping."""
+
+    lr: float = 3e-3
+    """Peak learning rate reached after warm-up."""
+    min_lr_ratio: float = 0.1
+    """Cosine decays to ``lr * min_lr_ratio`` at ``train.steps``."""
+    warmup_steps: int = 20
+    """Linear warm-up steps from 0 to ``lr``."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay (matrices only; norms are not decayed)."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.95
+    """AdamW beta2."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; 0 turns clipping off."""
+
+    def __post_init__(self) -> None:
+        s = "optim"
+        _require(self.lr > 0, s, "lr", f"must be > 0, got {self.lr}")
+        _require(0 <= self.min_lr_ratio <= 1, s, "min_lr_ratio", "must be in [0, 1]")
+        _require(self.warmup_steps >= 0, s, "warmup_steps", "must be >= 0")
+        _require(self.weight_decay >= 0, s, "weight_decay", "must be >= 0")
+        _require(0 <= self.beta1 < 1, s, "beta1", "must be in [0, 1)")
+        _require(0 <= self.beta2 < 1, s, "beta2", "must be in [0, 1)")
+        _require(self.eps > 0, s, "eps", "must be > 0")
+        _require(self.grad_clip >= 0, s, "grad_clip", "must be >= 0 (0 = off)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelConfig:
+    """Device, precision and FSDP2 options. ``auto`` picks CUDA + NCCL + bf16 when a GPU exists,
+    else CPU + gloo + fp32."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the model runs."""
+    mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
+    """FSDP2 MixedPrecisionPolicy: bf16 compute with fp32 reduce on CUDA, fp32 on CPU."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward to save memory."""
+    meta_init: bool = False
+    """Build the model on the meta device and materialise only each rank's shard (large models)."""
+    reshard_after_forward: bool = True
+    """FSDP2: free gathered parameters after forward (ZeRO-3); False keeps them (ZeRO-2)."""
+    cpu_threads: int = 1
+    """torch intra-op threads per rank on CPU (ranks share the cores; 1 avoids oversubscription)."""
+    pg_timeout_s: float = 600.0
+    """Process-group (collective) timeout in seconds."""
+
+    def __post_init__(self) -> None:
+        s = "parallel"
+        _require(self.cpu_threads >= 1, s, "cpu_threads", "must be >= 1")
+        _require(self.pg_timeout_s > 0, s, "pg_timeout_s", "must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    """Sharded checkpoints on shared storage (FSx in the cluster, a local dir here)."""
+
+    dir: str = ""
+    """Checkpoint root; empty means ``<run_dir>/checkpoints``."""
+    interval: int = 50
+    """Save every N optimizer steps; 0 saves only the final (and SIGTERM) checkpoint."""
+    engine: CheckpointEngine = "nvrx"
+    """``nvrx``: NVRx async (persistent worker); ``torch_async``: torch DCP async_save
+    (process); ``sync``: blocking DCP save."""
+    keep_last: int = 3
+    """Retention: keep the newest K committed checkpoints."""
+    keep_every: int = 0
+    """Also keep every checkpoint whose step is a multiple of M for good; 0 = off."""
+    resume: bool = True
+    """Resume from the newest committed checkpoint when one exists."""
+    save_final: bool = True
+    """Save (and commit) a checkpoint after the last step."""
+    verify_on_load: bool = True
+    """Check every shard's size and checksum against the commit record before loading."""
+
+    def __post_init__(self) -> None:
+        s = "checkpoint"
+        _require(self.interval >= 0, s, "interval", "must be >= 0 (0 = final only)")
+        _require(self.keep_last >= 1, s, "keep_last", f"must be >= 1, got {self.keep_last}")
+        _require(self.keep_every >= 0, s, "keep_every", "must be >= 0 (0 = off)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResilienceConfig:
+    """Which restart layer runs (never both: NVRx documents combining them as unsupported)."""
+
+    restart: RestartMode = "none"
+    """``none``; ``inprocess`` (NVRx Wrapper, same processes); ``injob`` (ft_launcher respawns)."""
+    max_restarts: int = 3
+    """Stop with a clear cause after this many restarts."""
+    soft_timeout_s: float = 20.0
+    """In-process: a rank that makes no progress for this long is treated as hung."""
+    hard_timeout_s: float = 40.0
+    """In-process: a rank still stuck this long after the soft timeout is killed."""
+    heartbeat_timeout_s: float = 30.0
+    """In-job: rank heartbeat timeout (ft_launcher kills and respawns a silent rank)."""
+    step_section_timeout_s: float = 60.0
+    """In-job: longest a single training step may take before the rank is declared hung."""
+    checkpoint_section_timeout_s: float = 300.0
+    """In-job: longest a checkpoint load or save staging may take."""
+
+    def __post_init__(self) -> None:
+        s = "resilience"
+        _require(self.max_restarts >= 0, s, "max_restarts", "must be >= 0")
+        for name in (
+            "soft_timeout_s",
+            "hard_timeout_s",
+            "heartbeat_timeout_s",
+            "step_section_timeout_s",
+            "checkpoint_section_timeout_s",
+        ):
+            _require(getattr(self, name) > 0, s, name, "must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobConfig:
+    """The whole run: one section per component."""
+
+    recipe: str = "debug_cpu"
+    """Name of the recipe these values started from."""
+    run_dir: str = "runs/local"
+    """Metrics, events, summary and (by default) checkpoints go here."""
+    faults: str = ""
+    """Fault injection spec (see training/faults.py), e.g. ``exception@rank1:step40``."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    resilience: ResilienceConfig = field(default_factory=ResilienceConfig)
+
+    def __post_init__(self) -> None:
+        _require(bool(self.run_dir), "job", "run_dir", "must not be empty")
+        _require(
+            self.model.max_seq_len >= self.data.seq_len,
+            "model",
+            "max_seq_len",
+            f"must be >= data.seq_len={self.data.seq_len}, got {self.model.max_seq_len}",
+        )
+        if self.faults:
+            # Parse now so that a bad spec fails before any process starts.
+            from training.faults import parse_faults
+
+            parse_faults(self.faults)
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return self.checkpoint.dir or f"{self.run_dir}/checkpoints"
+
+
+SECTIONS = ("model", "data", "train", "optim", "parallel", "checkpoint", "resilience")
+TOP_LEVEL = ("recipe", "run_dir", "faults")
+
+
+def _coerce(path: str, raw: str, annotation: Any) -> Any:
+    """Turn a command-line string into the field's type, with a message naming the field."""
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        allowed = typing.get_args(annotation)
+        if raw not in allowed:
+            raise ConfigError(path, f"must be one of {', '.join(allowed)}; got {raw!r}")
+        return raw
+    if origin in (typing.Union, types.UnionType):
+        raise ConfigError(path, "cannot be set from the command line")
+    if annotation is bool:
+        lowered = raw.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(path, f"must be true or false; got {raw!r}")
+    if annotation is int:
+        try:
+            return int(float(raw)) if "e" in raw.lower() else int(raw)
+        except ValueError:
+            raise ConfigError(path, f"must be an integer; got {raw!r}") from None
+    if annotation is float:
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigError(path, f"must be a number; got {raw!r}") from None
+    return raw
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def apply_overrides(config: JobConfig, overrides: dict[str, str]) -> JobConfig:
+    """Return ``config`` with ``{"section.field": "value"}`` overrides applied and validated."""
+    top: dict[str, Any] = {}
+    per_section: dict[str, dict[str, Any]] = {}
+    top_types = _field_types(JobConfig)
+    for path, raw in overrides.items():
+        if "." not in path:
+            if path not in TOP_LEVEL:
+                raise ConfigError(
+                    path, f"unknown setting; use one of {', '.join(TOP_LEVEL)} or section.field"
+                )
+            top[path] = _coerce(path, raw, top_types[path])
+            continue
+        section, name = path.split(".", 1)
+        if section not in SECTIONS:
+            raise ConfigError(path, f"unknown section {section!r}; sections: {', '.join(SECTIONS)}")
+        section_cls = type(getattr(config, section))
+        types_ = _field_types(section_cls)
+        if name not in types_:
+            raise ConfigError(path, f"unknown field; {section} has: {', '.join(sorted(types_))}")
+        per_section.setdefault(section, {})[name] = _coerce(path, raw, types_[name])
+    changes: dict[str, Any] = dict(top)
+    for section, values in per_section.items():
+        changes[section] = dataclasses.replace(getattr(config, section), **values)
+    return dataclasses.replace(config, **changes)
+
+
+def to_dict(config: JobConfig) -> dict[str, Any]:
+    return dataclasses.asdict(config)

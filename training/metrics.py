@@ -1,0 +1,109 @@
+"""Per-step metrics (JSONL), run events (JSONL), progress display, and MFU.
+
+- ``metrics.jsonl``: rank 0, one line per optimizer step (loss, lr, step time, tokens/s, MFU).
+- ``events.jsonl``: any rank appends one short line per event (start, checkpoint staged and
+  committed, fault, restart begin/end, end). Lines are written with one ``write`` on an
+  ``O_APPEND`` descriptor, so concurrent ranks never interleave within a line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Peak dense bf16 tensor-core FLOP/s per GPU (vendor datasheets, SXM parts, without sparsity).
+PEAK_BF16_FLOPS: dict[str, float] = {
+    "H200": 989.4e12,
+    "H100": 989.4e12,
+    "A100": 312e12,
+}
+
+
+def peak_flops_for(device: torch.device) -> float | None:
+    """Peak bf16 FLOP/s of this device, or None (CPU, unknown GPU): MFU is then not reported."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, value in PEAK_BF16_FLOPS.items():
+        if key in name:
+            return value
+    return None
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+class EventLog:
+    """Append-only run events shared by all ranks (and the launcher, with rank -1)."""
+
+    def __init__(self, *, run_dir: Path, rank: int) -> None:
+        self.path = run_dir / "events.jsonl"
+        self.rank = rank
+        run_dir.mkdir(parents=True, exist_ok=True)
+
+    def emit(self, kind: str, *, step: int | None = None, **extra: Any) -> None:
+        record = {"time": time.time(), "rank": self.rank, "kind": kind, "step": step, **extra}
+        append_jsonl(self.path, record)
+
+
+class StepLogger:
+    """Rank 0's metrics: JSONL every step, plus a progress bar or plain log lines."""
+
+    def __init__(self, *, run_dir: Path, total_steps: int, start_step: int, log_every: int,
+                 progress: str, attempt: int) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self.log_every = log_every
+        self.attempt = attempt
+        use_bar = progress == "bar" or (
+            progress == "auto" and sys.stderr.isatty() and not os.environ.get("CI")
+        )
+        self._bar = None
+        if use_bar:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+
+    def log(self, *, step: int, loss: float, lr: float, step_time_s: float, tokens: int,
+            flops_per_token: float, peak_flops: float | None, world_size: int) -> dict[str, Any]:
+        tokens_per_s = tokens / step_time_s if step_time_s > 0 else 0.0
+        mfu = None
+        if peak_flops:
+            mfu = tokens_per_s * flops_per_token / (peak_flops * world_size)
+        record = {
+            "time": time.time(),
+            "step": step,
+            "loss": loss,
+            "lr": lr,
+            "step_time_s": step_time_s,
+            "tokens_per_s": tokens_per_s,
+            "mfu": mfu,
+            "attempt": self.attempt,
+        }
+        append_jsonl(self.path, record)
+        if self._bar is not None:
+            self._bar.update(1)
+            self._bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:,.0f}")
+        elif step % self.log_every == 0 or step == 1:
+            mfu_text = f" mfu={mfu:.1%}" if mfu is not None else ""
+            print(
+                f"step {step:6d} loss={loss:.4f} lr={lr:.2e} step_time={step_time_s * 1e3:.1f}ms "
+                f"tokens/s={tokens_per_s:,.0f}{mfu_text}",
+                flush=True,
+            )
+        return record
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

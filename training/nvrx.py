@@ -1,0 +1,159 @@
+"""Every call into nvidia-resiliency-ext (NVRx) goes through this module, so that an upgrade
+touches one place. Pinned: nvidia-resiliency-ext==0.4.1 (the newest release with a wheel for
+glibc 2.36 / Python 3.11; 0.5+ are manylinux_2_39 and 0.7 needs Python >= 3.12).
+
+CPU compatibility layer (active only when torch has no usable CUDA):
+NVRx 0.4.1's async checkpointing assumes CUDA in two places we reach:
+1. ``AsyncCaller.sync_all_async_calls`` and ``AsyncRequest.execute_finalize_fns`` build their
+   agreement tensors on ``torch.cuda.current_device()``. :func:`cpu_collectives` makes that
+   call return ``"cpu"`` for the duration of our own finalize call only, so the all-reduce runs
+   on gloo. Nothing is patched outside that ``with`` block, and nothing when CUDA is available.
+2. ``FileSystemWriterAsync.preload_tensors`` (run in the persistent worker) ends with
+   ``torch.cuda.synchronize()``. On CPU we pass our own preload function instead
+   (:func:`stage_by_clone`): the request's CPU tensors reach the worker through shared memory
+   (live, not copies), so the worker clones them while the trainer waits on NVRx's preload
+   queue. That clone is the staging copy that the D2H copy is on GPU, and it makes the
+   checkpoint an exact snapshot of the step it was taken at.
+Installed files of torch and NVRx are never edited.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
+
+import torch
+
+from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncCallsQueue, AsyncRequest
+from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import FileSystemWriterAsync
+from nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver import (
+    save_state_dict_async_finalize,
+    save_state_dict_async_plan,
+)
+
+NVRX_VERSION = "0.4.1"
+log = logging.getLogger(__name__)
+
+
+def cuda_usable() -> bool:
+    return torch.cuda.is_available()
+
+
+@contextlib.contextmanager
+def cpu_collectives() -> Iterator[None]:
+    """Within this block, NVRx's ``torch.cuda.current_device()`` answers ``"cpu"`` when there is
+    no CUDA, so its agreement all-reduces run on the gloo process group."""
+    if cuda_usable():
+        yield
+        return
+    original = torch.cuda.current_device
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.cuda.current_device = original  # type: ignore[assignment]
+
+
+def stage_by_clone(write_buckets: list) -> list:
+    """Preload function for CPU tensors (runs in the persistent worker): copy every tensor so
+    the write sees the state at the save step, not what training does afterwards."""
+    staged = []
+    for file_name, storage_key, (bytes_data, tensor_data) in write_buckets:
+        tensors = [(item, tensor.detach().clone()) for item, tensor in tensor_data]
+        staged.append((file_name, storage_key, (bytes_data, tensors)))
+    return staged
+
+
+def _noop() -> None:
+    return None
+
+
+def _write_then(write_fn: Callable, after_write: Callable, *args: Any) -> None:
+    """Runs in the persistent worker: NVRx's write (files fsynced), then our per-rank manifest."""
+    write_fn(*args)
+    after_write()
+
+
+class AsyncCheckpointQueue:
+    """NVRx async checkpointing with a persistent background worker per rank."""
+
+    def __init__(self) -> None:
+        self._queue = AsyncCallsQueue(persistent=True)
+
+    def start_worker(self) -> None:
+        """Spawn the persistent worker now (not at the first save, which would otherwise pay
+        the worker's start-up of several seconds). A no-op request goes through the public API;
+        its completion is finalized by the first ``poll``."""
+        self._queue.schedule_async_request(AsyncRequest(_noop, (), []))
+
+    def schedule_save(
+        self,
+        *,
+        state_dict: dict[str, Any],
+        checkpoint_dir: str,
+        after_write: Callable[[], None],
+        finalize: Callable[[], None],
+    ) -> None:
+        """Plan the DCP save, stage the tensors and hand the write to the worker.
+
+        ``after_write`` runs in the worker after this rank's files are written and fsynced (it
+        must be picklable); ``finalize`` runs on every rank once all ranks' writes are done.
+        """
+        writer = FileSystemWriterAsync(checkpoint_dir, thread_count=1)
+        with cpu_collectives():
+            writer, metadata, dist_wrapper = save_state_dict_async_plan(state_dict, writer)
+        save_fn, preload_fn, save_args = writer.get_save_function_and_args()
+        if not cuda_usable() and preload_fn is not None:
+            preload_fn = partial(stage_by_clone, writer.write_buckets)
+        # With nothing to write on this rank (tiny models on many ranks) the worker still runs
+        # ``after_write`` so that the rank takes part in ordering and finalize collectives.
+        async_fn = partial(_write_then, save_fn, after_write) if save_fn else after_write
+        request = AsyncRequest(
+            async_fn=async_fn,
+            async_fn_args=tuple(save_args) if save_fn else (),
+            finalize_fns=[
+                partial(save_state_dict_async_finalize, writer, metadata, dist_wrapper),
+                finalize,
+            ],
+            preload_fn=preload_fn,
+        )
+        self._queue.schedule_async_request(request)
+
+    def poll(self, *, blocking: bool) -> list[int]:
+        """Finalize the saves that every rank has finished (collective: call on all ranks)."""
+        with cpu_collectives():
+            return self._queue.maybe_finalize_async_calls(blocking=blocking)
+
+    def pending(self) -> int:
+        return self._queue.get_num_unfinalized_calls()
+
+    def close(self) -> None:
+        """Finish pending saves and stop the worker (collective)."""
+        with cpu_collectives():
+            self._queue.close()
+
+    def abandon(self) -> None:
+        """After a fault: stop the worker without any collective (peers may be gone). A write in
+        flight is cut off; its checkpoint stays uncommitted and is never loaded."""
+        caller = self._queue.persistent_caller
+        process = getattr(caller, "process", None) if caller is not None else None
+        if process is not None and process.is_alive():
+            process.kill()
+            process.join(timeout=10)
+        if caller is not None:
+            caller.process = None
+        self._queue.async_calls.clear()
+
+
+def worker_pid(queue: AsyncCheckpointQueue) -> int | None:
+    caller = queue._queue.persistent_caller
+    process = getattr(caller, "process", None) if caller is not None else None
+    return process.pid if process is not None else None
+
+
+def current_pid() -> int:
+    return os.getpid()

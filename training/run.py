@@ -1,0 +1,54 @@
+"""One rank's run: process group, trainer, checkpoints, the loop, clean teardown.
+
+``run_training`` is what every restart layer calls: directly (``--restart none``), inside NVRx's
+in-process ``Wrapper`` (``inprocess``), or under ``ft_launcher`` (``injob``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch.distributed as dist
+
+from training.checkpoint import CheckpointManager
+from training.config import JobConfig
+from training.metrics import EventLog
+from training.parallel import dist_env_from_environment, init_process_group
+from training.trainer import StepHooks, Trainer, TrainResult
+
+
+def run_training(config: JobConfig, *, hooks: StepHooks | None = None, attempt: int = 0,
+                 store: dist.Store | None = None, rank: int | None = None,
+                 world_size: int | None = None) -> TrainResult:
+    env = dist_env_from_environment(config.parallel)
+    if rank is not None and world_size is not None:
+        env = type(env)(rank=rank, world_size=world_size, local_rank=env.local_rank,
+                        device=env.device, backend=env.backend)
+    run_dir = Path(config.run_dir)
+    events = EventLog(run_dir=run_dir, rank=env.rank)
+    if not dist.is_initialized():
+        init_process_group(env, timeout_s=config.parallel.pg_timeout_s, store=store)
+    if env.rank == 0 and attempt == 0 and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        events.emit("run_start", world_size=env.world_size,
+                    restart_mode=config.resilience.restart)
+    events.emit("attempt_start", attempt=attempt)
+    trainer = Trainer(config=config, env=env, events=events, hooks=hooks, attempt=attempt)
+    checkpoints = CheckpointManager(
+        config=config.checkpoint, root=Path(config.checkpoint_dir), rank=env.rank,
+        world_size=env.world_size, events=events, fault_hook=trainer.faults.checkpoint_point,
+    )
+    completed = False
+    try:
+        checkpoints.start()
+        result = trainer.fit(checkpoints=checkpoints)
+        checkpoints.close()
+        completed = True
+        if env.rank == 0 and not result.preempted:
+            events.emit("run_end", step=result.final_step, status="completed", cause=None)
+        return result
+    finally:
+        if not completed:
+            checkpoints.abandon()
+        if completed and dist.is_initialized():
+            dist.destroy_process_group()

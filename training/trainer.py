@@ -1,0 +1,237 @@
+"""The training loop: AdamW, warm-up + cosine, clipping, accumulation, checkpoints, metrics.
+
+``Trainer`` is ``Stateful``: its ``state_dict`` is the whole resumable state (model and optimizer
+shards, LR schedule, sampler position, RNG, step), saved and loaded by torch.distributed.checkpoint
+through training/checkpoint.py. Resilience layers (training/resilience/) wrap ``run_training``;
+the loop itself only exposes hooks (``StepHooks``) so it stays the same under every layer.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
+
+from training.checkpoint import CheckpointManager
+from training.config import JobConfig
+from training.data import BatchLayout, ResumableSampler, TokenShards
+from training.faults import FaultInjector
+from training.metrics import EventLog, StepLogger, peak_flops_for
+from training.model import Transformer, flops_per_token
+from training.parallel import DistEnv, build_sharded_model, set_cpu_threads
+
+EXIT_PREEMPTED = 143  # 128 + SIGTERM: "stopped on request after a final checkpoint"
+
+
+class StepHooks:
+    """Called by the loop; resilience layers override what they need (heartbeats, sections)."""
+
+    def before_step(self, step: int) -> None:  # step about to run (1-based)
+        pass
+
+    def after_step(self, step: int) -> None:
+        pass
+
+    def section(self, name: str):  # context manager around checkpoint load/save staging
+        from contextlib import nullcontext
+
+        return nullcontext()
+
+
+def lr_at(step: int, *, peak: float, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warm-up to ``peak`` over ``warmup`` steps, then cosine down to ``peak*min_ratio``."""
+    if warmup and step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return peak * (min_ratio + (1.0 - min_ratio) * cosine)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainResult:
+    final_step: int
+    final_loss: float | None
+    preempted: bool
+
+
+class SigtermFlag:
+    """SIGTERM (node drain, eviction, spot) sets a flag; the loop checkpoints and exits."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self._previous = None
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, lambda *_: self.event.set())
+
+    def uninstall(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+
+
+class Trainer:
+    def __init__(self, *, config: JobConfig, env: DistEnv, events: EventLog,
+                 hooks: StepHooks | None = None, attempt: int = 0) -> None:
+        self.config = config
+        self.env = env
+        self.events = events
+        self.hooks = hooks or StepHooks()
+        self.attempt = attempt
+        self.step = 0
+        set_cpu_threads(config.parallel, env)
+
+        self.model, self.mesh = build_sharded_model(
+            lambda: Transformer(config.model), config=config.parallel, env=env,
+            seed=config.train.seed,
+        )
+        decay, no_decay = [], []
+        for name, param in self.model.named_parameters():
+            (decay if param.ndim >= 2 and "embeddings" not in name else no_decay).append(param)
+        o = config.optim
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": o.weight_decay},
+             {"params": no_decay, "weight_decay": 0.0}],
+            lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+            # foreach on DTensors works on CPU and GPU; fused needs CUDA.
+            fused=env.is_cuda or None, foreach=None if env.is_cuda else True,
+        )
+        self.shards = TokenShards(
+            path=Path(config.data.path), seq_len=config.data.seq_len,
+            vocab_size=config.model.vocab_size,
+        )
+        t = config.train
+        self.layout = BatchLayout(world_size=env.world_size, rank=env.rank,
+                                  micro_batch_size=t.micro_batch_size,
+                                  grad_accum_steps=t.grad_accum_steps)
+        self.sampler = ResumableSampler(num_samples=self.shards.num_samples, layout=self.layout,
+                                        seed=t.seed, shuffle=config.data.shuffle)
+        self.tokens_per_step = self.layout.global_batch * config.data.seq_len
+        self.flops_per_token = flops_per_token(config.model, seq_len=config.data.seq_len)
+        self.peak_flops = peak_flops_for(env.device)
+        self.faults = FaultInjector.from_spec(config.faults, rank=env.rank, events=events)
+        self.faults.checkpoint_root = Path(config.checkpoint_dir)
+
+    # -- Stateful ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {
+            "model": model_sd,
+            "optim": optim_sd,
+            "schedule": {"step": self.step},
+            "sampler": self.sampler.state_dict(),
+            "step": self.step,
+            # Same on every rank (same seed, no per-rank randomness), so saved once, replicated.
+            "rng": torch.get_rng_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_state_dict(
+            self.model, self.optimizer,
+            model_state_dict=state["model"], optim_state_dict=state["optim"],
+            options=StateDictOptions(strict=True),
+        )
+        self.sampler.load_state_dict(state["sampler"])
+        self.step = int(state["step"])
+        torch.set_rng_state(state["rng"])
+
+    # -- one optimizer step ----------------------------------------------------------------------
+    def _lr(self, step: int) -> float:
+        o = self.config.optim
+        return lr_at(step, peak=o.lr, warmup=o.warmup_steps, total=self.config.train.steps,
+                     min_ratio=o.min_lr_ratio)
+
+    def train_step(self) -> torch.Tensor:
+        lr = self._lr(self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        micro_batches = self.sampler.next_step()
+        accum = len(micro_batches)
+        loss_sum = torch.zeros((), device=self.env.device)
+        for index, indices in enumerate(micro_batches):
+            batch = self.shards.batch(indices).to(self.env.device, non_blocking=True)
+            inputs, targets = batch[:, :-1], batch[:, 1:]
+            # Only the last micro-batch reduces gradients across ranks.
+            self.model.set_requires_gradient_sync(index == accum - 1)
+            logits = self.model(inputs)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()) / accum
+            loss.backward()
+            loss_sum += loss.detach()
+        if self.config.optim.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_sum
+
+    def reduce_step_stats(self, loss: torch.Tensor, *, stop_requested: bool) -> tuple[float, bool]:
+        """One small all-reduce per step: the mean loss, and whether any rank got SIGTERM (so
+        every rank stops at the same step)."""
+        stats = torch.stack([loss.float(), torch.tensor(float(stop_requested), device=loss.device)])
+        dist.all_reduce(stats, op=dist.ReduceOp.SUM)  # gloo has no AVG
+        return float(stats[0].item()) / self.env.world_size, bool(stats[1].item() > 0)
+
+    # -- the loop --------------------------------------------------------------------------------
+    def fit(self, *, checkpoints: CheckpointManager) -> TrainResult:
+        c = self.config
+        sigterm = SigtermFlag()
+        sigterm.install()
+        logger = None
+        try:
+            with self.hooks.section("checkpoint_load"):
+                checkpoints.load_latest(self)
+            start_step = self.step
+            if self.env.rank == 0:
+                logger = StepLogger(run_dir=Path(c.run_dir), total_steps=c.train.steps,
+                                    start_step=start_step, log_every=c.train.log_every,
+                                    progress=c.train.progress, attempt=self.attempt)
+            loss = None
+            while self.step < c.train.steps:
+                next_step = self.step + 1
+                self.hooks.before_step(next_step)
+                self.faults.before_step(next_step)
+                started = time.perf_counter()
+                loss, stop = self.reduce_step_stats(
+                    self.train_step(), stop_requested=sigterm.event.is_set()
+                )
+                self.step = next_step
+                elapsed = time.perf_counter() - started
+                if logger is not None:
+                    logger.log(step=self.step, loss=loss, lr=self._lr(self.step - 1),
+                               step_time_s=elapsed, tokens=self.tokens_per_step,
+                               flops_per_token=self.flops_per_token,
+                               peak_flops=self.peak_flops, world_size=self.env.world_size)
+                self.hooks.after_step(self.step)
+                checkpoints.poll()
+                if stop:
+                    with self.hooks.section("checkpoint_save"):
+                        checkpoints.save(self, step=self.step, blocking=True)
+                    self.events.emit("run_end", step=self.step, status="preempted",
+                                     cause="SIGTERM: final checkpoint committed")
+                    return TrainResult(final_step=self.step, final_loss=loss, preempted=True)
+                if c.checkpoint.interval and self.step % c.checkpoint.interval == 0 \
+                        and self.step < c.train.steps:
+                    with self.hooks.section("checkpoint_save"):
+                        checkpoints.save(self, step=self.step, blocking=False)
+            if c.checkpoint.save_final and checkpoints.latest_step() != self.step:
+                with self.hooks.section("checkpoint_save"):
+                    checkpoints.save(self, step=self.step, blocking=True)
+            checkpoints.wait()
+            return TrainResult(final_step=self.step, final_loss=loss, preempted=False)
+        finally:
+            sigterm.uninstall()
+            if logger is not None:
+                logger.close()
