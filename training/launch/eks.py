@@ -178,7 +178,9 @@ def preflight(cluster: Cluster, target: Target) -> None:
                     " or pass --namespace with the stack's TrainingNamespace"
                 ) from e
             if e.status in (401, 403):
-                raise UsageError(f"not allowed to read {what} (HTTP {e.status}): {target.fix}")
+                raise UsageError(
+                    f"not allowed to read {what} (HTTP {e.status}): {target.fix}"
+                ) from e
             raise
 
 
@@ -313,7 +315,8 @@ def rank0_pod(state: JobState) -> dict | None:
     started = [
         p
         for p in state.pods
-        if pod_index(p) == 0 and p.get("status", {}).get("phase") in ("Running", "Succeeded", "Failed")
+        if pod_index(p) == 0
+        and p.get("status", {}).get("phase") in ("Running", "Succeeded", "Failed")
     ]
     started.sort(key=lambda p: p["metadata"].get("creationTimestamp", ""))
     return started[-1] if started else None
