@@ -370,7 +370,8 @@ def _image(get: Getter) -> ImageConfig:
             "imageRepositoryName", f"{name!r} is not an ECR repository name", "lowercase, . _ - /"
         )
     uri = _optional_str(get, "imageUri")
-    if uri is not None and (" " in uri or ":" not in uri.rsplit("/", 1)[-1] and "@" not in uri):
+    pinned = uri is not None and (":" in uri.rsplit("/", 1)[-1] or "@" in uri)
+    if uri is not None and (" " in uri or not pinned):
         raise ConfigError(
             "imageUri",
             f"{uri!r} is not a pinned image reference",
