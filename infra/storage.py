@@ -48,13 +48,10 @@ class LustreStorage(Construct):
             description="FSx for Lustre: Lustre ports from the EKS nodes and between servers",
         )
         # Every managed node (system and GPU) carries the cluster security group: it is the
-        # only client source. The file servers also talk to each other on the same ports.
+        # only client source. (LustreFileSystem itself opens 988-1023 between its own servers.)
         for port in LUSTRE_PORTS:
             self.security_group.add_ingress_rule(
                 cluster.cluster_security_group, port, "Lustre from the EKS nodes"
-            )
-            self.security_group.add_ingress_rule(
-                self.security_group, port, "Lustre between file servers"
             )
 
         self.file_system = fsx.LustreFileSystem(

@@ -1,0 +1,69 @@
+"""`cdk synth` through the pinned npm CLI (package.json), as `make synth` runs it: no AWS
+credentials, no network (--no-notices --no-lookups), telemetry off, full validation on.
+
+    make setup && .venv/bin/pytest tests/infra/test_infra_cli.py      # ~40 s on 2 cores
+
+Skipped when node_modules/ is absent (`make setup` installs it; `make test` always does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CDK = REPO_ROOT / "node_modules" / ".bin" / "cdk"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CDK.exists(), reason="run `make setup` to install the pinned CDK CLI")
+def test_cdk_synth_offline_without_credentials(tmp_path: Path) -> None:
+    pinned = json.loads((REPO_ROOT / "package.json").read_text())["devDependencies"]["aws-cdk"]
+    installed = json.loads((REPO_ROOT / "node_modules/aws-cdk/package.json").read_text())
+    assert installed["version"] == pinned
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(
+        # No credentials anywhere: a lookup or an AWS call would fail the command.
+        AWS_CONFIG_FILE=str(tmp_path / "none"),
+        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+        AWS_EC2_METADATA_DISABLED="true",
+        CDK_DISABLE_CLI_TELEMETRY="true",
+        JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION="1",
+    )
+    env.pop("CDK_VALIDATION", None)
+    out = tmp_path / "cdk.out"
+    result = subprocess.run(
+        [
+            str(CDK),
+            "synth",
+            "--no-notices",
+            "--no-lookups",
+            "--no-version-reporting",
+            "--quiet",
+            "--output",
+            str(out),
+            "-c",
+            "train=smoke",
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    template = json.loads((out / "EksFsdpResilient.template.json").read_text())
+    assert "GpuNodegroupName" in template["Outputs"]
+    report = json.loads((out / "validation-report.json").read_text())
+    assert {p["pluginName"]: p["conclusion"] for p in report["pluginReports"]} == {
+        "AwsSolutions": "success",
+        "CloudFormation Validate": "success",
+    }
+    # The image is fingerprinted, not built: synth ran without Docker.
+    assets = json.loads((out / "EksFsdpResilient.assets.json").read_text())
+    assert len(assets["dockerImages"]) == 1

@@ -1,0 +1,149 @@
+"""Configuration: every context value is validated at synth with a message that names the
+context key and the fix.
+
+    .venv/bin/pytest tests/infra/test_infra_config.py     # ~10 s (one app.py subprocess)
+
+No AWS needed: configuration is read and checked before any construct exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.config import ConfigError, StackConfig, load_config
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULTS: dict[str, Any] = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
+OVERLAYS = ("smoke", "2node", "16node")
+
+
+def load(**overrides: Any) -> StackConfig:
+    context = {**DEFAULTS, **overrides}
+    return load_config(context.get, overlays=OVERLAYS)
+
+
+def test_cdk_json_defaults_are_valid_and_typed() -> None:
+    config = load()
+    assert config.network.gpu_availability_zone in config.network.availability_zones
+    assert config.cluster.kubernetes_version == "1.36"
+    assert config.cluster.endpoint_allowed_cidrs == ()  # private endpoint unless CIDRs given
+    assert config.gpu.capacity_type == "on-demand"
+    assert config.gpu.efa_secondary_interface_type == "efa-only"
+    assert config.workload.namespace == "training"
+    assert config.workload.train_overlay is None
+    with pytest.raises(AttributeError):
+        config.gpu.max_size = 99  # type: ignore[misc]  # frozen
+
+
+def test_every_key_in_cdk_json_is_read_and_nothing_else() -> None:
+    read: set[str] = set()
+
+    def get(key: str) -> Any:
+        read.add(key)
+        return DEFAULTS.get(key)
+
+    load_config(get, overlays=OVERLAYS)
+    assert read == set(DEFAULTS), "cdk.json context and infra/config.py disagree"
+
+
+def test_command_line_strings_are_parsed() -> None:
+    # `-c key=value` always gives strings.
+    config = load(
+        gpuNodesMin="1",
+        gpuNodesDesired="2",
+        gpuNodesMax="4",
+        availabilityZones='["us-east-2a", "us-east-2b"]',
+        endpointAllowedCidrs="203.0.113.7/32, 198.51.100.0/24",
+        capacityType="capacity-reservation",
+        capacityReservationId="cr-0123456789abcdef0",
+        train="smoke",
+        adminPrincipalArn="none",
+    )
+    assert (config.gpu.min_size, config.gpu.desired_size, config.gpu.max_size) == (1, 2, 4)
+    assert config.network.availability_zones == ("us-east-2a", "us-east-2b")
+    assert config.cluster.endpoint_allowed_cidrs == ("203.0.113.7/32", "198.51.100.0/24")
+    assert config.gpu.capacity_reservation_id == "cr-0123456789abcdef0"
+    assert config.workload.train_overlay == "smoke"
+    assert config.cluster.admin_principal_arn is None
+
+
+BAD_VALUES = [
+    # (overrides, key named in the message, a fragment of the message)
+    ({"region": ""}, "region", "is missing"),
+    ({"region": "Ohio"}, "region", "not an AWS region"),
+    ({"availabilityZones": ["us-east-2a"]}, "availabilityZones", "at least two"),
+    ({"availabilityZones": ["us-east-2a", "us-west-2b"]}, "availabilityZones", "not an AZ"),
+    ({"availabilityZones": "[us-east-2a"}, "availabilityZones", "not a valid JSON list"),
+    ({"gpuAvailabilityZone": "us-east-2d"}, "gpuAvailabilityZone", "not one of"),
+    ({"vpcCidr": "10.0.0.0/24"}, "vpcCidr", "does not fit"),
+    ({"vpcCidr": "10.0.0/16"}, "vpcCidr", "not an IPv4 CIDR"),
+    ({"clusterName": "1-bad_name"}, "clusterName", "not a valid EKS cluster name"),
+    ({"kubernetesVersion": "1.29"}, "kubernetesVersion", "not supported"),
+    ({"endpointAllowedCidrs": ["0.0.0.0/0"]}, "endpointAllowedCidrs", "whole internet"),
+    ({"endpointAllowedCidrs": "my-laptop"}, "endpointAllowedCidrs", "not a CIDR"),
+    ({"adminPrincipalArn": "Admin"}, "adminPrincipalArn", "not an IAM role or user ARN"),
+    ({"systemNodeCount": 0}, "systemNodeCount", "must be >= 1"),
+    ({"gpuNodesMax": "two"}, "gpuNodesMax", "must be an integer"),
+    ({"gpuNodesMin": True}, "gpuNodesMin", "must be an integer"),
+    ({"gpuNodesMin": 3, "gpuNodesDesired": 2}, "gpuNodesDesired", "does not hold"),
+    ({"capacityType": "spot"}, "capacityType", "not supported"),
+    ({"capacityType": "capacity-block"}, "capacityReservationId", "is required"),
+    (
+        {"capacityType": "capacity-reservation", "capacityReservationId": "odcr-1"},
+        "capacityReservationId",
+        "not a capacity reservation id",
+    ),
+    ({"capacityReservationId": "cr-0123456789abcdef0"}, "capacityReservationId", "on-demand"),
+    ({"efaSecondaryInterfaceType": "interface"}, "efaSecondaryInterfaceType", "not supported"),
+    ({"gpuRootVolumeGiB": 20}, "gpuRootVolumeGiB", "must be >= 100"),
+    ({"fsxStorageCapacityGiB": 3600}, "fsxStorageCapacityGiB", "not a PERSISTENT_2 size"),
+    ({"fsxThroughputPerUnit": 200}, "fsxThroughputPerUnit", "not offered"),
+    ({"fsxS3Link": "my-bucket"}, "fsxS3Link", "not an s3:// URI"),
+    ({"imageRepositoryName": "Trainer"}, "imageRepositoryName", "not an ECR repository name"),
+    ({"imageUri": "example.com/trainer"}, "imageUri", "not a pinned image reference"),
+    ({"trainingNamespace": "Training"}, "trainingNamespace", "not a Kubernetes namespace"),
+    ({"train": "64node"}, "train", "not an overlay"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "key", "fragment"), BAD_VALUES)
+def test_bad_value_names_the_key_and_the_fix(
+    overrides: dict[str, Any], key: str, fragment: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load(**overrides)
+    message = str(caught.value)
+    assert caught.value.key == key
+    assert message.startswith(f"context '{key}': ")
+    assert fragment in message
+    assert "Fix: " in message and not message.endswith("Fix: ")
+    assert isinstance(caught.value, ValueError)
+
+
+def test_app_exits_non_zero_with_the_message(tmp_path: Path) -> None:
+    """app.py as the CDK CLI runs it (context in CDK_CONTEXT_JSON): a bad value stops synth."""
+    env = {
+        **os.environ,
+        "CDK_CONTEXT_JSON": json.dumps({**DEFAULTS, "capacityType": "capacity-block"}),
+        "CDK_OUTDIR": str(tmp_path),
+        "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
+    }
+    result = subprocess.run(
+        [sys.executable, "app.py"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "Configuration error: context 'capacityReservationId': is required" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not list(tmp_path.glob("*.template.json"))
