@@ -1,93 +1,14 @@
-"""Shared fixtures for the infra tests: synthesize the stack once per configuration.
+"""Fixtures for the infra tests: the stack is synthesized once per configuration per session.
 
-Synthesis runs in-process through aws-cdk-lib (jsii + Node), offline, with no AWS credentials.
-Most templates are synthesized with CDK's built-in validation off (it costs ~75% of synth
-time); tests/infra/test_infra_validation.py synthesizes once with it and cdk-nag on.
+Helpers live in infra_synth.py (a unique module name: tests/conftest.py is also `conftest`).
 """
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import aws_cdk as cdk
 import pytest
-
-from infra import nag
-from infra.config import STACK_NAME, load_config
-from infra.stack import TrainingClusterStack
-from manifests.render import OVERLAYS
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CDK_JSON_CONTEXT: dict[str, Any] = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
-
-# A configuration that exercises every optional path: capacity block, `efa` secondary
-# interfaces, S3 link, admin access entry, public endpoint for named CIDRs, a prebuilt image
-# and a training job.
-VARIANT_CONTEXT: dict[str, Any] = {
-    "capacityType": "capacity-block",
-    "capacityReservationId": "cr-0123456789abcdef0",
-    "efaSecondaryInterfaceType": "efa",
-    "gpuNodesMin": 2,
-    "gpuNodesDesired": 2,
-    "gpuNodesMax": 2,
-    "fsxStorageCapacityGiB": 4800,
-    "fsxThroughputPerUnit": 500,
-    "fsxS3Link": "s3://example-training-data/datasets",
-    "adminPrincipalArn": "arn:aws:iam::123456789012:role/Admin",
-    "endpointAllowedCidrs": "203.0.113.7/32,198.51.100.0/24",
-    "imageUri": "123456789012.dkr.ecr.us-east-2.amazonaws.com/fsdp-trainer:v1",
-    "train": "smoke",
-}
-
-
-def synth(
-    overrides: dict[str, Any] | None = None,
-    *,
-    outdir: Path,
-    validate: bool = False,
-) -> tuple[dict[str, Any], cdk.App]:
-    """Build the stack the way app.py does and return its template (and the app).
-
-    `validate` turns on CDK's built-in CloudFormation validation and the cdk-nag plugin, so an
-    unacknowledged finding raises here, as it fails `cdk synth`.
-    """
-    context = {
-        **CDK_JSON_CONTEXT,
-        **(overrides or {}),
-        # Stable, smaller templates for snapshots.
-        "aws:cdk:enable-path-metadata": False,
-    }
-    app = cdk.App(
-        outdir=str(outdir),
-        context=context,
-        analytics_reporting=False,
-        builtin_cloud_formation_validation=validate,
-    )
-    config = load_config(app.node.try_get_context, overlays=OVERLAYS)
-    TrainingClusterStack(
-        app, STACK_NAME, config=config, env=cdk.Environment(region=config.network.region)
-    )
-    if validate:
-        nag.add_checks(app)
-    assembly = app.synth()
-    return assembly.get_stack_by_name(STACK_NAME).template, app
-
-
-_HASH = re.compile(r"[0-9a-f]{64}")
-
-
-def mask_asset_hashes(template: dict[str, Any]) -> dict[str, Any]:
-    """Replace asset hashes (they change with any file in the image's build context)."""
-    return json.loads(_HASH.sub("<asset-hash>", json.dumps(template)))
-
-
-def resources(template: dict[str, Any], type_: str) -> dict[str, dict[str, Any]]:
-    """Logical id -> resource, for one CloudFormation type."""
-    return {k: v for k, v in template["Resources"].items() if v["Type"] == type_}
+from infra_synth import VARIANT_CONTEXT, synth
 
 
 @pytest.fixture(scope="session")
@@ -100,8 +21,3 @@ def default_template(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]
 def variant_template(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The template of VARIANT_CONTEXT."""
     return synth(VARIANT_CONTEXT, outdir=tmp_path_factory.mktemp("cdk-variant"))[0]
-
-
-@pytest.fixture(scope="session")
-def of_type() -> Callable[[dict[str, Any], str], dict[str, dict[str, Any]]]:
-    return resources

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 import pytest
-from conftest import VARIANT_CONTEXT, resources
+from infra_synth import VARIANT_CONTEXT, resources
 
 from infra.addons import EFA_DEVICE_PLUGIN, NVIDIA_DEVICE_PLUGIN
 from infra.nag import eks_cluster_findings

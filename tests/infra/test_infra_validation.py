@@ -18,7 +18,7 @@ from typing import Any
 import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_ec2 as ec2
-from conftest import VARIANT_CONTEXT, synth
+from infra_synth import VARIANT_CONTEXT, synth
 
 from infra import nag
 
