@@ -91,7 +91,9 @@ def build_sharded_model(
             model = model_factory()
     else:
         # Every rank builds the same full model from the same seed; fully_shard keeps its slice.
+        # init_weights as on the meta path: the same init whichever way the model is built.
         model = model_factory()
+        model.init_weights()
     if config.activation_checkpointing:
         for index, block in enumerate(model.layers):
             model.layers[index] = checkpoint_wrapper(block)
