@@ -89,6 +89,8 @@ def prepare(*, sources: list[Path], out_dir: Path, shard_tokens: int = SHARD_TOK
     out_dir = out_dir.resolve()
     if (out_dir / META).exists():
         raise DataError(f"prepare: {out_dir} already holds shards; remove it or choose --out")
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise DataError(f"prepare: {out_dir} exists and is not an empty directory; choose --out")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
@@ -135,10 +137,15 @@ class TokenShards:
                 f"data.path: no {META} in {path}; build shards with "
                 f"`python -m training prepare --stdlib --out {path}` (or `make data`)"
             )
-        meta = json.loads(meta_path.read_text())
-        if meta.get("format") != FORMAT:
-            raise DataError(f"data.path: {meta_path} has format {meta.get('format')!r}, "
-                            f"expected {FORMAT!r}")
+        try:
+            meta = json.loads(meta_path.read_text())
+        except ValueError as err:
+            raise DataError(
+                f"data.path: {meta_path} is not valid JSON ({err}); re-run prepare"
+            ) from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+            raise DataError(f"data.path: {meta_path} has format {found!r}, expected {FORMAT!r}")
         if meta["vocab_size"] > vocab_size:
             raise DataError(
                 f"model.vocab_size: {vocab_size} is smaller than the data's vocabulary "
