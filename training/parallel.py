@@ -84,6 +84,10 @@ def build_sharded_model(
     model_factory, *, config: ParallelConfig, env: DistEnv, seed: int
 ) -> tuple[Transformer, DeviceMesh]:
     """Build the model, apply activation checkpointing and FSDP2, materialise it on the device."""
+    if config.meta_init and not env.is_cuda:
+        # DTensor's RNG tracker only covers CUDA meshes: on CPU every rank would initialise its
+        # shard with the same values (the halves of each weight would be identical).
+        raise ConfigError("parallel.meta_init", "needs parallel.device=cuda; set it to false")
     mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("dp",))
     torch.manual_seed(seed)
     if config.meta_init:

@@ -23,6 +23,16 @@ import pytest
 import torch
 from conftest import TINY_MODEL, final_state, read_losses, read_metrics, run_torchrun
 
+from training.config import ConfigError, ParallelConfig
+from training.parallel import (
+    DistEnv,
+    build_sharded_model,
+    dist_env_from_environment,
+    mixed_precision_policy,
+    resolve_device,
+)
+from training.trainer import lr_at
+
 STEPS = 12
 
 
@@ -156,3 +166,52 @@ def test_cuda_bf16_fsdp_step(corpus: Path, tmp_path: Path) -> None:
     state = final_state(tmp_path / "cuda")
     # Master weights stay fp32 under the bf16 policy.
     assert all(v.dtype == torch.float32 for v in _model_tensors(state).values())
+
+
+# ---------------------------------------------------------------------------------------------
+# unit tests (no processes)
+# ---------------------------------------------------------------------------------------------
+
+
+def _cpu_env(world_size: int = 2) -> DistEnv:
+    return DistEnv(
+        rank=0, world_size=world_size, local_rank=0, device=torch.device("cpu"), backend="gloo"
+    )
+
+
+def test_meta_init_is_refused_off_cuda() -> None:
+    """On CPU, DTensor random init would give every rank's shard the same values."""
+    config = ParallelConfig(device="cpu", mixed_precision="fp32", meta_init=True)
+    with pytest.raises(ConfigError) as info:
+        build_sharded_model(lambda: None, config=config, env=_cpu_env(), seed=0)
+    assert info.value.field_path == "parallel.meta_init"
+
+
+def test_device_and_precision_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    env = dist_env_from_environment(ParallelConfig(device="cpu"))
+    assert (env.rank, env.world_size, env.local_rank) == (3, 4, 1)
+    assert env.device == torch.device("cpu") and env.backend == "gloo" and not env.is_cuda
+    fp32 = mixed_precision_policy(ParallelConfig(mixed_precision="auto"), env)
+    assert fp32.param_dtype is None and fp32.reduce_dtype is None
+    bf16 = mixed_precision_policy(ParallelConfig(mixed_precision="bf16"), env)
+    assert bf16.param_dtype == torch.bfloat16 and bf16.reduce_dtype == torch.float32
+    if not torch.cuda.is_available():
+        assert resolve_device(ParallelConfig(device="auto"), local_rank=0).type == "cpu"
+        with pytest.raises(ConfigError) as info:
+            resolve_device(ParallelConfig(device="cuda"), local_rank=0)
+        assert info.value.field_path == "parallel.device"
+
+
+def test_lr_schedule() -> None:
+    kw = {"peak": 1.0, "warmup": 4, "total": 14, "min_ratio": 0.1}
+    assert [lr_at(s, **kw) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_at(4, **kw) == pytest.approx(1.0)
+    assert lr_at(9, **kw) == pytest.approx(0.55)  # half-way down the cosine
+    assert lr_at(14, **kw) == pytest.approx(0.1)
+    assert lr_at(100, **kw) == pytest.approx(0.1)  # past the end: stays at the floor
+    values = [lr_at(s, **kw) for s in range(4, 15)]
+    assert values == sorted(values, reverse=True)
+    assert lr_at(0, peak=2.0, warmup=0, total=10, min_ratio=0.0) == pytest.approx(2.0)
