@@ -310,7 +310,12 @@ def _coerce(path: str, raw: str, annotation: Any) -> Any:
         raise ConfigError(path, f"must be true or false; got {raw!r}")
     if annotation is int:
         try:
-            return int(float(raw)) if "e" in raw.lower() else int(raw)
+            if "e" not in raw.lower():
+                return int(raw)
+            value = float(raw)  # 1e3 is an integer; 2.5e0 is not (never truncate silently)
+            if not value.is_integer():
+                raise ValueError(raw)
+            return int(value)
         except ValueError:
             raise ConfigError(path, f"must be an integer; got {raw!r}") from None
     if annotation is float:

@@ -131,6 +131,9 @@ def test_bool_true_spellings(value: str) -> None:
     [
         ({"train.steps": "ten"}, "train.steps", "integer"),
         ({"train.steps": "1.5"}, "train.steps", "integer"),
+        ({"train.micro_batch_size": "2.5e0"}, "train.micro_batch_size", "integer"),
+        ({"train.seed": "1e-1"}, "train.seed", "integer"),
+        ({"train.steps": "1e400"}, "train.steps", "integer"),
         ({"optim.lr": "fast"}, "optim.lr", "number"),
         ({"data.shuffle": "maybe"}, "data.shuffle", "true or false"),
         ({"parallel.device": "tpu"}, "parallel.device", "auto, cpu, cuda"),
