@@ -8,7 +8,9 @@ Four short runs of a tiny Llama on a learnable corpus share one module fixture:
 - ``w2``:      2 ranks x micro 4 x accum 1 (the default NVRx async checkpoint engine)
 - ``w2_again``: the same command again (determinism)
 - ``w1``:      1 rank  x micro 4 x accum 2 (same global batch of 8, sync checkpoints)
-- ``w2_accum``: 2 ranks x micro 2 x accum 2 (same global batch; exercises no-sync micro-batches)
+- ``w2_accum``: 2 ranks x micro 2 x accum 2 (same global batch; exercises no-sync micro-batches),
+  with activation checkpointing and ``reshard_after_forward=false`` (ZeRO-2): neither may
+  change the math nor the checkpoint's keys
 
 By the sampler's layout (training/data.py) all four see the same 8 samples at every step, so
 their parameters after N steps must agree to float tolerance, and the repeated run bit for bit.
@@ -69,6 +71,8 @@ def runs(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pa
                 "--train.micro_batch_size=2",
                 "--train.grad_accum_steps=2",
                 "--checkpoint.engine=sync",
+                "--parallel.activation_checkpointing=true",
+                "--parallel.reshard_after_forward=false",
             ],
         ),
     }
