@@ -29,7 +29,9 @@ def split_overrides(tokens: list[str]) -> dict[str, str]:
     while index < len(tokens):
         token = tokens[index]
         if not token.startswith("--"):
-            raise ConfigError(token, "unexpected argument; overrides look like --section.field=value")
+            raise ConfigError(
+                token, "unexpected argument; overrides look like --section.field=value"
+            )
         key = token[2:]
         if "=" in key:
             key, value = key.split("=", 1)
@@ -47,8 +49,11 @@ def build_config(argv: list[str]):
     parser = argparse.ArgumentParser(prog="python -m training train", add_help=True)
     parser.add_argument("--recipe", default="debug_cpu", help=f"one of {', '.join(RECIPES)}")
     parser.add_argument("--run-dir", help="run directory (metrics, events, checkpoints)")
-    parser.add_argument("--restart", choices=("none", "inprocess", "injob"),
-                        help="restart layer (default: the recipe's)")
+    parser.add_argument(
+        "--restart",
+        choices=("none", "inprocess", "injob"),
+        help="restart layer (default: the recipe's)",
+    )
     parser.add_argument("--faults", help="fault injection spec (training/faults.py)")
     parser.add_argument("--print-config", action="store_true", help="print the config and exit")
     args, rest = parser.parse_known_args(argv)
@@ -76,8 +81,9 @@ def cmd_train(argv: list[str]) -> int:
 def cmd_prepare(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m training prepare")
     parser.add_argument("inputs", nargs="*", type=Path, help="text files or directories")
-    parser.add_argument("--stdlib", action="store_true",
-                        help="use Python's standard library source (no download)")
+    parser.add_argument(
+        "--stdlib", action="store_true", help="use Python's standard library source (no download)"
+    )
     parser.add_argument("--max-mb", type=float, default=16.0, help="cap for --stdlib (MiB)")
     parser.add_argument("--out", type=Path, required=True, help="output shard directory")
     args = parser.parse_args(argv)
@@ -85,8 +91,10 @@ def cmd_prepare(argv: list[str]) -> int:
     if args.stdlib:
         sources += stdlib_sources(max_bytes=int(args.max_mb * 1024 * 1024))
     meta = prepare(sources=sources, out_dir=args.out)
-    print(f"prepared {meta['num_tokens']:,} tokens from {meta['num_sources']} files "
-          f"into {len(meta['shards'])} shard(s) at {args.out}")
+    print(
+        f"prepared {meta['num_tokens']:,} tokens from {meta['num_sources']} files "
+        f"into {len(meta['shards'])} shard(s) at {args.out}"
+    )
     return 0
 
 
@@ -101,6 +109,8 @@ COMMANDS = {"train": cmd_train, "prepare": cmd_prepare, "recipes": cmd_recipes}
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:  # launchers pass `-m training -- train ...` to keep flags apart
+        argv = argv[1:]
     if not argv or argv[0] not in COMMANDS:
         print(f"usage: python -m training {{{','.join(COMMANDS)}}} ...", file=sys.stderr)
         return EXIT_USAGE

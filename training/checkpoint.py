@@ -198,8 +198,16 @@ class _Pending:
 class CheckpointManager:
     """Save, commit, retain and load checkpoints. Collective: call on every rank in step."""
 
-    def __init__(self, *, config: CheckpointConfig, root: Path, rank: int, world_size: int,
-                 events: EventLog, fault_hook=None) -> None:
+    def __init__(
+        self,
+        *,
+        config: CheckpointConfig,
+        root: Path,
+        rank: int,
+        world_size: int,
+        events: EventLog,
+        fault_hook=None,
+    ) -> None:
         self.config = config
         self.root = root
         self.rank = rank
@@ -330,18 +338,24 @@ class CheckpointManager:
         dist.barrier()  # every rank's manifest is on disk before rank 0 reads them
         if self.rank == 0:
             self.fault_hook("commit", pending.step)
-            commit(pending.path, step=pending.step, world_size=self.world_size,
-                   engine=self.config.engine)
+            commit(
+                pending.path,
+                step=pending.step,
+                world_size=self.world_size,
+                engine=self.config.engine,
+            )
             write_s = time.time() - pending.started
-            self.events.emit("checkpoint_committed", step=pending.step, path=str(pending.path),
-                             write_s=write_s)
+            self.events.emit(
+                "checkpoint_committed", step=pending.step, path=str(pending.path), write_s=write_s
+            )
             self._apply_retention()
         self._latest_committed = pending.step
 
     def _apply_retention(self) -> None:
         steps = committed_steps(self.root)
-        for victim in retention_victims(steps, keep_last=self.config.keep_last,
-                                        keep_every=self.config.keep_every):
+        for victim in retention_victims(
+            steps, keep_last=self.config.keep_last, keep_every=self.config.keep_every
+        ):
             path = step_dir(self.root, victim)
             # Drop the commit record first: a half-deleted directory is then merely torn.
             (path / COMMIT).unlink(missing_ok=True)

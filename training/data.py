@@ -108,7 +108,7 @@ def prepare(*, sources: list[Path], out_dir: Path, shard_tokens: int = SHARD_TOK
             "tokenizer": "bytes",
             "vocab_size": 256,
             "dtype": "uint16",
-            "num_tokens": int(len(tokens)),
+            "num_tokens": len(tokens),
             "num_sources": len(files),
             "shards": shards,
         }

@@ -72,8 +72,11 @@ class Fault:
 
 
 def _fail(problem: str) -> None:
-    raise ConfigError("faults", f"{problem}. Format: KIND@RANK:STEP[:POINT] joined by ';' or "
-                      "random:seed=S:every=N[:kinds=a|b]; kinds: " + ", ".join(KINDS))
+    raise ConfigError(
+        "faults",
+        f"{problem}. Format: KIND@RANK:STEP[:POINT] joined by ';' or "
+        "random:seed=S:every=N[:kinds=a|b]; kinds: " + ", ".join(KINDS),
+    )
 
 
 def _parse_random(text: str, *, start_index: int, horizon: int = 100_000) -> list[Fault]:
@@ -94,8 +97,15 @@ def _parse_random(text: str, *, start_index: int, horizon: int = 100_000) -> lis
     faults, step, index = [], 0, start_index
     while step < horizon:
         step += rng.randint(every // 2, every + every // 2)
-        faults.append(Fault(kind=rng.choice(kinds), rank=rng.randrange(ranks), step=step,
-                            point="staged", index=index))
+        faults.append(
+            Fault(
+                kind=rng.choice(kinds),
+                rank=rng.randrange(ranks),
+                step=step,
+                point="staged",
+                index=index,
+            )
+        )
         index += 1
     return faults
 
@@ -147,8 +157,9 @@ class FaultInjector:
         self.checkpoint_root: Path | None = None
 
     @classmethod
-    def from_spec(cls, spec: str, *, rank: int, events, run_dir: Path | None = None
-                  ) -> FaultInjector:
+    def from_spec(
+        cls, spec: str, *, rank: int, events, run_dir: Path | None = None
+    ) -> FaultInjector:
         spec = spec or os.environ.get("TRAIN_FAULTS", "")
         run_dir = run_dir or (events.path.parent if events is not None else Path("."))
         return cls(faults=parse_faults(spec), rank=rank, run_dir=run_dir, events=events)
@@ -158,8 +169,9 @@ class FaultInjector:
         """True exactly once per fault per run, across processes and restarts."""
         self.marker_dir.mkdir(parents=True, exist_ok=True)
         try:
-            fd = os.open(self.marker_dir / f"{fault.index:05d}.fired",
-                         os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            fd = os.open(
+                self.marker_dir / f"{fault.index:05d}.fired", os.O_CREAT | os.O_EXCL | os.O_WRONLY
+            )
         except FileExistsError:
             return False
         os.close(fd)

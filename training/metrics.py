@@ -61,8 +61,16 @@ class EventLog:
 class StepLogger:
     """Rank 0's metrics: JSONL every step, plus a progress bar or plain log lines."""
 
-    def __init__(self, *, run_dir: Path, total_steps: int, start_step: int, log_every: int,
-                 progress: str, attempt: int) -> None:
+    def __init__(
+        self,
+        *,
+        run_dir: Path,
+        total_steps: int,
+        start_step: int,
+        log_every: int,
+        progress: str,
+        attempt: int,
+    ) -> None:
         self.path = run_dir / "metrics.jsonl"
         self.log_every = log_every
         self.attempt = attempt
@@ -75,8 +83,18 @@ class StepLogger:
 
             self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
 
-    def log(self, *, step: int, loss: float, lr: float, step_time_s: float, tokens: int,
-            flops_per_token: float, peak_flops: float | None, world_size: int) -> dict[str, Any]:
+    def log(
+        self,
+        *,
+        step: int,
+        loss: float,
+        lr: float,
+        step_time_s: float,
+        tokens: int,
+        flops_per_token: float,
+        peak_flops: float | None,
+        world_size: int,
+    ) -> dict[str, Any]:
         tokens_per_s = tokens / step_time_s if step_time_s > 0 else 0.0
         mfu = None
         if peak_flops:

@@ -17,38 +17,71 @@ from training.metrics import EventLog
 from training.parallel import dist_env_from_environment, init_process_group
 from training.trainer import StepHooks, Trainer, TrainResult
 
+# Checkpoint managers of attempts that did not finish cleanly. A fault can interrupt the clean-up
+# in ``run_training``'s ``finally`` (in-process restart raises asynchronously into the main
+# thread), so the next attempt finishes it first: see ``release_leftovers``.
+_LEFTOVERS: list[CheckpointManager] = []
 
-def run_training(config: JobConfig, *, hooks: StepHooks | None = None, attempt: int = 0,
-                 store: dist.Store | None = None, rank: int | None = None,
-                 world_size: int | None = None) -> TrainResult:
+
+def release_leftovers() -> None:
+    """Idempotent clean-up of an interrupted attempt: stop its checkpoint worker and destroy its
+    process group, so the next attempt starts from nothing."""
+    while _LEFTOVERS:
+        _LEFTOVERS.pop().abandon()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def run_training(
+    config: JobConfig,
+    *,
+    hooks: StepHooks | None = None,
+    attempt: int = 0,
+    store: dist.Store | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> TrainResult:
     env = dist_env_from_environment(config.parallel)
     if rank is not None and world_size is not None:
-        env = type(env)(rank=rank, world_size=world_size, local_rank=env.local_rank,
-                        device=env.device, backend=env.backend)
+        env = type(env)(
+            rank=rank,
+            world_size=world_size,
+            local_rank=env.local_rank,
+            device=env.device,
+            backend=env.backend,
+        )
     run_dir = Path(config.run_dir)
     events = EventLog(run_dir=run_dir, rank=env.rank)
-    if not dist.is_initialized():
+    owns_process_group = not dist.is_initialized()
+    if owns_process_group:
         init_process_group(env, timeout_s=config.parallel.pg_timeout_s, store=store)
     if env.rank == 0 and attempt == 0 and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
-        events.emit("run_start", world_size=env.world_size,
-                    restart_mode=config.resilience.restart)
+        events.emit("run_start", world_size=env.world_size, restart_mode=config.resilience.restart)
     events.emit("attempt_start", attempt=attempt)
-    trainer = Trainer(config=config, env=env, events=events, hooks=hooks, attempt=attempt)
-    checkpoints = CheckpointManager(
-        config=config.checkpoint, root=Path(config.checkpoint_dir), rank=env.rank,
-        world_size=env.world_size, events=events, fault_hook=trainer.faults.checkpoint_point,
-    )
     completed = False
     try:
+        trainer = Trainer(config=config, env=env, events=events, hooks=hooks, attempt=attempt)
+        checkpoints = CheckpointManager(
+            config=config.checkpoint,
+            root=Path(config.checkpoint_dir),
+            rank=env.rank,
+            world_size=env.world_size,
+            events=events,
+            fault_hook=trainer.faults.checkpoint_point,
+        )
+        _LEFTOVERS.append(checkpoints)
         checkpoints.start()
         result = trainer.fit(checkpoints=checkpoints)
         checkpoints.close()
+        _LEFTOVERS.remove(checkpoints)
         completed = True
         if env.rank == 0 and not result.preempted:
             events.emit("run_end", step=result.final_step, status="completed", cause=None)
         return result
     finally:
         if not completed:
-            checkpoints.abandon()
-        if completed and dist.is_initialized():
+            # A fault: stop the background writer without collectives (peers may be gone).
+            release_leftovers()
+        elif owns_process_group and dist.is_initialized():
+            # A process that exits with a live gloo group can abort in its destructor.
             dist.destroy_process_group()

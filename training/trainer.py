@@ -85,8 +85,15 @@ class SigtermFlag:
 
 
 class Trainer:
-    def __init__(self, *, config: JobConfig, env: DistEnv, events: EventLog,
-                 hooks: StepHooks | None = None, attempt: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        config: JobConfig,
+        env: DistEnv,
+        events: EventLog,
+        hooks: StepHooks | None = None,
+        attempt: int = 0,
+    ) -> None:
         self.config = config
         self.env = env
         self.events = events
@@ -96,7 +103,9 @@ class Trainer:
         set_cpu_threads(config.parallel, env)
 
         self.model, self.mesh = build_sharded_model(
-            lambda: Transformer(config.model), config=config.parallel, env=env,
+            lambda: Transformer(config.model),
+            config=config.parallel,
+            env=env,
             seed=config.train.seed,
         )
         decay, no_decay = [], []
@@ -104,22 +113,35 @@ class Trainer:
             (decay if param.ndim >= 2 and "embeddings" not in name else no_decay).append(param)
         o = config.optim
         self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": o.weight_decay},
-             {"params": no_decay, "weight_decay": 0.0}],
-            lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+            [
+                {"params": decay, "weight_decay": o.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=o.lr,
+            betas=(o.beta1, o.beta2),
+            eps=o.eps,
             # foreach on DTensors works on CPU and GPU; fused needs CUDA.
-            fused=env.is_cuda or None, foreach=None if env.is_cuda else True,
+            fused=env.is_cuda or None,
+            foreach=None if env.is_cuda else True,
         )
         self.shards = TokenShards(
-            path=Path(config.data.path), seq_len=config.data.seq_len,
+            path=Path(config.data.path),
+            seq_len=config.data.seq_len,
             vocab_size=config.model.vocab_size,
         )
         t = config.train
-        self.layout = BatchLayout(world_size=env.world_size, rank=env.rank,
-                                  micro_batch_size=t.micro_batch_size,
-                                  grad_accum_steps=t.grad_accum_steps)
-        self.sampler = ResumableSampler(num_samples=self.shards.num_samples, layout=self.layout,
-                                        seed=t.seed, shuffle=config.data.shuffle)
+        self.layout = BatchLayout(
+            world_size=env.world_size,
+            rank=env.rank,
+            micro_batch_size=t.micro_batch_size,
+            grad_accum_steps=t.grad_accum_steps,
+        )
+        self.sampler = ResumableSampler(
+            num_samples=self.shards.num_samples,
+            layout=self.layout,
+            seed=t.seed,
+            shuffle=config.data.shuffle,
+        )
         self.tokens_per_step = self.layout.global_batch * config.data.seq_len
         self.flops_per_token = flops_per_token(config.model, seq_len=config.data.seq_len)
         self.peak_flops = peak_flops_for(env.device)
@@ -141,8 +163,10 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         set_state_dict(
-            self.model, self.optimizer,
-            model_state_dict=state["model"], optim_state_dict=state["optim"],
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
             options=StateDictOptions(strict=True),
         )
         self.sampler.load_state_dict(state["sampler"])
@@ -152,8 +176,13 @@ class Trainer:
     # -- one optimizer step ----------------------------------------------------------------------
     def _lr(self, step: int) -> float:
         o = self.config.optim
-        return lr_at(step, peak=o.lr, warmup=o.warmup_steps, total=self.config.train.steps,
-                     min_ratio=o.min_lr_ratio)
+        return lr_at(
+            step,
+            peak=o.lr,
+            warmup=o.warmup_steps,
+            total=self.config.train.steps,
+            min_ratio=o.min_lr_ratio,
+        )
 
     def train_step(self) -> torch.Tensor:
         lr = self._lr(self.step)
@@ -195,9 +224,14 @@ class Trainer:
                 checkpoints.load_latest(self)
             start_step = self.step
             if self.env.rank == 0:
-                logger = StepLogger(run_dir=Path(c.run_dir), total_steps=c.train.steps,
-                                    start_step=start_step, log_every=c.train.log_every,
-                                    progress=c.train.progress, attempt=self.attempt)
+                logger = StepLogger(
+                    run_dir=Path(c.run_dir),
+                    total_steps=c.train.steps,
+                    start_step=start_step,
+                    log_every=c.train.log_every,
+                    progress=c.train.progress,
+                    attempt=self.attempt,
+                )
             loss = None
             while self.step < c.train.steps:
                 next_step = self.step + 1
@@ -210,20 +244,33 @@ class Trainer:
                 self.step = next_step
                 elapsed = time.perf_counter() - started
                 if logger is not None:
-                    logger.log(step=self.step, loss=loss, lr=self._lr(self.step - 1),
-                               step_time_s=elapsed, tokens=self.tokens_per_step,
-                               flops_per_token=self.flops_per_token,
-                               peak_flops=self.peak_flops, world_size=self.env.world_size)
+                    logger.log(
+                        step=self.step,
+                        loss=loss,
+                        lr=self._lr(self.step - 1),
+                        step_time_s=elapsed,
+                        tokens=self.tokens_per_step,
+                        flops_per_token=self.flops_per_token,
+                        peak_flops=self.peak_flops,
+                        world_size=self.env.world_size,
+                    )
                 self.hooks.after_step(self.step)
                 checkpoints.poll()
                 if stop:
                     with self.hooks.section("checkpoint_save"):
                         checkpoints.save(self, step=self.step, blocking=True)
-                    self.events.emit("run_end", step=self.step, status="preempted",
-                                     cause="SIGTERM: final checkpoint committed")
+                    self.events.emit(
+                        "run_end",
+                        step=self.step,
+                        status="preempted",
+                        cause="SIGTERM: final checkpoint committed",
+                    )
                     return TrainResult(final_step=self.step, final_loss=loss, preempted=True)
-                if c.checkpoint.interval and self.step % c.checkpoint.interval == 0 \
-                        and self.step < c.train.steps:
+                if (
+                    c.checkpoint.interval
+                    and self.step % c.checkpoint.interval == 0
+                    and self.step < c.train.steps
+                ):
                     with self.hooks.section("checkpoint_save"):
                         checkpoints.save(self, step=self.step, blocking=False)
             if c.checkpoint.save_final and checkpoints.latest_step() != self.step:

@@ -1,0 +1,143 @@
+"""Launch N local ranks: ``make train`` runs this.
+
+``--restart none|inprocess`` start the ranks with torchrun (static, no elastic restarts: the
+in-process layer restarts inside the processes); ``--restart injob`` starts them with NVRx's
+``ft_launcher``, which respawns failed workers within the job. ``--cold-restarts K`` relaunches
+the whole job up to K times after a failure (the baseline the benchmarks compare against).
+At the end the run's summary (restarts, lost time, ETTR) is printed and its timeline drawn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from training.__main__ import EXIT_USAGE, build_config
+from training.config import ConfigError, JobConfig
+from training.data import DataError
+from training.metrics import EventLog
+
+EXIT_PREEMPTED = 143
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _bin(name: str) -> str:
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else (shutil.which(name) or name)
+
+
+def rank_command(*, config: JobConfig, nproc: int, train_args: list[str], port: int) -> list[str]:
+    """The launcher command line for one attempt of the whole job."""
+    r = config.resilience
+    common = [
+        f"--nproc-per-node={nproc}",
+        "--nnodes=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id=local-{port}",
+    ]
+    if r.restart == "injob":
+        return [
+            _bin("ft_launcher"),
+            *common,
+            f"--max-restarts={r.max_restarts}",
+            f"--ft-initial-rank-heartbeat-timeout={r.heartbeat_timeout_s + 60}",
+            f"--ft-rank-heartbeat-timeout={r.heartbeat_timeout_s}",
+            f"--ft-rank-section-timeouts=step:{r.step_section_timeout_s},"
+            f"checkpoint:{r.checkpoint_section_timeout_s}",
+            f"--ft-rank-out-of-section-timeout={r.checkpoint_section_timeout_s}",
+            "--ft-restart-policy=any-failed",
+            "--monitor-interval=0.5",
+            # `--` keeps the trainer's flags (e.g. --restart) away from ft_launcher's parser,
+            # which would otherwise take --restart as a prefix of its --restart-policy.
+            "-m",
+            "training",
+            "--",
+            "train",
+            *train_args,
+        ]
+    return [
+        _bin("torchrun"),
+        *common,
+        "--max-restarts=0",
+        "-m",
+        "training",
+        "--",
+        "train",
+        *train_args,
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.launch.local")
+    parser.add_argument("--nproc", type=int, default=2, help="ranks to start (CPU processes)")
+    parser.add_argument(
+        "--cold-restarts",
+        type=int,
+        default=0,
+        help="relaunch the whole job up to K times after a failure",
+    )
+    parser.add_argument("--no-report", action="store_true", help="skip the summary/timeline")
+    args, train_args = parser.parse_known_args(argv)
+    try:
+        if args.nproc < 1:
+            raise ConfigError("--nproc", f"must be >= 1, got {args.nproc}")
+        config, _ = build_config(train_args)
+        from training.data import TokenShards
+
+        TokenShards(
+            path=Path(config.data.path),
+            seq_len=config.data.seq_len,
+            vocab_size=config.model.vocab_size,
+        )
+    except (ConfigError, DataError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    run_dir = Path(config.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    launcher_events = EventLog(run_dir=run_dir, rank=-1)
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    attempts = 0
+    while True:
+        command = rank_command(
+            config=config, nproc=args.nproc, train_args=train_args, port=free_port()
+        )
+        print("+ " + " ".join(command), flush=True)
+        code = subprocess.call(command, env=env)
+        if code == 0 or attempts >= args.cold_restarts:
+            break
+        attempts += 1
+        launcher_events.emit("restart_begin", mode="cold", exit_code=code)
+        print(
+            f"job failed with exit code {code}; cold restart {attempts}/{args.cold_restarts}",
+            flush=True,
+        )
+        time.sleep(1.0)
+    if code != 0:
+        status = "preempted" if code == EXIT_PREEMPTED else "failed"
+        launcher_events.emit("run_end", status=status, cause=f"launcher exit code {code}")
+    if not args.no_report:
+        from training.report import format_summary, write_report
+
+        try:
+            print(format_summary(write_report(run_dir=run_dir)), flush=True)
+        except Exception as err:  # the run's own exit code matters more than the report
+            print(f"(no report: {err})", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""In-process restart with NVRx's ``inprocess.Wrapper``.
+
+The training function is wrapped; when any rank raises or hangs, every rank aborts, health
+checks run (CUDA checks on GPU only; none on CPU), ranks are reassigned, the process group is
+re-created with a fresh store prefix, the state comes back from the newest committed checkpoint,
+and training continues in the same processes. ``resilience.max_restarts`` bounds the restarts
+(NVRx's ``RetryController``); losing a rank stops the job too (``min_world_size``), since the
+global batch, and so the result, would change.
+
+Ports: torchrun's store is on MASTER_PORT; the wrapper's own store on MASTER_PORT+1; the
+process groups' base store on MASTER_PORT+2 (created once, outside the wrapper; each restart
+iteration uses its own prefix of it).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from training.config import JobConfig
+from training.metrics import EventLog
+from training.trainer import EXIT_PREEMPTED, StepHooks
+
+EXIT_GAVE_UP = 4
+WRAPPER_PORT_OFFSET = 1
+PG_STORE_PORT_OFFSET = 2
+
+
+class PingHooks(StepHooks):
+    """Report forward progress to the wrapper's progress watchdog once per step."""
+
+    def __init__(self, call_wrapper) -> None:
+        self.call_wrapper = call_wrapper
+
+    def before_step(self, step: int) -> None:
+        self.call_wrapper.ping()
+
+    def after_step(self, step: int) -> None:
+        self.call_wrapper.ping()
+
+
+def store_ports() -> set[int]:
+    master = int(os.environ.get("MASTER_PORT", "29500"))
+    return {master, master + WRAPPER_PORT_OFFSET, master + PG_STORE_PORT_OFFSET}
+
+
+def run_inprocess(config: JobConfig) -> int:
+    from training.nvrx import inprocess_wrapper
+    from training.run import release_leftovers, run_training
+
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    master_addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    master_port = int(os.environ.get("MASTER_PORT", "29500"))
+    events = EventLog(run_dir=Path(config.run_dir), rank=rank)
+    r = config.resilience
+    base_store = dist.TCPStore(
+        host_name=master_addr,
+        port=master_port + PG_STORE_PORT_OFFSET,
+        world_size=world_size,
+        is_master=rank == 0,
+        multi_tenant=True,
+        wait_for_workers=True,
+        use_libuv=True,
+        timeout=datetime.timedelta(seconds=300),
+    )
+    restart_started: list[float] = []
+
+    def train(call_wrapper=None):  # annotated for NVRx in training.nvrx.inprocess_wrapper
+        iteration = call_wrapper.iteration if call_wrapper is not None else 0
+        release_leftovers()  # whatever the previous iteration's interrupted clean-up left
+        if iteration > 0:
+            seconds = time.time() - restart_started[-1] if restart_started else None
+            events.emit("restart_end", mode="inprocess", attempt=iteration, seconds=seconds)
+        current_rank = int(os.environ["RANK"])
+        current_world = int(os.environ["WORLD_SIZE"])
+        store = dist.PrefixStore(f"pg_{iteration}", base_store)
+        try:
+            return run_training(
+                config,
+                hooks=PingHooks(call_wrapper),
+                attempt=iteration,
+                store=store,
+                rank=current_rank,
+                world_size=current_world,
+            )
+        except BaseException as err:
+            restart_started.append(time.time())
+            events.emit(
+                "restart_begin",
+                mode="inprocess",
+                attempt=iteration,
+                error=f"{type(err).__name__}: {err}"[:300],
+            )
+            raise
+
+    wrapped = inprocess_wrapper(
+        train,
+        max_restarts=r.max_restarts,
+        world_size=world_size,
+        soft_timeout_s=r.soft_timeout_s,
+        hard_timeout_s=r.hard_timeout_s,
+        keep_ports=store_ports(),
+        wrapper_port=master_port + WRAPPER_PORT_OFFSET,
+        cuda=torch.cuda.is_available() and config.parallel.device != "cpu",
+    )
+    try:
+        result = wrapped()
+    except BaseException as err:  # RestartAbort is a BaseException: the cap was reached
+        cause = (
+            f"in-process restart gave up after {r.max_restarts} restart(s) "
+            f"(resilience.max_restarts): {type(err).__name__}: {err}"
+        )
+        if rank == 0:
+            events.emit("run_end", status="failed", cause=cause[:500])
+        print(f"error: {cause}", file=sys.stderr, flush=True)
+        return EXIT_GAVE_UP
+    if result is None:  # an inactive (spare) rank
+        return 0
+    return EXIT_PREEMPTED if result.preempted else 0
