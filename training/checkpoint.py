@@ -263,7 +263,12 @@ class CheckpointManager:
         started = time.perf_counter()
         path = step_dir(self.root, step)
         if self.rank == 0:
-            path.mkdir(parents=True, exist_ok=True)
+            if path.exists():
+                # A checkpoint of this step from an earlier attempt (found damaged, or torn):
+                # un-commit it first, so its old record never vouches for new, partial files.
+                (path / COMMIT).unlink(missing_ok=True)
+                shutil.rmtree(path)
+            path.mkdir(parents=True)
         dist.barrier()  # the directory exists before any rank writes into it
         state = {"trainer": trainer.state_dict()}
         engine = self.config.engine

@@ -236,10 +236,14 @@ class ResilienceConfig:
     """In-job: longest a single training step may take before the rank is declared hung."""
     checkpoint_section_timeout_s: float = 300.0
     """In-job: longest a checkpoint load or save staging may take."""
+    calibrate_timeouts_after: int = 0
+    """In-job: after this many steps, replace the section and heartbeat timeouts by ones NVRx
+    computes from the observed timings (times its safety factor); 0 keeps the configured ones."""
 
     def __post_init__(self) -> None:
         s = "resilience"
         _require(self.max_restarts >= 0, s, "max_restarts", "must be >= 0")
+        _require(self.calibrate_timeouts_after >= 0, s, "calibrate_timeouts_after", "must be >= 0")
         for name in (
             "soft_timeout_s",
             "hard_timeout_s",

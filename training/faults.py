@@ -3,8 +3,9 @@
 Spec (``--faults`` / ``FAULTS=`` / ``TRAIN_FAULTS`` env), faults separated by ``;``::
 
     KIND@RANK:STEP[:POINT]        e.g. exception@1:40   sigkill@0:80   ckpt_crash@0:50:staged
-    random:seed=S:every=N[:kinds=a|b|c]
+    random:seed=S:every=N[:kinds=a|b|c][:ranks=R]
                                   about one fault per N steps, kind and rank drawn from seed S
+    always:KIND@RANK:STEP         fire on every attempt, not once (tests the restart cap)
 
 Kinds:
   exception      raise an error in the training step
@@ -21,8 +22,9 @@ Kinds:
   corrupt_shard  flip bytes in this rank's shard of the newest committed checkpoint, then raise
   truncate_shard truncate that shard to half its size, then raise
 
-Each fault fires once per run: a marker file in ``<run_dir>/.faults/`` records it, so replayed
-steps after a restart (in-process or a new process) do not fire it again.
+Each fault fires once per run (``always:`` ones excepted): a marker file in
+``<run_dir>/.faults/`` records it, so replayed steps after a restart (in-process or a new
+process) do not fire it again.
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ class Fault:
     point: str = ""
     index: int = 0
     """Position in the spec; names the fault's fired-marker file."""
+    always: bool = False
+    """Fire on every attempt that reaches the step (no once-per-run marker)."""
 
 
 def _fail(problem: str) -> None:
@@ -118,6 +122,9 @@ def parse_faults(spec: str) -> list[Fault]:
         if text.startswith("random:"):
             faults.extend(_parse_random(text, start_index=len(faults)))
             continue
+        always = text.startswith("always:")
+        if always:
+            text = text[len("always:") :]
         if "@" not in text:
             _fail(f"fault {text!r} has no '@'")
         kind, where = text.split("@", 1)
@@ -139,7 +146,9 @@ def parse_faults(spec: str) -> list[Fault]:
             _fail(f"only ckpt_crash takes a POINT, not {kind}")
         if rank < 0 or step < 1:
             _fail(f"fault {text!r}: RANK must be >= 0 and STEP >= 1")
-        faults.append(Fault(kind=kind, rank=rank, step=step, point=point, index=len(faults)))
+        faults.append(
+            Fault(kind=kind, rank=rank, step=step, point=point, index=len(faults), always=always)
+        )
     return faults
 
 
@@ -167,6 +176,9 @@ class FaultInjector:
     # -- bookkeeping -----------------------------------------------------------------------------
     def _claim(self, fault: Fault) -> bool:
         """True exactly once per fault per run, across processes and restarts."""
+        if fault.always:
+            self._record(fault)
+            return True
         self.marker_dir.mkdir(parents=True, exist_ok=True)
         try:
             fd = os.open(
@@ -175,9 +187,12 @@ class FaultInjector:
         except FileExistsError:
             return False
         os.close(fd)
+        self._record(fault)
+        return True
+
+    def _record(self, fault: Fault) -> None:
         if self.events is not None:
             self.events.emit("fault", step=fault.step, fault=fault.kind, point=fault.point or None)
-        return True
 
     # -- hooks called by the trainer ---------------------------------------------------------------
     def before_step(self, step: int) -> None:

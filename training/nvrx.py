@@ -77,17 +77,30 @@ def _write_then(write_fn: Callable, after_write: Callable, *args: Any) -> None:
     after_write()
 
 
+# The persistent worker outlives one ``AsyncCheckpointQueue``: an in-process restart creates a
+# new queue and would otherwise pay the worker's start-up (seconds) again on every restart.
+_SHARED_CALLER = None
+
+
 class AsyncCheckpointQueue:
     """NVRx async checkpointing with a persistent background worker per rank."""
 
     def __init__(self) -> None:
         self._queue = AsyncCallsQueue(persistent=True)
+        if _SHARED_CALLER is not None and _SHARED_CALLER.process is not None:
+            self._queue.persistent_caller = _SHARED_CALLER
 
     def start_worker(self) -> None:
-        """Spawn the persistent worker now (not at the first save, which would otherwise pay
-        the worker's start-up of several seconds). A no-op request goes through the public API;
-        its completion is finalized by the first ``poll``."""
-        self._queue.schedule_async_request(AsyncRequest(_noop, (), []))
+        """Have the persistent worker running before the first save (which would otherwise pay
+        its start-up of several seconds). A no-op request goes through the public API and is
+        finalized at once; the wait polls in Python, so watchdogs see progress meanwhile.
+        Collective: call on every rank."""
+        global _SHARED_CALLER
+        caller = self._queue.persistent_caller
+        if caller is None or caller.process is None:
+            self._queue.schedule_async_request(AsyncRequest(_noop, (), []))
+        self.poll(blocking=True)
+        _SHARED_CALLER = self._queue.persistent_caller
 
     def schedule_save(
         self,
@@ -132,20 +145,30 @@ class AsyncCheckpointQueue:
 
     def close(self) -> None:
         """Finish pending saves and stop the worker (collective)."""
+        global _SHARED_CALLER
         with cpu_collectives():
             self._queue.close()
+        _SHARED_CALLER = None
 
     def abandon(self) -> None:
-        """After a fault: stop the worker without any collective (peers may be gone). A write in
-        flight is cut off; its checkpoint stays uncommitted and is never loaded."""
+        """After a fault, without any collective (peers may be gone). An idle worker is kept for
+        the next attempt; one with a request in flight is killed: that write is cut off, its
+        checkpoint stays uncommitted and is never loaded."""
+        global _SHARED_CALLER
         caller = self._queue.persistent_caller
+        in_flight = bool(self._queue.async_calls)
         self._queue.async_calls.clear()
         if caller is None:
+            return
+        if not in_flight and caller.process is not None and caller.process.is_alive():
+            caller.cur_item = None
+            _SHARED_CALLER = caller
             return
         process = caller.process
         # Cleared first: the caller's __del__ (run by a later gc) would otherwise wait forever
         # on a queue that nobody serves any more.
         caller.process = None
+        _SHARED_CALLER = None
         if process is not None and process.is_alive():
             process.kill()
             process.join(timeout=10)
@@ -233,5 +256,5 @@ def inprocess_wrapper(
     # with postponed annotations it would see a string, so set the real one explicitly.
     from typing import Optional
 
-    fn.__annotations__ = {"call_wrapper": Optional[inprocess.CallWrapper]}
+    fn.__annotations__ = {"call_wrapper": Optional[inprocess.CallWrapper]}  # noqa: UP045
     return wrapper(fn)

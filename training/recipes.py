@@ -74,6 +74,7 @@ _GPU_RESILIENCE = ResilienceConfig(
     heartbeat_timeout_s=300.0,
     step_section_timeout_s=600.0,
     checkpoint_section_timeout_s=1800.0,
+    calibrate_timeouts_after=50,
 )
 
 _RECIPES: tuple[Recipe, ...] = (

@@ -6,7 +6,7 @@ segfaults, aborts, raises (OOM included) or hangs past its section/heartbeat tim
 launcher stops the survivors and spawns new workers (``--max-restarts`` caps it); they resume
 from the newest committed checkpoint. After enough steps have been observed, the section
 timeouts are computed from the measured timings (NVRx's timeouts calculator, synchronized across
-ranks) instead of the configured upper bounds.
+ranks) instead of the configured upper bounds (``resilience.calibrate_timeouts_after``).
 
 Lack of progress: every attempt records the step it resumed from in ``<run_dir>/.attempts/``;
 when ``no_progress_attempts`` attempts in a row resume from the same checkpoint, the attempt
@@ -28,7 +28,6 @@ from training.trainer import EXIT_PREEMPTED, StepHooks
 
 EXIT_NO_PROGRESS = 3
 NO_PROGRESS_ATTEMPTS = 3
-CALIBRATE_AFTER_STEPS = 20
 
 
 def attempt_number() -> int:
@@ -39,7 +38,7 @@ def attempt_number() -> int:
 class MonitorHooks(StepHooks):
     """Heartbeats and sections for the rank monitor."""
 
-    def __init__(self, client, *, calibrate_after: int = CALIBRATE_AFTER_STEPS) -> None:
+    def __init__(self, client, *, calibrate_after: int) -> None:
         self.client = client
         self.calibrate_after = calibrate_after
         self.steps_seen = 0
@@ -52,7 +51,7 @@ class MonitorHooks(StepHooks):
     def after_step(self, step: int) -> None:
         self.client.end_section("step")
         self.steps_seen += 1
-        if not self.calibrated and self.steps_seen >= self.calibrate_after:
+        if self.calibrate_after and not self.calibrated and self.steps_seen >= self.calibrate_after:
             # Collective across ranks (NVRx synchronizes the calculated timeouts).
             self.client.calculate_and_set_section_timeouts(skip_if_not_ready=True)
             self.client.calculate_and_set_hb_timeouts(skip_if_not_ready=True)
@@ -110,7 +109,8 @@ def run_injob(config: JobConfig) -> int:
             return EXIT_NO_PROGRESS
     client = rank_monitor_client()
     try:
-        result = run_training(config, hooks=MonitorHooks(client), attempt=attempt)
+        hooks = MonitorHooks(client, calibrate_after=config.resilience.calibrate_timeouts_after)
+        result = run_training(config, hooks=hooks, attempt=attempt)
     except BaseException:
         events.emit("restart_begin", mode="injob", attempt=attempt)
         raise
