@@ -217,11 +217,18 @@ class CheckpointManager:
         self._pending: list[_Pending] = []
         self._latest_committed: int | None = None
         self._nvrx = None
-        if config.engine == "nvrx":
+        self._local = None
+        if config.local_dir:
+            from training.local_checkpoint import LocalCheckpoints
+
+            self._local = LocalCheckpoints(root=Path(config.local_dir), session_id=root.name)
+        if config.engine == "nvrx" or self._local is not None:
+            # The local tier's writes go through NVRx's queue whatever the shared engine is.
             from training.nvrx import AsyncCheckpointQueue
 
             self._nvrx = AsyncCheckpointQueue()
         self.last_blocking_s: float | None = None
+        self._local_pending = False
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -306,20 +313,35 @@ class CheckpointManager:
             self.wait()
         return blocking_s
 
+    def save_local(self, trainer: StatefulTrainer, *, step: int) -> None:
+        """GPU only: an NVRx local checkpoint of this rank's shard on node-local NVMe."""
+        assert self._local is not None and self._nvrx is not None
+        started = time.perf_counter()
+        self._nvrx.schedule_request(self._local.save_request(trainer, step=step))
+        self._local_pending = True
+        self.events.emit(
+            "checkpoint_staged",
+            step=step,
+            engine="nvrx_local",
+            blocking_s=time.perf_counter() - started,
+        )
+
     def poll(self) -> None:
         """Commit every save that all ranks have finished writing (cheap when none pending)."""
-        if not self._pending:
+        if not self._pending and not self._local_pending:
             return
         if self._nvrx is not None:
             self._nvrx.poll(blocking=False)
-        else:
+            self._local_pending = self._nvrx.pending() > 0
+        if self.config.engine == "torch_async":
             self._poll_torch_async(blocking=False)
 
     def wait(self) -> None:
         """Block until every pending save is committed."""
         if self._nvrx is not None:
             self._nvrx.poll(blocking=True)
-        elif self._pending:
+            self._local_pending = False
+        if self.config.engine == "torch_async" and self._pending:
             self._poll_torch_async(blocking=True)
 
     def _poll_torch_async(self, *, blocking: bool) -> None:
@@ -378,6 +400,19 @@ class CheckpointManager:
         shared: list[Any] = [candidates]
         dist.broadcast_object_list(shared, src=0)
         candidates = shared[0]
+        if self._local is not None:
+            local_step = self._local.latest_step()  # collective: needs every rank's shard
+            if local_step is not None and local_step > max(candidates, default=-1):
+                started = time.perf_counter()
+                step = self._local.load_into(trainer)
+                self.events.emit(
+                    "checkpoint_load",
+                    step=step,
+                    path=str(self.config.local_dir),
+                    seconds=time.perf_counter() - started,
+                    source="local",
+                )
+                return step
         for step in reversed(candidates):
             path = step_dir(self.root, step)
             problem = self._verify_collectively(path) if self.config.verify_on_load else None

@@ -210,9 +210,20 @@ class CheckpointConfig:
     """Save (and commit) a checkpoint after the last step."""
     verify_on_load: bool = True
     """Check every shard's size and checksum against the commit record before loading."""
+    local_dir: str = ""
+    """GPU only: node-local directory (the NVMe RAID0) for NVRx local checkpoints; empty = off."""
+    local_interval: int = 0
+    """GPU only: save a local checkpoint every N steps (between the shared ones); 0 = off."""
 
     def __post_init__(self) -> None:
         s = "checkpoint"
+        _require(self.local_interval >= 0, s, "local_interval", "must be >= 0 (0 = off)")
+        _require(
+            not self.local_interval or bool(self.local_dir),
+            s,
+            "local_dir",
+            "must be set when checkpoint.local_interval > 0 (e.g. /scratch/checkpoints)",
+        )
         _require(self.interval >= 0, s, "interval", "must be >= 0 (0 = final only)")
         _require(self.keep_last >= 1, s, "keep_last", f"must be >= 1, got {self.keep_last}")
         _require(self.keep_every >= 0, s, "keep_every", "must be >= 0 (0 = off)")

@@ -19,6 +19,7 @@ Installed files of torch and NVRx are never edited.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -82,6 +83,23 @@ def _write_then(write_fn: Callable, after_write: Callable, *args: Any) -> None:
 _SHARED_CALLER = None
 
 
+def stop_shared_worker() -> None:
+    """Stop a worker kept for reuse. Registered with atexit (after multiprocessing's own exit
+    handler, so it runs first): otherwise the interpreter waits forever at exit for a
+    non-daemon worker that nobody tells to stop."""
+    global _SHARED_CALLER
+    caller, _SHARED_CALLER = _SHARED_CALLER, None
+    process = getattr(caller, "process", None)
+    if caller is not None:
+        caller.process = None
+    if process is not None and process.is_alive():
+        process.kill()
+        process.join(timeout=10)
+
+
+atexit.register(stop_shared_worker)
+
+
 class AsyncCheckpointQueue:
     """NVRx async checkpointing with a persistent background worker per rank."""
 
@@ -133,6 +151,10 @@ class AsyncCheckpointQueue:
             ],
             preload_fn=preload_fn,
         )
+        self._queue.schedule_async_request(request)
+
+    def schedule_request(self, request: AsyncRequest) -> None:
+        """Schedule a ready-made NVRx request (the local checkpoint tier builds its own)."""
         self._queue.schedule_async_request(request)
 
     def poll(self, *, blocking: bool) -> list[int]:

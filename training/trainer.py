@@ -266,13 +266,17 @@ class Trainer:
                         cause="SIGTERM: final checkpoint committed",
                     )
                     return TrainResult(final_step=self.step, final_loss=loss, preempted=True)
-                if (
-                    c.checkpoint.interval
-                    and self.step % c.checkpoint.interval == 0
-                    and self.step < c.train.steps
-                ):
+                shared_due = bool(c.checkpoint.interval) and self.step % c.checkpoint.interval == 0
+                local_due = (
+                    bool(c.checkpoint.local_interval)
+                    and self.step % c.checkpoint.local_interval == 0
+                )
+                if shared_due and self.step < c.train.steps:
                     with self.hooks.section("checkpoint_save"):
                         checkpoints.save(self, step=self.step, blocking=False)
+                elif local_due and self.step < c.train.steps:
+                    with self.hooks.section("checkpoint_save"):
+                        checkpoints.save_local(self, step=self.step)
             if c.checkpoint.save_final and checkpoints.latest_step() != self.step:
                 with self.hooks.section("checkpoint_save"):
                     checkpoints.save(self, step=self.step, blocking=True)

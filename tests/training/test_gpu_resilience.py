@@ -1,0 +1,104 @@
+"""GPU-only resilience paths: NVRx local checkpoints on node-local storage, in-process restart
+with NCCL abort and CUDA health checks, NVRx async checkpoints staged by the D2H copy.
+
+Run: ``.venv/bin/pytest tests/training/test_gpu_resilience.py`` on a machine with CUDA (all
+tests are marked ``gpu`` and skipped without one; this repository's CI has no GPU). The CPU
+behaviour of the same code paths is covered by test_checkpoint.py and test_resilience.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY_MODEL, final_state, run_torchrun
+from test_resilience import launch
+
+GPU_ARGS = ("--parallel.device=cuda", "--parallel.mixed_precision=bf16", *TINY_MODEL)
+
+
+def _events(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+@pytest.mark.gpu
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_local_checkpoint_is_preferred_when_newer(tmp_path: Path, corpus: Path) -> None:
+    """Local (NVMe) checkpoints every 3 steps; with the shared ones gone, a restart resumes from
+    the newest local one and ends where the uninterrupted run ended."""
+    run_dir = tmp_path / "run"
+    args = (
+        *GPU_ARGS,
+        f"--data.path={corpus}",
+        "--train.steps=8",
+        "--checkpoint.interval=0",
+        f"--checkpoint.local_dir={tmp_path / 'nvme'}",
+        "--checkpoint.local_interval=3",
+    )
+    first = run_torchrun(nproc=1, run_dir=run_dir, args=args, timeout=250)
+    assert first.returncode == 0, first.output[-4000:]
+    reference = final_state(run_dir)
+    shutil.rmtree(run_dir / "checkpoints")  # only the local tier (steps 3 and 6) is left
+    second = run_torchrun(nproc=1, run_dir=run_dir, args=args, timeout=250)
+    assert second.returncode == 0, second.output[-4000:]
+    loads = [e for e in _events(run_dir) if e["kind"] == "checkpoint_load"]
+    assert loads and loads[-1]["source"] == "local" and loads[-1]["step"] == 6
+    resumed = final_state(run_dir)
+    for key, value in reference.items():
+        if isinstance(value, torch.Tensor) and key.startswith("trainer.model."):
+            torch.testing.assert_close(resumed[key], value, rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.distributed
+@pytest.mark.timeout(400)
+def test_inprocess_restart_on_nccl_with_cuda_health_check(tmp_path: Path, corpus: Path) -> None:
+    """An exception and a hang on CUDA ranks: NCCL abort releases the peers, the CUDA health
+    check passes, and the run completes in the same processes."""
+    nproc = min(2, torch.cuda.device_count())
+    run_dir = tmp_path / "run"
+    proc = launch(
+        run_dir,
+        corpus,
+        *GPU_ARGS,
+        "--restart=inprocess",
+        f"--train.micro_batch_size={8 // nproc}",
+        f"--faults=exception@0:5;hang@{nproc - 1}:12",
+        nproc=nproc,
+        timeout=360,
+    )
+    assert proc.returncode == 0, proc.log.read_text()[-4000:]
+    restarts = [e for e in _events(run_dir) if e["kind"] == "restart_end"]
+    assert len({e["attempt"] for e in restarts}) == 2
+
+
+@pytest.mark.gpu
+def test_nvrx_async_save_is_an_exact_snapshot_on_cuda(tmp_path: Path, corpus: Path) -> None:
+    """On GPU the staging copy is NVRx's own device-to-host preload (no CPU clone)."""
+    import subprocess
+
+    from conftest import REPO_ROOT, VENV_BIN, subprocess_env
+
+    result_dir = tmp_path / "probe"
+    command = [
+        str(VENV_BIN / "torchrun"),
+        "--standalone",
+        "--nproc-per-node=1",
+        str(REPO_ROOT / "tests/training/probes/snapshot_probe.py"),
+        str(result_dir),
+        "nvrx",
+        "--",
+        f"--data.path={corpus}",
+        *GPU_ARGS,
+    ]
+    proc = subprocess.run(
+        command, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((result_dir / "probe_rank0.json").read_text())
+    assert report["mismatched"] == []
