@@ -1,0 +1,1 @@
+"""Benchmarks of checkpointing, restart latency, goodput and overhead (``make bench``)."""

@@ -1,0 +1,193 @@
+"""Shared helpers for the benchmarks: launching local runs, medians, targets, tables, JSON."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO_ROOT / "bench" / "results"
+RUNS_DIR = REPO_ROOT / "runs" / "bench"
+
+# A model small enough that a 2-rank CPU step takes ~0.1 s: restart benchmarks then measure the
+# restart machinery, not training.
+TINY_MODEL: tuple[str, ...] = (
+    "--model.dim=64",
+    "--model.n_layers=2",
+    "--data.seq_len=32",
+    "--model.max_seq_len=64",
+)
+
+
+def bench_env() -> dict[str, str]:
+    """The environment of every launched run: one thread per rank, plain logs, no noise."""
+    env = dict(os.environ)
+    env.update(
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONWARNINGS="ignore",
+        CI="1",
+    )
+    return env
+
+
+def machine() -> str:
+    """One line naming the machine the numbers come from."""
+    import torch
+
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (
+        f"{os.cpu_count()}-core {platform.machine()}, {mem_gib:.0f} GiB, "
+        f"{'CUDA' if torch.cuda.is_available() else 'CPU only'}, torch {torch.__version__}, "
+        f"Python {platform.python_version()}"
+    )
+
+
+def call_logged(command: Sequence[str], *, log_path: Path, timeout_s: float) -> int:
+    """Run ``command`` in its own session, output to ``log_path``; on timeout kill the whole
+    session (launchers leave workers and checkpoint writers behind) and return 124."""
+    with open(log_path, "w") as log:
+        log.write("+ " + " ".join(command) + "\n")
+        log.flush()
+        proc = subprocess.Popen(
+            list(command),
+            cwd=REPO_ROOT,
+            env=bench_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return 124
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalRun:
+    """A finished ``training.launch.local`` run."""
+
+    run_dir: Path
+    returncode: int
+    wall_s: float
+
+
+def run_local(
+    *,
+    run_dir: Path,
+    nproc: int,
+    restart: str = "none",
+    faults: str = "",
+    cold_restarts: int = 0,
+    overrides: Sequence[str] = (),
+    timeout_s: float = 600.0,
+) -> LocalRun:
+    """Run ``python -m training.launch.local`` into a fresh ``run_dir`` (log: launcher.log)."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    command = [
+        sys.executable,
+        "-m",
+        "training.launch.local",
+        f"--nproc={nproc}",
+        f"--cold-restarts={cold_restarts}",
+        "--no-report",
+        "--recipe=debug_cpu",
+        f"--run-dir={run_dir}",
+        f"--restart={restart}",
+        *([f"--faults={faults}"] if faults else []),
+        "--train.log_every=1000",
+        *overrides,
+    ]
+    started = time.monotonic()
+    code = call_logged(command, log_path=run_dir / "launcher.log", timeout_s=timeout_s)
+    return LocalRun(run_dir=run_dir, returncode=code, wall_s=time.monotonic() - started)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Objects of a JSONL file; a truncated line (a killed process) is skipped."""
+    rows = []
+    if not path.is_file():
+        return rows
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def median(values: Iterable[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
+def target(name: str, value: float | None, *, goal: float, higher_is_better: bool) -> dict:
+    """A goal the benchmark reports against (never an assertion): PASS, MISS or n/a."""
+    if value is None:
+        verdict = "n/a"
+    elif higher_is_better:
+        verdict = "PASS" if value >= goal else "MISS"
+    else:
+        verdict = "PASS" if value <= goal else "MISS"
+    return {
+        "target": name,
+        "value": value,
+        "goal": f"{'>=' if higher_is_better else '<='} {goal:g}",
+        "verdict": verdict,
+    }
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}" if abs(value) < 1e5 else f"{value:.3g}"
+    return str(value)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain-text table, columns sized to fit."""
+    cells = [[str(h) for h in headers]] + [[fmt(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def targets_table(targets: Sequence[dict]) -> str:
+    return table(
+        ["target", "measured", "goal", "verdict"],
+        [(t["target"], t["value"], t["goal"], t["verdict"]) for t in targets],
+    )
+
+
+def write_result(name: str, payload: dict[str, Any]) -> Path:
+    """Write bench/results/<name>.json atomically (the planner reads some of its keys)."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+    return path
