@@ -15,7 +15,7 @@ The engines take turns within each repeat (the order rotates), so machine noise 
 them alike; every save is waited for and must be committed (checked at the end).
 
     python -m bench.checkpoint               # full: ~420 MB of state, 4 rounds
-    python -m bench.checkpoint --quick       # smoke: ~70 MB, 2 rounds
+    python -m bench.checkpoint --quick       # smoke: ~20 MB, 2 rounds
 
 Writes bench/results/checkpoint.json; ``nvrx_async_blocking_s`` (median warm, slowest rank) is
 what ``training.planner`` reads.
@@ -47,7 +47,7 @@ from bench.common import (
 
 ENGINES = ("nvrx", "torch_async", "sync")
 FULL = {"dim": 1024, "layers": 3, "repeats": 4}
-QUICK = {"dim": 512, "layers": 2, "repeats": 2}
+QUICK = {"dim": 256, "layers": 2, "repeats": 2}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-RESULTS_DIR = REPO_ROOT / "bench" / "results"
-RUNS_DIR = REPO_ROOT / "runs" / "bench"
+# Overridable so that tests never overwrite the committed results the planner reads.
+RESULTS_DIR = Path(os.environ.get("BENCH_RESULTS_DIR", REPO_ROOT / "bench" / "results"))
+RUNS_DIR = Path(os.environ.get("BENCH_RUNS_DIR", REPO_ROOT / "runs" / "bench"))
 
 # A model small enough that a 2-rank CPU step takes ~0.1 s: restart benchmarks then measure the
 # restart machinery, not training.
