@@ -131,7 +131,7 @@ FAULT_RUNS = {
 def test_fault_matrix_ends_bit_identical(
     name: str, tmp_path: Path, corpus: Path, reference: dict
 ) -> None:
-    layer, faults = FAULT_RUNS[name]
+    layer, faults, extra = FAULT_RUNS[name]
     run_dir = tmp_path / "run"
     proc = launch(
         run_dir,
@@ -139,6 +139,7 @@ def test_fault_matrix_ends_bit_identical(
         f"--restart={layer}",
         f"--faults={faults}",
         "--resilience.max_restarts=6",
+        *extra,
         timeout=360,
     )
     assert proc.returncode == 0, tail(proc.log)

@@ -8,9 +8,10 @@ from the newest committed checkpoint. After enough steps have been observed, the
 timeouts are computed from the measured timings (NVRx's timeouts calculator, synchronized across
 ranks) instead of the configured upper bounds (``resilience.calibrate_timeouts_after``).
 
-Lack of progress: every attempt records the step it resumed from in ``<run_dir>/.attempts/``;
-when ``no_progress_attempts`` attempts in a row resume from the same checkpoint, the attempt
-stops at once with a clear cause (exit code 3) instead of training into the same fault again.
+Lack of progress: every attempt records the best step reached before it in
+``<run_dir>/.attempts/``; when ``NO_PROGRESS_ATTEMPTS`` restarts in a row end without getting
+past it, the attempt stops at once with a clear cause (exit code 3) instead of training into
+the same fault again; ``--max-restarts`` bounds the rest.
 """
 
 from __future__ import annotations
@@ -66,26 +67,41 @@ class MonitorHooks(StepHooks):
             self.client.end_section("checkpoint")
 
 
-def _record_attempt(run_dir: Path, *, attempt: int, resumed_from: int | None) -> list[dict]:
+def best_step_so_far(run_dir: Path, *, tail_bytes: int = 1 << 16) -> int:
+    """The highest step completed by any attempt so far (rank 0's metrics; the tail is enough,
+    since the latest attempts' steps are at the end of the file)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    with open(path, "rb") as handle:
+        handle.seek(max(0, path.stat().st_size - tail_bytes))
+        lines = handle.read().decode(errors="replace").splitlines()
+    best = 0
+    for line in lines:
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            best = max(best, int(json.loads(line)["step"]))
+    return best
+
+
+def _record_attempt(run_dir: Path, *, attempt: int, best_step: int) -> list[dict]:
     directory = run_dir / ".attempts"
     directory.mkdir(parents=True, exist_ok=True)
     (directory / f"{attempt:05d}.json").write_text(
-        json.dumps({"attempt": attempt, "resumed_from": resumed_from})
+        json.dumps({"attempt": attempt, "best_step": best_step})
     )
     return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
 
 
 def stuck(history: list[dict], *, limit: int = NO_PROGRESS_ATTEMPTS) -> bool:
-    """True when the last ``limit`` attempts all resumed from the same checkpoint (a fault that
-    hits before the next checkpoint every time), or ``limit`` attempts never got one."""
-    if len(history) < limit:
+    """True when the last ``limit`` restarts each ended without completing a step beyond the
+    best one before them: the same fault strikes again before the run gets any further."""
+    if len(history) < limit + 1:
         return False
-    recent = [h["resumed_from"] for h in history[-limit:]]
+    recent = [h["best_step"] for h in history[-(limit + 1) :]]
     return len(set(recent)) == 1
 
 
 def run_injob(config: JobConfig) -> int:
-    from training.checkpoint import committed_steps
     from training.nvrx import rank_monitor_client
     from training.run import run_training
 
@@ -95,14 +111,13 @@ def run_injob(config: JobConfig) -> int:
     events = EventLog(run_dir=run_dir, rank=rank)
     if attempt > 0:
         events.emit("restart_end", mode="injob", attempt=attempt)
-    steps = committed_steps(Path(config.checkpoint_dir))
-    resumed_from = steps[-1] if steps else None
     if rank == 0:
-        history = _record_attempt(run_dir, attempt=attempt, resumed_from=resumed_from)
+        best = best_step_so_far(run_dir)
+        history = _record_attempt(run_dir, attempt=attempt, best_step=best)
         if attempt > 0 and stuck(history):
             cause = (
-                f"no progress: the last {NO_PROGRESS_ATTEMPTS} attempts all resumed from "
-                f"step {resumed_from}; the fault recurs before the next checkpoint"
+                f"no progress: {NO_PROGRESS_ATTEMPTS} restarts in a row failed before getting "
+                f"past step {best}; stopping instead of repeating the same fault"
             )
             events.emit("run_end", status="failed", cause=cause)
             print(f"error: {cause}", file=sys.stderr, flush=True)

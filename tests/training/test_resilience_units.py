@@ -1,0 +1,111 @@
+"""Unit tests of the resilience building blocks (no training processes).
+
+Run: ``.venv/bin/pytest tests/training/test_resilience_units.py`` (a few seconds).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from training.config import ConfigError
+from training.faults import FaultInjector, InjectedFault, parse_faults
+from training.resilience.gloo_abort import shutdown_peer_sockets
+from training.resilience.injob import best_step_so_far, stuck
+
+
+def test_fault_spec_parses_every_form() -> None:
+    faults = parse_faults("exception@1:40; always:sigkill@0:5 ;ckpt_crash@0:50:commit")
+    assert [(f.kind, f.rank, f.step, f.point, f.always) for f in faults] == [
+        ("exception", 1, 40, "", False),
+        ("sigkill", 0, 5, "", True),
+        ("ckpt_crash", 0, 50, "commit", False),
+    ]
+    randoms = parse_faults("random:seed=3:every=20:kinds=exception|hang:ranks=4")
+    assert randoms[0].kind in ("exception", "hang") and 0 <= randoms[0].rank < 4
+    gaps = [b.step - a.step for a, b in itertools.pairwise(randoms)][:50]
+    assert all(10 <= gap <= 30 for gap in gaps)
+    assert parse_faults("random:seed=3:every=20") == parse_faults("random:seed=3:every=20")
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ("explode@1:4", "unknown fault kind 'explode'"),
+        ("exception@1", "needs RANK:STEP"),
+        ("exception@a:4", "must be integers"),
+        ("exception@1:0", "STEP >= 1"),
+        ("ckpt_crash@0:8:later", "ckpt_crash point must be one of"),
+        ("sigkill@0:8:staged", "only ckpt_crash takes a POINT"),
+        ("random:seed=1", "needs every=N"),
+        ("exception", "has no '@'"),
+    ],
+)
+def test_bad_fault_specs_name_the_field(spec: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_faults(spec)
+    assert info.value.field_path == "faults"
+    assert needle in str(info.value)
+
+
+def test_a_fault_fires_once_per_run_across_processes(tmp_path: Path) -> None:
+    faults = parse_faults("exception@0:3")
+    first = FaultInjector(faults=faults, rank=0, run_dir=tmp_path)
+    with pytest.raises(InjectedFault):
+        first.before_step(3)
+    # A restarted process (new injector, same run directory) replays step 3 without the fault.
+    FaultInjector(faults=faults, rank=0, run_dir=tmp_path).before_step(3)
+    # Another rank's fault is not this rank's.
+    FaultInjector(faults=parse_faults("exception@1:3"), rank=0, run_dir=tmp_path).before_step(3)
+
+
+def test_always_faults_fire_on_every_attempt(tmp_path: Path) -> None:
+    faults = parse_faults("always:exception@0:2")
+    for _ in range(3):
+        with pytest.raises(InjectedFault):
+            FaultInjector(faults=faults, rank=0, run_dir=tmp_path).before_step(2)
+
+
+def test_no_progress_needs_consecutive_restarts_without_a_new_best_step() -> None:
+    def history(*bests: int) -> list[dict]:
+        return [{"attempt": i, "best_step": b} for i, b in enumerate(bests)]
+
+    assert not stuck(history(0, 4, 10, 15), limit=3)  # every restart got further
+    assert not stuck(history(0, 4, 4, 4), limit=3)  # only two restarts without progress
+    assert stuck(history(0, 4, 4, 4, 4), limit=3)
+    assert stuck(history(4, 4, 4, 4), limit=3)
+
+
+def test_best_step_reads_the_metrics_tail(tmp_path: Path) -> None:
+    assert best_step_so_far(tmp_path) == 0
+    lines = [json.dumps({"step": s}) for s in [*range(1, 30), *range(17, 25)]]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 3')  # torn last line
+    assert best_step_so_far(tmp_path) == 29
+
+
+def test_socket_shutdown_releases_peers_but_spares_the_store() -> None:
+    """The gloo abort: established connections are shut down (a blocked recv returns at once),
+    except those on the store's port; listening sockets keep accepting."""
+    store_listener = socket.create_server(("127.0.0.1", 0))
+    peer_listener = socket.create_server(("127.0.0.1", 0))
+    store_port = store_listener.getsockname()[1]
+    to_store = socket.create_connection(("127.0.0.1", store_port))
+    store_side, _ = store_listener.accept()
+    to_peer = socket.create_connection(("127.0.0.1", peer_listener.getsockname()[1]))
+    peer_side, _ = peer_listener.accept()
+    try:
+        count = shutdown_peer_sockets(keep_ports={store_port})
+        assert count >= 2  # both ends of the peer connection live in this process
+        to_peer.settimeout(2)
+        assert to_peer.recv(1) == b""  # released at once, not after a timeout
+        to_store.sendall(b"x")
+        assert store_side.recv(1) == b"x"  # the store connection still works
+        late = socket.create_connection(("127.0.0.1", peer_listener.getsockname()[1]))
+        late.close()
+    finally:
+        for sock in (store_listener, peer_listener, to_store, store_side, to_peer, peer_side):
+            sock.close()
