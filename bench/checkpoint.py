@@ -14,7 +14,7 @@ widened so that model + AdamW state is >= 300 MB in total):
 The engines take turns within each repeat (the order rotates), so machine noise hits all of
 them alike; every save is waited for and must be committed (checked at the end).
 
-    python -m bench.checkpoint               # full: ~420 MB of state, 4 rounds
+    python -m bench.checkpoint               # full: ~420 MB of state, 3 rounds
     python -m bench.checkpoint --quick       # smoke: ~20 MB, 2 rounds
 
 Writes bench/results/checkpoint.json; ``nvrx_async_blocking_s`` (median warm, slowest rank) is
@@ -46,7 +46,7 @@ from bench.common import (
 )
 
 ENGINES = ("nvrx", "torch_async", "sync")
-FULL = {"dim": 1024, "layers": 3, "repeats": 4}
+FULL = {"dim": 1024, "layers": 3, "repeats": 3}
 QUICK = {"dim": 256, "layers": 2, "repeats": 2}
 
 

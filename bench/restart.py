@@ -1,24 +1,24 @@
 """Restart benchmark: seconds from a fault to the next completed training step.
 
-One local run (2 CPU ranks, gloo, a tiny model so steps take ~0.1 s) per scenario, several faults
-per run (steps 25, 45, 65, 85, 105, alternating ranks; a checkpoint every 10 steps):
+Three local runs (2 CPU ranks, gloo, a tiny model so steps take ~0.1 s; a checkpoint every 10
+steps), 5 faults of each kind per run, one fault every 20 steps, kinds and ranks taking turns:
 
 - in-process restart (NVRx ``inprocess.Wrapper``): ``exception`` and ``hang``;
 - in-job restart (``ft_launcher``): ``sigkill`` and ``hang``;
 - cold restart (plain torchrun, ``--restart none --cold-restarts K``: the whole job is launched
   again and resumes from the newest committed checkpoint): ``sigkill``.
 
-Latency of one fault = (end of the first step completed after the fault event) - (fault event
-time), from events.jsonl and metrics.jsonl; p50 and max per scenario. Hangs are detected by
-short timeouts (see ``TIMEOUTS``): in-process soft 8 s / hard 20 s, in-job heartbeat and step
-section 10 s, checkpoint section 30 s. Shorter ones fire spuriously on this 2-core machine while a
-restarted attempt starts its checkpoint worker.
+Latency of one fault = (end of the first step started after the fault event) - (fault event
+time), from events.jsonl and metrics.jsonl; p50 and max per layer and kind. Hangs are detected
+by short timeouts (``TIMEOUTS``): in-process soft 8 s / hard 20 s, in-job heartbeat and step
+section 10 s, checkpoint section 30 s. Shorter ones (soft 5 s) fired spuriously on this 2-core
+machine while a restarted attempt was still starting its checkpoint worker.
 
-    python -m bench.restart            # 5 scenarios x 5 faults, ~8-10 min
-    python -m bench.restart --quick    # 2 faults per scenario, in-process only
+    python -m bench.restart            # 3 runs, 25 faults, ~8 min
+    python -m bench.restart --quick    # in-process only, 1 fault of each kind
 
 Writes bench/results/restart.json: ``inprocess_p50_s``, ``injob_p50_s``, ``cold_p50_s`` (p50
-over every fault of that layer, all kinds pooled; the planner reads them) and per-scenario detail.
+over every fault of that layer, its kinds pooled; the planner reads them) and per-kind detail.
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ from bench.common import (
     write_result,
 )
 
-FAULT_STEPS = (25, 45, 65, 85, 105)
-QUICK_FAULT_STEPS = (25, 45)
+FIRST_FAULT = 25
+SPACING = 20
+PER_KIND = 5
 TIMEOUTS: tuple[str, ...] = (
     "--resilience.soft_timeout_s=8",
     "--resilience.hard_timeout_s=20",
@@ -57,11 +58,11 @@ TIMEOUTS: tuple[str, ...] = (
 
 @dataclass(frozen=True, kw_only=True)
 class Scenario:
-    name: str
+    """One run: a restart layer and the fault kinds it gets, in turn."""
+
     layer: str
     """inprocess, injob or cold."""
-    kind: str
-    """The fault kind injected."""
+    kinds: tuple[str, ...]
 
     @property
     def restart(self) -> str:
@@ -69,67 +70,86 @@ class Scenario:
 
 
 SCENARIOS = (
-    Scenario(name="inprocess_exception", layer="inprocess", kind="exception"),
-    Scenario(name="inprocess_hang", layer="inprocess", kind="hang"),
-    Scenario(name="injob_sigkill", layer="injob", kind="sigkill"),
-    Scenario(name="injob_hang", layer="injob", kind="hang"),
-    Scenario(name="cold_sigkill", layer="cold", kind="sigkill"),
+    Scenario(layer="inprocess", kinds=("exception", "hang")),
+    Scenario(layer="injob", kinds=("sigkill", "hang")),
+    Scenario(layer="cold", kinds=("sigkill",)),
 )
 
 
-def fault_latencies(run_dir: Path) -> list[float | None]:
-    """Per fault event: seconds to the end of the first step completed after it (None: never)."""
+def fault_latencies(run_dir: Path) -> list[tuple[str, float | None]]:
+    """Per fault event, in time order: its kind and the seconds to the end of the first step
+    started after it (None: training never resumed)."""
     faults = sorted(
-        float(e["time"]) for e in read_jsonl(run_dir / "events.jsonl") if e.get("kind") == "fault"
+        (float(e["time"]), str(e.get("fault")))
+        for e in read_jsonl(run_dir / "events.jsonl")
+        if e.get("kind") == "fault"
     )
-    steps = sorted(float(m["time"]) for m in read_jsonl(run_dir / "metrics.jsonl"))
-    out: list[float | None] = []
-    for t in faults:
-        after = next((s for s in steps if s > t), None)
-        out.append(after - t if after is not None else None)
+    # (start, end) of every logged step. The first step *started* after the fault counts: a
+    # survivor may still log the step it finished just before its peer's fault fired.
+    steps = sorted(
+        (float(m["time"]) - float(m["step_time_s"]), float(m["time"]))
+        for m in read_jsonl(run_dir / "metrics.jsonl")
+    )
+    out: list[tuple[str, float | None]] = []
+    for t, kind in faults:
+        after = next((end for start, end in steps if start > t), None)
+        out.append((kind, after - t if after is not None else None))
     return out
 
 
-def run_scenario(scenario: Scenario, *, fault_steps: tuple[int, ...]) -> dict[str, Any]:
-    spec = ";".join(f"{scenario.kind}@{(i + 1) % 2}:{s}" for i, s in enumerate(fault_steps))
-    run_dir = RUNS_DIR / "restart" / scenario.name
+def run_scenario(scenario: Scenario, *, per_kind: int) -> dict[str, dict[str, Any]]:
+    """One run with ``per_kind`` faults of each kind (kinds and ranks alternate, one every
+    ``SPACING`` steps); returns per-kind results."""
+    count = per_kind * len(scenario.kinds)
+    fault_steps = [FIRST_FAULT + SPACING * i for i in range(count)]
+    spec = ";".join(
+        f"{scenario.kinds[i % len(scenario.kinds)]}@{(i + 1) % 2}:{step}"
+        for i, step in enumerate(fault_steps)
+    )
+    run_dir = RUNS_DIR / "restart" / scenario.layer
     run = run_local(
         run_dir=run_dir,
         nproc=2,
         restart=scenario.restart,
         faults=spec,
-        cold_restarts=len(fault_steps) + 2 if scenario.layer == "cold" else 0,
+        cold_restarts=count + 2 if scenario.layer == "cold" else 0,
         overrides=(
             *TINY_MODEL,
             f"--train.steps={fault_steps[-1] + 10}",
             "--checkpoint.interval=10",
-            f"--resilience.max_restarts={len(fault_steps) + 3}",
+            f"--resilience.max_restarts={count + 3}",
             *TIMEOUTS,
         ),
         timeout_s=600,
     )
-    latencies = fault_latencies(run_dir)
-    done = [v for v in latencies if v is not None]
-    return {
-        "layer": scenario.layer,
-        "kind": scenario.kind,
-        "faults_injected": len(fault_steps),
-        "faults_seen": len(latencies),
-        "recovered": len(done),
-        "latencies_s": latencies,
-        "p50_s": median(done),
-        "max_s": max(done) if done else None,
-        "returncode": run.returncode,
-        "wall_s": run.wall_s,
-        "run_dir": str(run_dir),
-    }
+    measured = fault_latencies(run_dir)
+    results: dict[str, dict[str, Any]] = {}
+    for kind in scenario.kinds:
+        latencies = [v for k, v in measured if k == kind]
+        done = [v for v in latencies if v is not None]
+        results[f"{scenario.layer}_{kind}"] = {
+            "layer": scenario.layer,
+            "kind": kind,
+            "faults_injected": per_kind,
+            "faults_seen": len(latencies),
+            "recovered": len(done),
+            "latencies_s": latencies,
+            "p50_s": median(done),
+            "max_s": max(done) if done else None,
+            "returncode": run.returncode,
+            "run_wall_s": run.wall_s,
+            "run_dir": str(run_dir),
+        }
+    return results
 
 
 def run(*, quick: bool = False) -> dict[str, Any]:
     """Run the scenarios one after the other, print the table and write the JSON."""
-    fault_steps = QUICK_FAULT_STEPS if quick else FAULT_STEPS
+    per_kind = 1 if quick else PER_KIND
     scenarios = [s for s in SCENARIOS if s.layer == "inprocess"] if quick else list(SCENARIOS)
-    results = {s.name: run_scenario(s, fault_steps=fault_steps) for s in scenarios}
+    results: dict[str, dict[str, Any]] = {}
+    for scenario in scenarios:
+        results.update(run_scenario(scenario, per_kind=per_kind))
     pooled: dict[str, float | None] = {}
     for layer in ("inprocess", "injob", "cold"):
         values = [
@@ -157,7 +177,8 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     result = {
         "machine": machine(),
         "quick": quick,
-        "fault_steps": list(fault_steps),
+        "faults_per_kind": per_kind,
+        "fault_spacing_steps": SPACING,
         "timeouts": list(TIMEOUTS),
         "inprocess_p50_s": pooled["inprocess"],
         "injob_p50_s": pooled["injob"],
@@ -178,7 +199,7 @@ def report(result: dict[str, Any]) -> str:
             r["p50_s"],
             r["max_s"],
             r["returncode"],
-            r["wall_s"],
+            r["run_wall_s"],
         )
         for name, r in result["scenarios"].items()
     ]
