@@ -1,38 +1,20 @@
 """Shared fixtures for the whole test suite.
 
-Run everything with ``.venv/bin/pytest`` (or ``make test``); only the trainer-core tests with
+Run everything with ``.venv/bin/pytest`` (or ``make test``); only the trainer tests with
 ``.venv/bin/pytest tests/training``. Tests marked ``gpu`` are skipped when CUDA is absent.
+Helpers (starting jobs, reading metrics and checkpoints) are in ``tests/support.py``.
 
 - ``corpus``: a tiny, learnable byte-token shard directory built once per session with
   ``training.data.prepare`` (repeating word cycles: a small model learns it in a few steps).
-- ``torchrun``: start ``torchrun --standalone --nproc-per-node N -m training train ...`` as a
-  subprocess with a timeout and ``OMP_NUM_THREADS=1``; returns a :class:`RunResult`.
-- ``read_losses`` / ``final_state``: read a run's metrics and its final DCP checkpoint.
+- ``torchrun``: the :func:`support.run_torchrun` helper as a fixture.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import random
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-VENV_BIN = Path(sys.executable).parent
-
-# A model small enough that a 2-rank CPU step takes tens of milliseconds.
-TINY_MODEL = (
-    "--model.dim=64",
-    "--model.n_layers=2",
-    "--data.seq_len=32",
-    "--model.max_seq_len=64",
-)
+from support import run_torchrun, write_learnable_text
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -46,17 +28,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-def write_learnable_text(path: Path, *, lines: int = 1500, seed: int = 0) -> None:
-    """Eight words in cyclic order, starting at a random word: easy to learn, not trivial."""
-    rng = random.Random(seed)
-    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
-    text = []
-    for _ in range(lines):
-        k = rng.randrange(len(words))
-        text.append(" ".join(words[(k + j) % len(words)] for j in range(len(words))) + ".")
-    path.write_text("\n".join(text) + "\n")
 
 
 @pytest.fixture(scope="session")
@@ -73,98 +44,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def subprocess_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        OMP_NUM_THREADS="1",
-        PYTHONUNBUFFERED="1",
-        # torch's import of pynvml warns on stderr; keep CLI stderr to our own messages.
-        PYTHONWARNINGS="ignore::FutureWarning",
-        CI="1",  # plain log lines, never a progress bar
-    )
-    env.update(extra)
-    return env
-
-
-@dataclass(frozen=True)
-class RunResult:
-    returncode: int
-    output: str  # stdout and stderr together
-    run_dir: Path
-
-
-def run_torchrun(
-    *, nproc: int, run_dir: Path, args: list[str] | tuple[str, ...], timeout: float = 150
-) -> RunResult:
-    """``torchrun --standalone --nproc-per-node N -m training train --run-dir DIR ARGS``."""
-    command = [
-        str(VENV_BIN / "torchrun"),
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "training",
-        "train",
-        "--run-dir",
-        str(run_dir),
-        *args,
-    ]
-    try:
-        proc = subprocess.run(
-            command,
-            cwd=REPO_ROOT,
-            env=subprocess_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired as err:
-        output = err.stdout.decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
-        pytest.fail(f"torchrun timed out after {timeout}s:\n{output[-4000:]}")
-    return RunResult(returncode=proc.returncode, output=proc.stdout, run_dir=run_dir)
-
-
 @pytest.fixture(scope="session")
 def torchrun():
     """The :func:`run_torchrun` helper as a fixture."""
     return run_torchrun
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def read_losses(run_dir: Path) -> list[float]:
-    return [record["loss"] for record in read_metrics(run_dir)]
-
-
-def committed_checkpoints(run_dir: Path) -> list[Path]:
-    root = run_dir / "checkpoints"
-    return sorted(p for p in root.glob("step_*") if (p / "commit.json").is_file())
-
-
-def final_state(run_dir: Path) -> dict[str, Any]:
-    """The newest committed checkpoint as one flat dict (``trainer.model....`` keys)."""
-    import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    checkpoints = committed_checkpoints(run_dir)
-    assert checkpoints, f"no committed checkpoint under {run_dir}/checkpoints"
-    out = run_dir / "final_state.pt"
-    dcp_to_torch_save(checkpoints[-1], out)
-    return flatten(torch.load(out, weights_only=False))
-
-
-def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        flat: dict[str, Any] = {}
-        for key, value in tree.items():
-            flat.update(flatten(value, f"{prefix}{key}."))
-        return flat
-    if isinstance(tree, list | tuple):
-        flat = {}
-        for index, value in enumerate(tree):
-            flat.update(flatten(value, f"{prefix}{index}."))
-        return flat
-    return {prefix[:-1]: tree}

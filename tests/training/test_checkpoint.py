@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, TINY_MODEL, VENV_BIN, subprocess_env
+from support import REPO_ROOT, TINY_MODEL, VENV_BIN, subprocess_env
 
 from training.checkpoint import (
     COMMIT,

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, subprocess_env
+from support import REPO_ROOT, subprocess_env
 
 from training.__main__ import EXIT_USAGE, main, split_overrides
 from training.config import ConfigError

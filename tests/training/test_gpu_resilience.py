@@ -14,15 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_MODEL, final_state, run_torchrun
-from test_resilience import launch
+from support import TINY_MODEL, events, final_state, launch_local, run_torchrun
 
 GPU_ARGS = ("--parallel.device=cuda", "--parallel.mixed_precision=bf16", *TINY_MODEL)
-
-
-def _events(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "events.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
 
 
 @pytest.mark.gpu
@@ -46,7 +40,7 @@ def test_local_checkpoint_is_preferred_when_newer(tmp_path: Path, corpus: Path) 
     shutil.rmtree(run_dir / "checkpoints")  # only the local tier (steps 3 and 6) is left
     second = run_torchrun(nproc=1, run_dir=run_dir, args=args, timeout=250)
     assert second.returncode == 0, second.output[-4000:]
-    loads = [e for e in _events(run_dir) if e["kind"] == "checkpoint_load"]
+    loads = [e for e in events(run_dir) if e["kind"] == "checkpoint_load"]
     assert loads and loads[-1]["source"] == "local" and loads[-1]["step"] == 6
     resumed = final_state(run_dir)
     for key, value in reference.items():
@@ -62,9 +56,13 @@ def test_inprocess_restart_on_nccl_with_cuda_health_check(tmp_path: Path, corpus
     check passes, and the run completes in the same processes."""
     nproc = min(2, torch.cuda.device_count())
     run_dir = tmp_path / "run"
-    proc = launch(
+    proc = launch_local(
         run_dir,
         corpus,
+        "--train.steps=20",
+        "--checkpoint.interval=5",
+        "--resilience.soft_timeout_s=10",
+        "--resilience.hard_timeout_s=40",
         *GPU_ARGS,
         "--restart=inprocess",
         f"--train.micro_batch_size={8 // nproc}",
@@ -73,7 +71,7 @@ def test_inprocess_restart_on_nccl_with_cuda_health_check(tmp_path: Path, corpus
         timeout=360,
     )
     assert proc.returncode == 0, proc.log.read_text()[-4000:]
-    restarts = [e for e in _events(run_dir) if e["kind"] == "restart_end"]
+    restarts = [e for e in events(run_dir) if e["kind"] == "restart_end"]
     assert len({e["attempt"] for e in restarts}) == 2
 
 

@@ -14,7 +14,7 @@ import subprocess
 import uuid
 
 import pytest
-from conftest import REPO_ROOT, committed_checkpoints, read_metrics, subprocess_env
+from support import REPO_ROOT, committed_checkpoints, read_metrics, subprocess_env
 
 
 @pytest.mark.distributed

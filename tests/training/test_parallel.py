@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_MODEL, final_state, read_losses, read_metrics, run_torchrun
+from support import TINY_MODEL, final_state, read_losses, read_metrics, run_torchrun
 
 from training.config import ConfigError, ParallelConfig
 from training.parallel import (

@@ -15,12 +15,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO_ROOT, TINY_MODEL, final_state, read_metrics, subprocess_env
+from support import (
+    TINY_MODEL,
+    events,
+    final_state,
+    launch_local,
+    read_metrics,
+    tail,
+)
 
 STEPS = 24
 COMMON = (
@@ -38,44 +44,8 @@ COMMON = (
 )
 
 
-def launch(
-    run_dir: Path, corpus: Path, *args: str, nproc: int = 2, timeout: float = 200
-) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "training.launch.local",
-        f"--nproc={nproc}",
-        "--run-dir",
-        str(run_dir),
-        f"--data.path={corpus}",
-        *COMMON,
-        *args,
-    ]
-    log = run_dir.parent / f"{run_dir.name}.log"
-    with open(log, "w") as handle:
-        try:
-            proc = subprocess.run(
-                command,
-                cwd=REPO_ROOT,
-                env=subprocess_env(),
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                timeout=timeout,
-            )
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"run timed out after {timeout}s; log tail:\n{tail(log)}")
-    proc.log = log  # type: ignore[attr-defined]
-    return proc
-
-
-def tail(path: Path, lines: int = 60) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
-def events(run_dir: Path) -> list[dict]:
-    path = run_dir / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def launch(run_dir: Path, corpus: Path, *args: str, nproc: int = 2, timeout: float = 200):
+    return launch_local(run_dir, corpus, *COMMON, *args, nproc=nproc, timeout=timeout)
 
 
 def assert_identical(state: dict, reference: dict) -> None:
