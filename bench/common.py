@@ -32,6 +32,22 @@ TINY_MODEL: tuple[str, ...] = (
 )
 
 
+# The corpus every benchmark trains on (the recipes' default ``data.path``).
+CORPUS_DIR = REPO_ROOT / "data" / "stdlib"
+
+
+def ensure_corpus() -> None:
+    """Build the local corpus (Python's standard library, tokenized) if it is not there yet,
+    so the benchmarks run on a fresh clone without ``make data``."""
+    if (CORPUS_DIR / "meta.json").is_file():
+        return
+    subprocess.run(
+        [sys.executable, "-m", "training", "prepare", "--stdlib", "--out", str(CORPUS_DIR)],
+        cwd=REPO_ROOT,
+        check=True,
+    )
+
+
 def bench_env() -> dict[str, str]:
     """The environment of every launched run: one thread per rank, plain logs, no noise."""
     env = dict(os.environ)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench import checkpoint, goodput, overhead, restart
-from bench.common import REPO_ROOT, fmt, machine, table, write_result
+from bench.common import REPO_ROOT, ensure_corpus, fmt, machine, table, write_result
 
 BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "checkpoint": checkpoint.run,
@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {list(BENCHMARKS)}")
 
+    ensure_corpus()
     started = time.monotonic()
     results: dict[str, dict[str, Any]] = {}
     seconds: dict[str, float] = {}

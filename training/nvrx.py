@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import logging
 import os
+import signal
+import sys
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
@@ -68,8 +71,15 @@ def stage_by_clone(write_buckets: list) -> list:
     return staged
 
 
-def _noop() -> None:
-    return None
+def bind_worker_to_parent(parent_pid: int) -> None:
+    """Runs once in the persistent worker: die with the training process. NVRx's worker waits on
+    a queue whose pipe it holds both ends of, so a SIGKILLed rank would otherwise leave it
+    orphaned, holding its share of host memory, for good (Linux PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(0)
 
 
 def _write_then(write_fn: Callable, after_write: Callable, *args: Any) -> None:
@@ -110,13 +120,14 @@ class AsyncCheckpointQueue:
 
     def start_worker(self) -> None:
         """Have the persistent worker running before the first save (which would otherwise pay
-        its start-up of several seconds). A no-op request goes through the public API and is
-        finalized at once; the wait polls in Python, so watchdogs see progress meanwhile.
-        Collective: call on every rank."""
+        its start-up of several seconds). The first request (binding the worker's life to this
+        process) goes through the public API and is finalized at once; the wait polls in
+        Python, so watchdogs see progress meanwhile. Collective: call on every rank."""
         global _SHARED_CALLER
         caller = self._queue.persistent_caller
         if caller is None or caller.process is None:
-            self._queue.schedule_async_request(AsyncRequest(_noop, (), []))
+            first = AsyncRequest(partial(bind_worker_to_parent, os.getpid()), (), [])
+            self._queue.schedule_async_request(first)
         self.poll(blocking=True)
         _SHARED_CALLER = self._queue.persistent_caller
 

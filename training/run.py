@@ -17,6 +17,8 @@ from training.metrics import EventLog
 from training.parallel import dist_env_from_environment, init_process_group
 from training.trainer import StepHooks, Trainer, TrainResult
 
+COLD_RESTARTS_ENV = "TRAINING_COLD_RESTARTS"
+
 # Checkpoint managers of attempts that did not finish cleanly. A fault can interrupt the clean-up
 # in ``run_training``'s ``finally`` (in-process restart raises asynchronously into the main
 # thread), so the next attempt finishes it first: see ``release_leftovers``.
@@ -55,7 +57,9 @@ def run_training(
     owns_process_group = not dist.is_initialized()
     if owns_process_group:
         init_process_group(env, timeout_s=config.parallel.pg_timeout_s, store=store)
-    if env.rank == 0 and attempt == 0 and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+    # Attempts count across whole-job relaunches too (the local launcher's cold restarts).
+    attempt += int(os.environ.get(COLD_RESTARTS_ENV, "0"))
+    if env.rank == 0 and attempt == 0:
         events.emit("run_start", world_size=env.world_size, restart_mode=config.resilience.restart)
     events.emit("attempt_start", attempt=attempt)
     completed = False

@@ -22,6 +22,7 @@ from training.__main__ import EXIT_USAGE, build_config
 from training.config import ConfigError, JobConfig
 from training.data import DataError
 from training.metrics import EventLog
+from training.run import COLD_RESTARTS_ENV
 
 EXIT_PREEMPTED = 143
 
@@ -116,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             config=config, nproc=args.nproc, train_args=train_args, port=free_port()
         )
         print("+ " + " ".join(command), flush=True)
+        env[COLD_RESTARTS_ENV] = str(attempts)
         code = subprocess.call(command, env=env)
         if code == 0 or attempts >= args.cold_restarts:
             break
