@@ -2,7 +2,7 @@
 
 The same job (4 CPU ranks, gloo, a tiny model, a checkpoint every 25 steps) with the same
 fault schedule of mixed kinds that every strategy can recover from: an ``exception``, then a
-``hang``, one every ``FAULT_EVERY`` = 80 steps (with the restarts, about one fault per 45-60 s
+``hang``, one every ``FAULT_EVERY`` = 100 steps (with the restarts, about one fault per 45-60 s
 of wall on a 2-core machine), run three times:
 
 - ``inprocess``: NVRx in-process restart, NVRx async checkpoints;
@@ -40,7 +40,7 @@ from bench.common import (
 from bench.restart import TIMEOUTS
 
 NPROC = 4
-FAULT_EVERY = 80
+FAULT_EVERY = 100
 KINDS = ("exception", "hang")
 MODES: dict[str, dict[str, Any]] = {
     "inprocess": {"restart": "inprocess", "engine": "nvrx", "cold": 0, "extra": ()},
