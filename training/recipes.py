@@ -77,6 +77,48 @@ _GPU_RESILIENCE = ResilienceConfig(
     calibrate_timeouts_after=50,
 )
 
+
+def _p5_recipe(
+    *,
+    name: str,
+    description: str,
+    job: str,
+    model: ModelConfig,
+    nodes: int,
+    seq_len: int,
+    steps: int,
+    lr: float,
+    warmup: int,
+    log_every: int,
+    interval: int,
+    local_interval: int,
+) -> Recipe:
+    """A p5.48xlarge recipe: data, runs and shared checkpoints on FSx under ``job``, local
+    checkpoints on the node's NVMe (/scratch), bf16 FSDP2 with in-job restart."""
+    return Recipe(
+        name=name,
+        description=description,
+        config=JobConfig(
+            recipe=name,
+            run_dir=f"/fsx/runs/{job}",
+            model=model,
+            data=DataConfig(path="/fsx/data/stdlib", seq_len=seq_len),
+            train=TrainConfig(steps=steps, micro_batch_size=1, log_every=log_every),
+            optim=OptimConfig(lr=lr, warmup_steps=warmup),
+            parallel=_GPU_PARALLEL,
+            checkpoint=CheckpointConfig(
+                dir=f"/fsx/checkpoints/{job}",
+                interval=interval,
+                local_dir="/scratch/checkpoints",
+                local_interval=local_interval,
+            ),
+            resilience=_GPU_RESILIENCE,
+        ),
+        nodes=nodes,
+        gpus_per_node=8,
+    )
+
+
 _RECIPES: tuple[Recipe, ...] = (
     Recipe(
         name="debug_cpu",
@@ -88,71 +130,47 @@ _RECIPES: tuple[Recipe, ...] = (
         nodes=1,
         gpus_per_node=0,
     ),
-    Recipe(
+    _p5_recipe(
         name="p5_smoke",
         description="One p5.48xlarge, 8B-class Llama, 50 steps: proves GPUs, EFA and FSx.",
-        config=JobConfig(
-            recipe="p5_smoke",
-            run_dir="/fsx/runs/smoke",
-            model=LLAMA3_8B,
-            data=DataConfig(path="/fsx/data/stdlib", seq_len=4096),
-            train=TrainConfig(steps=50, micro_batch_size=1, log_every=5),
-            optim=OptimConfig(lr=3e-4, warmup_steps=10),
-            parallel=_GPU_PARALLEL,
-            checkpoint=CheckpointConfig(
-                dir="/fsx/checkpoints/smoke",
-                interval=25,
-                local_dir="/scratch/checkpoints",
-                local_interval=10,
-            ),
-            resilience=_GPU_RESILIENCE,
-        ),
+        job="smoke",
+        model=LLAMA3_8B,
         nodes=1,
-        gpus_per_node=8,
+        seq_len=4096,
+        steps=50,
+        lr=3e-4,
+        warmup=10,
+        log_every=5,
+        interval=25,
+        local_interval=10,
     ),
-    Recipe(
+    _p5_recipe(
         name="p5_8b",
         description="8B-class Llama across p5 nodes (FSDP2 over NCCL/EFA).",
-        config=JobConfig(
-            recipe="p5_8b",
-            run_dir="/fsx/runs/llama8b",
-            model=LLAMA3_8B,
-            data=DataConfig(path="/fsx/data/stdlib", seq_len=8192),
-            train=TrainConfig(steps=10000, micro_batch_size=1, log_every=10),
-            optim=OptimConfig(lr=3e-4, warmup_steps=200),
-            parallel=_GPU_PARALLEL,
-            checkpoint=CheckpointConfig(
-                dir="/fsx/checkpoints/llama8b",
-                interval=200,
-                local_dir="/scratch/checkpoints",
-                local_interval=50,
-            ),
-            resilience=_GPU_RESILIENCE,
-        ),
+        job="llama8b",
+        model=LLAMA3_8B,
         nodes=2,
-        gpus_per_node=8,
+        seq_len=8192,
+        steps=10000,
+        lr=3e-4,
+        warmup=200,
+        log_every=10,
+        interval=200,
+        local_interval=50,
     ),
-    Recipe(
+    _p5_recipe(
         name="p5_70b",
         description="70B-class Llama across 16 p5 nodes (128 H100).",
-        config=JobConfig(
-            recipe="p5_70b",
-            run_dir="/fsx/runs/llama70b",
-            model=LLAMA3_70B,
-            data=DataConfig(path="/fsx/data/stdlib", seq_len=8192),
-            train=TrainConfig(steps=20000, micro_batch_size=1, log_every=10),
-            optim=OptimConfig(lr=1.5e-4, warmup_steps=500),
-            parallel=_GPU_PARALLEL,
-            checkpoint=CheckpointConfig(
-                dir="/fsx/checkpoints/llama70b",
-                interval=100,
-                local_dir="/scratch/checkpoints",
-                local_interval=25,
-            ),
-            resilience=_GPU_RESILIENCE,
-        ),
+        job="llama70b",
+        model=LLAMA3_70B,
         nodes=16,
-        gpus_per_node=8,
+        seq_len=8192,
+        steps=20000,
+        lr=1.5e-4,
+        warmup=500,
+        log_every=10,
+        interval=100,
+        local_interval=25,
     ),
 )
 
