@@ -111,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # c10d logs a warning for every 500 ms store poll of NVRx's in-process wrapper: noise here.
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     attempts = 0
     while True:
         command = rank_command(
