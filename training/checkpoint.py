@@ -227,7 +227,6 @@ class CheckpointManager:
             from training.nvrx import AsyncCheckpointQueue
 
             self._nvrx = AsyncCheckpointQueue()
-        self.last_blocking_s: float | None = None
         self._local_pending = False
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -306,7 +305,6 @@ class CheckpointManager:
             )
             self._pending.append(pending)
         blocking_s = time.perf_counter() - started
-        self.last_blocking_s = blocking_s
         self.events.emit("checkpoint_staged", step=step, blocking_s=blocking_s, engine=engine)
         self.fault_hook("staged", step)
         if blocking:

@@ -55,8 +55,6 @@ KINDS = (
     "truncate_shard",
 )
 CKPT_POINTS = ("staged", "written", "commit")
-# Faults that kill the process: only in-job restart (or a relaunch) can recover from them.
-PROCESS_KILLING = ("sigkill", "abort", "segfault", "ckpt_crash", "sigterm")
 
 
 class InjectedFault(RuntimeError):

@@ -207,16 +207,6 @@ class AsyncCheckpointQueue:
             process.join(timeout=10)
 
 
-def worker_pid(queue: AsyncCheckpointQueue) -> int | None:
-    caller = queue._queue.persistent_caller
-    process = getattr(caller, "process", None) if caller is not None else None
-    return process.pid if process is not None else None
-
-
-def current_pid() -> int:
-    return os.getpid()
-
-
 # ---------------------------------------------------------------------------------------------
 # fault tolerance (in-job restart under ft_launcher)
 # ---------------------------------------------------------------------------------------------
