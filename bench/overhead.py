@@ -12,7 +12,7 @@ excluded) of
 
 The runs go one after the other, in rotating order when ``--rounds`` > 1 (medians over rounds).
 
-    python -m bench.overhead            # 1 round of 3 runs x 50 steps, ~1.5 min
+    python -m bench.overhead            # 1 round of 3 runs x 40 steps, ~2 min
     python -m bench.overhead --quick    # 30 steps each
 
 Writes bench/results/overhead.json (``overhead_inprocess``, ``overhead_injob``: ratio - 1).
@@ -56,7 +56,7 @@ def steady_state(run_dir, *, warmup: int) -> dict[str, Any]:
 
 def run(*, quick: bool = False, rounds: int = 1) -> dict[str, Any]:
     """Run every mode ``rounds`` times, print the table and write the JSON."""
-    steps = 30 if quick else 50
+    steps = 30 if quick else 40
     per_mode: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     for round_ in range(rounds):
         order = MODES[round_ % 3 :] + MODES[: round_ % 3]

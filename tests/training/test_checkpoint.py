@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -141,3 +143,56 @@ def test_async_save_is_an_exact_snapshot(tmp_path: Path, corpus: Path, engine: s
         assert report["step"] == 1
         assert report["tensors"] > 20
         assert report["mismatched"] == [], f"rank {rank}: state leaked into the checkpoint"
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (a dead child its parent has not reaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_nvrx_helper_processes_die_with_their_rank(tmp_path: Path) -> None:
+    """A SIGKILLed rank (OOM killer, segfault) must not leave NVRx's helpers behind: the
+    persistent checkpoint worker and the Manager serving NVRx's write-results queue each hold
+    hundreds of MB, and an in-job restart would add another set every time. The queue must also
+    exist before the first save (otherwise that save pays its start-up on the training path)."""
+    result_dir = tmp_path / "probe"
+    result_dir.mkdir()
+    proc = subprocess.Popen(
+        [
+            str(VENV_BIN / "python"),
+            str(REPO_ROOT / "tests/training/probes/worker_lifetime_probe.py"),
+            str(result_dir),
+        ],
+        cwd=REPO_ROOT,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    report_path = result_dir / "children.json"
+    try:
+        deadline = time.monotonic() + 90
+        while not report_path.exists():
+            assert proc.poll() is None, f"probe exited early:\n{proc.stdout.read()[-3000:]}"
+            assert time.monotonic() < deadline, "probe never reported its children"
+            time.sleep(0.2)
+        report = json.loads(report_path.read_text())
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 15
+    while (alive := [pid for pid in report["children"] if _alive(pid)]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+    for pid in alive:  # do not leak them into the rest of the test session
+        os.kill(pid, signal.SIGKILL)
+    assert alive == [], f"helper processes outlived their SIGKILLed rank: {alive}"
+    assert len(report["children"]) >= 2, report  # the persistent worker and the Manager
+    assert report["queue_ready_at_start"], "NVRx's write-results queue was not started up front"
