@@ -18,7 +18,7 @@ NVRx 0.4.1's async checkpointing assumes CUDA in two places we reach:
 Process lifetime (CPU and GPU): NVRx's writer returns its results through a queue served by a
 ``multiprocessing`` Manager process that NVRx starts lazily, inside the first save's plan, and
 never binds to its rank. :func:`start_write_results_queue` starts that server at start-up
-instead, bound like the worker (:func:`bind_worker_to_parent`), and hands it to NVRx through
+instead, bound like the worker (:func:`die_with_parent`), and hands it to NVRx through
 the module global NVRx 0.4.1 reads (``filesystem_async._results_queue``).
 Installed files of torch and NVRx are never edited.
 """
@@ -27,12 +27,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import logging
 import multiprocessing
 import os
-import signal
-import sys
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
@@ -45,6 +42,8 @@ from nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver import (
     save_state_dict_async_finalize,
     save_state_dict_async_plan,
 )
+
+from training.lifetime import die_with_parent
 
 NVRX_VERSION = "0.4.1"
 log = logging.getLogger(__name__)
@@ -79,36 +78,35 @@ def stage_by_clone(write_buckets: list) -> list:
     return staged
 
 
-def bind_worker_to_parent(parent_pid: int) -> None:
-    """Runs once in the persistent worker: die with the training process. NVRx's worker waits on
-    a queue whose pipe it holds both ends of, so a SIGKILLed rank would otherwise leave it
-    orphaned, holding its share of host memory, for good (Linux PR_SET_PDEATHSIG)."""
-    if sys.platform.startswith("linux"):
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() != parent_pid:  # the parent died before the signal was armed
-        os._exit(0)
-
-
 def start_write_results_queue() -> None:
     """Start the Manager process behind NVRx's write-results queue now, bound to this process.
 
-    Left to NVRx, the first save starts it (a spawn-context server that re-imports the
-    training's main module, torch included), and a SIGKILLed rank leaves it running (~275 MB)
-    for the rest of the pod's life: one more for every in-job restart. Measured on 2 CPU ranks
-    (``make train``): the first checkpoint's write took 8.0 s from staging to commit with the
-    lazy start and 0.8 s with this one (later ones ~0.5 s either way), so a fault soon after the
-    first save no longer falls back to step 0. The queue is per process and outlives in-process
-    restarts, like NVRx's own.
+    Left to NVRx, the first save starts it and nothing binds it to the rank: a SIGKILLed rank
+    leaves it running (~275 MB once it has imported torch) for the rest of the pod's life, one
+    more for every in-job restart. The queue is per process and outlives in-process restarts,
+    like NVRx's own.
     """
     if filesystem_async._results_queue is not None:
         return
     from multiprocessing.managers import SyncManager
 
     manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
-    manager.start(initializer=bind_worker_to_parent, initargs=(os.getpid(),))
+    # It unpickles every write's results (DCP metadata), so it needs torch: imported in the
+    # background now rather than by the first save's results, which it would hold up for
+    # seconds (the first commit took 8-10 s on 2 CPU ranks, later ones ~0.5 s).
+    manager.start(
+        initializer=die_with_parent,
+        initargs=(os.getpid(), ("torch.distributed.checkpoint.metadata",)),
+    )
     # The proxy keeps ``manager`` (and so the server) alive for as long as NVRx holds the queue.
     filesystem_async._results_queue = manager.Queue()
+
+
+def _bind_worker(parent_pid: int) -> None:
+    """The worker's first request. Defined here, not in ``training.lifetime``, on purpose:
+    unpickling it makes the worker import this module (torch, DCP, NVRx) at start-up, which the
+    first save would otherwise wait for (measured: 1.4 s instead of 0.3 s of blocking)."""
+    die_with_parent(parent_pid)
 
 
 def _write_then(write_fn: Callable, after_write: Callable, *args: Any) -> None:
@@ -156,7 +154,9 @@ class AsyncCheckpointQueue:
         start_write_results_queue()
         caller = self._queue.persistent_caller
         if caller is None or caller.process is None:
-            first = AsyncRequest(partial(bind_worker_to_parent, os.getpid()), (), [])
+            # NVRx's worker waits on a queue whose pipe it holds both ends of: without this
+            # binding, a SIGKILLed rank would leave it orphaned, holding its host memory, for good.
+            first = AsyncRequest(partial(_bind_worker, os.getpid()), (), [])
             self._queue.schedule_async_request(first)
         self.poll(blocking=True)
         _SHARED_CALLER = self._queue.persistent_caller
