@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from facts import fsx as fsx_facts
+
 # The stack's name is part of the contract with the job launcher: `make deploy` writes the
 # outputs to cdk-outputs.json under this key.
 STACK_NAME = "EksFsdpResilient"
@@ -28,8 +30,11 @@ GPU_INSTANCE_TYPE = "p5.48xlarge"
 
 CAPACITY_TYPES = ("on-demand", "capacity-reservation", "capacity-block")
 EFA_INTERFACE_TYPES = ("efa-only", "efa")
-# FSx for Lustre PERSISTENT_2 per-unit throughput choices (MB/s per TiB).
-FSX_THROUGHPUTS = (125, 250, 500, 1000)
+# What happens to the file system on `cdk destroy` (or when it leaves the stack). CloudFormation's
+# Snapshot deletion policy does not cover AWS::FSx::FileSystem (DeletionPolicy docs list the
+# types), so the choice is RETAIN (default: checkpoints survive) or an explicit opt-in to DESTROY;
+# daily automatic backups (fsxBackupRetentionDays) cover the file system in both cases.
+FSX_REMOVAL_POLICIES = ("retain", "destroy")
 
 
 class ConfigError(ValueError):
@@ -91,6 +96,11 @@ class GpuNodesConfig:
     """Interface type on network cards 1..31: `efa-only` (no IP address used) or `efa`."""
     root_volume_gib: int
     """Size of the gp3 root volume (container images for CUDA + PyTorch are large)."""
+    reservation_placement_group: str | None = None
+    """Name of the cluster placement group a capacity reservation was created in (EC2: such a
+    reservation is only usable by instances launched in that group). None: no group. On-demand
+    capacity gets a new cluster placement group; Capacity Blocks take none (EC2 docs: "there is
+    no need to use a cluster placement group with a Capacity Block")."""
 
 
 @dataclass(frozen=True)
@@ -100,9 +110,13 @@ class FsxConfig:
     storage_capacity_gib: int
     """Capacity in GiB: 1200, 2400, or a multiple of 2400 (PERSISTENT_2)."""
     throughput_per_unit: int
-    """Per-unit storage throughput in MB/s/TiB, one of FSX_THROUGHPUTS."""
+    """Per-unit storage throughput in MB/s/TiB, one of facts.fsx.THROUGHPUT_TIERS_MBPS_PER_TIB."""
     s3_link: str | None
     """Optional `s3://bucket[/prefix]` linked with a data repository association (None: no link)."""
+    removal_policy: str = "retain"
+    """`retain` (default: the file system and checkpoints survive `cdk destroy`) or `destroy`."""
+    backup_retention_days: int = 7
+    """Days of daily automatic backups (0 turns them off; FSx allows up to 90)."""
 
 
 @dataclass(frozen=True)
@@ -331,6 +345,27 @@ def _gpu(get: Getter) -> GpuNodesConfig:
                 f"{reservation!r} is not a capacity reservation id",
                 "ids look like cr-0123456789abcdef0",
             )
+    if capacity == "capacity-block" and desired != 0:
+        # EKS docs (capacity blocks for managed node groups): create the group with desired 0
+        # and scale it up once the block is active; instances before the start cannot launch.
+        raise ConfigError(
+            "gpuNodesDesired",
+            f"is {desired} but a capacity-block node group must start at 0",
+            "deploy with -c gpuNodesDesired=0 and scale up when the block starts",
+        )
+    group = _optional_str(get, "capacityReservationPlacementGroup")
+    if group is not None and capacity != "capacity-reservation":
+        raise ConfigError(
+            "capacityReservationPlacementGroup",
+            f"is set but capacityType is {capacity}",
+            "only a capacity reservation created in a placement group names one; drop it",
+        )
+    if group is not None and not re.match(r"^[\w.-]{1,255}$", group):
+        raise ConfigError(
+            "capacityReservationPlacementGroup",
+            f"{group!r} is not a placement group name",
+            "give the name of the group the reservation was created in",
+        )
     efa = _choice(get, "efaSecondaryInterfaceType", EFA_INTERFACE_TYPES)
     root = _int(get, "gpuRootVolumeGiB", minimum=100, fix="use at least 100 (CUDA images are big)")
     return GpuNodesConfig(
@@ -341,17 +376,24 @@ def _gpu(get: Getter) -> GpuNodesConfig:
         capacity_reservation_id=reservation,
         efa_secondary_interface_type=efa,
         root_volume_gib=root,
+        reservation_placement_group=group,
     )
 
 
 def _fsx(get: Getter) -> FsxConfig:
     fix = "use 1200, 2400 or a multiple of 2400"
-    capacity = _int(get, "fsxStorageCapacityGiB", minimum=1200, fix=fix)
-    if capacity != 1200 and capacity % 2400:
-        raise ConfigError("fsxStorageCapacityGiB", f"{capacity} is not a PERSISTENT_2 size", fix)
-    choices = ", ".join(map(str, FSX_THROUGHPUTS))
+    capacity = _int(get, "fsxStorageCapacityGiB", minimum=fsx_facts.MIN_CAPACITY_GIB, fix=fix)
+    if not fsx_facts.is_valid_capacity(capacity):
+        nearest = fsx_facts.smallest_capacity_gib(at_least_gib=capacity)
+        raise ConfigError(
+            "fsxStorageCapacityGiB",
+            f"{capacity} is not a PERSISTENT_2 size",
+            f"{fix} (e.g. {nearest})",
+        )
+    tiers = fsx_facts.THROUGHPUT_TIERS_MBPS_PER_TIB
+    choices = ", ".join(map(str, tiers))
     throughput = _int(get, "fsxThroughputPerUnit", minimum=1, fix=f"use one of {choices}")
-    if throughput not in FSX_THROUGHPUTS:
+    if throughput not in tiers:
         raise ConfigError(
             "fsxThroughputPerUnit", f"{throughput} MB/s/TiB is not offered", f"use one of {choices}"
         )
@@ -360,7 +402,17 @@ def _fsx(get: Getter) -> FsxConfig:
         raise ConfigError(
             "fsxS3Link", f"{link!r} is not an s3:// URI", "e.g. s3://my-bucket/datasets"
         )
-    return FsxConfig(storage_capacity_gib=capacity, throughput_per_unit=throughput, s3_link=link)
+    removal = _choice(get, "fsxRemovalPolicy", FSX_REMOVAL_POLICIES)
+    backups = _int(get, "fsxBackupRetentionDays", minimum=0, fix="use 0 to 90 days")
+    if backups > 90:
+        raise ConfigError("fsxBackupRetentionDays", f"{backups} exceeds 90", "use 0 to 90 days")
+    return FsxConfig(
+        storage_capacity_gib=capacity,
+        throughput_per_unit=throughput,
+        s3_link=link,
+        removal_policy=removal,
+        backup_retention_days=backups,
+    )
 
 
 def _image(get: Getter) -> ImageConfig:

@@ -93,8 +93,8 @@ class GpuNodeGroup(Construct):
         config: GpuNodesConfig,
     ) -> None:
         super().__init__(scope, construct_id)
-        # A cluster placement group packs the nodes close together in one AZ for NCCL.
-        self.placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
+        self.placement_group: ec2.CfnPlacementGroup | None = None
+        placement = _placement(self, config)
 
         efa_sg = efa_security_group.security_group_id
         data = ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
@@ -106,13 +106,16 @@ class GpuNodeGroup(Construct):
                 efa_groups=[efa_sg],
                 secondary_type=config.efa_secondary_interface_type,
             ),
-            placement=ec2.CfnLaunchTemplate.PlacementProperty(group_name=self.placement_group.ref),
+            placement=placement,
             metadata_options=ec2.CfnLaunchTemplate.MetadataOptionsProperty(
                 http_tokens="required",  # IMDSv2 only
                 http_endpoint="enabled",
-                # Two hops, the EKS default: containers on the pod network reach IMDS (region,
-                # instance identity); their AWS credentials come from Pod Identity, not the node.
-                http_put_response_hop_limit=2,
+                # One hop: pods on the pod network cannot reach IMDS (nor the node role's
+                # credentials). Nothing on the GPU nodes' pod network needs it: AWS credentials
+                # come from Pod Identity (FSx CSI controller, on the system nodes), and the
+                # node-level agents (FSx CSI node, EFA and NVIDIA device plugins, DCGM exporter)
+                # do not call AWS from the pod network.
+                http_put_response_hop_limit=1,
             ),
             block_device_mappings=[
                 ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
@@ -160,6 +163,29 @@ class GpuNodeGroup(Construct):
             # Replace one p5 at a time: a training job loses at most one node per update.
             max_unavailable=1,
         )
+
+
+def _placement(
+    scope: Construct, config: GpuNodesConfig
+) -> ec2.CfnLaunchTemplate.PlacementProperty | None:
+    """The launch template's placement group, by capacity type.
+
+    - on-demand: a new cluster placement group packs the nodes close together for NCCL.
+    - capacity-block: none; EC2 places a block's instances close together already ("there is
+      no need to use a cluster placement group with a Capacity Block", EC2 user guide).
+    - capacity-reservation: the group the reservation was created in, if any. Forcing a new
+      group onto reserved capacity fails with InsufficientInstanceCapacity (eksctl PR #8220,
+      terraform-aws-eks PR #3730 removed exactly that).
+    """
+    if config.capacity_type == "on-demand":
+        group = ec2.CfnPlacementGroup(scope, "PlacementGroup", strategy="cluster")
+        scope.placement_group = group  # type: ignore[attr-defined]
+        return ec2.CfnLaunchTemplate.PlacementProperty(group_name=group.ref)
+    if config.reservation_placement_group is not None:
+        return ec2.CfnLaunchTemplate.PlacementProperty(
+            group_name=config.reservation_placement_group
+        )
+    return None
 
 
 def _capacity_settings(config: GpuNodesConfig) -> dict:

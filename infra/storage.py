@@ -3,7 +3,7 @@ with an IAM role through Pod Identity."""
 
 from __future__ import annotations
 
-from aws_cdk import RemovalPolicy
+from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_fsx as fsx
@@ -68,10 +68,20 @@ class LustreStorage(Construct):
                 per_unit_storage_throughput=config.throughput_per_unit,
                 # Checkpoints of bf16/fp32 tensors compress a little; LZ4 costs nothing here.
                 data_compression_type=fsx.LustreDataCompressionType.LZ4,
+                automatic_backup_retention=(
+                    Duration.days(config.backup_retention_days)
+                    if config.backup_retention_days
+                    else None
+                ),
             ),
-            # Checkpoints worth keeping belong in S3 (the S3 link); the scratch file system goes
-            # with the stack so that `make destroy` stops every charge.
-            removal_policy=RemovalPolicy.DESTROY,
+            # The checkpoints live here: keep the file system on `cdk destroy` unless the user
+            # opted in with -c fsxRemovalPolicy=destroy (a retained one still costs money; delete
+            # it with `aws fsx delete-file-system` once its data is safe).
+            removal_policy=(
+                RemovalPolicy.DESTROY
+                if config.removal_policy == "destroy"
+                else RemovalPolicy.RETAIN
+            ),
         )
 
         if config.s3_link:

@@ -29,8 +29,9 @@ VARIANT_CONTEXT: dict[str, Any] = {
     "capacityType": "capacity-block",
     "capacityReservationId": "cr-0123456789abcdef0",
     "efaSecondaryInterfaceType": "efa",
-    "gpuNodesMin": 2,
-    "gpuNodesDesired": 2,
+    # Capacity-block node groups start at 0 and are scaled up when the block starts.
+    "gpuNodesMin": 0,
+    "gpuNodesDesired": 0,
     "gpuNodesMax": 2,
     "fsxStorageCapacityGiB": 4800,
     "fsxThroughputPerUnit": 500,

@@ -93,6 +93,18 @@ BAD_VALUES = [
     ({"gpuNodesMax": "two"}, "gpuNodesMax", "must be an integer"),
     ({"gpuNodesMin": True}, "gpuNodesMin", "must be an integer"),
     ({"gpuNodesMin": 3, "gpuNodesDesired": 2}, "gpuNodesDesired", "does not hold"),
+    (
+        {
+            "capacityType": "capacity-block",
+            "capacityReservationId": "cr-0123456789abcdef0",
+            "gpuNodesDesired": 2,
+        },
+        "gpuNodesDesired",
+        "must start at 0",
+    ),
+    ({"capacityReservationPlacementGroup": "pg-a"}, "capacityReservationPlacementGroup", "is set"),
+    ({"fsxStorageCapacityGiB": 3600}, "fsxStorageCapacityGiB", "e.g. 4800"),
+    ({"fsxRemovalPolicy": "snapshot"}, "fsxRemovalPolicy", "not supported"),
     ({"capacityType": "spot"}, "capacityType", "not supported"),
     ({"capacityType": "capacity-block"}, "capacityReservationId", "is required"),
     (

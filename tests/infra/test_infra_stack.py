@@ -125,7 +125,8 @@ def test_gpu_nodegroup(default_template: Template) -> None:
     assert group["Taints"] == [{"Effect": "NO_SCHEDULE", "Key": "nvidia.com/gpu", "Value": "true"}]
     assert group["Labels"]["vpc.amazonaws.com/efa.present"] == "true"
     assert group["NodeRepairConfig"] == {"Enabled": True}
-    assert group["ScalingConfig"] == {"DesiredSize": 2, "MaxSize": 16, "MinSize": 0}
+    # No p5 starts unless asked: -c gpuNodesDesired=N is the one command that asks.
+    assert group["ScalingConfig"] == {"DesiredSize": 0, "MaxSize": 16, "MinSize": 0}
     # One subnet, the private subnet in the GPU AZ (a cluster placement group is single-AZ).
     (subnet,) = group["Subnets"]
     subnet_props = default_template["Resources"][subnet["Ref"]]["Properties"]
@@ -394,3 +395,22 @@ def test_outputs_for_the_job_launcher(default_template: Template) -> None:
     assert outputs["UpdateKubeconfigCommand"]["Value"] == (
         "aws eks update-kubeconfig --region us-east-2 --name fsdp-resilient"
     )
+
+
+def test_imds_hop_limit_is_one(default_template: Template) -> None:
+    options = launch_template(default_template)["MetadataOptions"]
+    assert options["HttpPutResponseHopLimit"] == 1
+    assert options["HttpTokens"] == "required"
+
+
+def test_no_placement_group_for_capacity_blocks(variant_template: Template) -> None:
+    """EC2: a Capacity Block needs no cluster placement group; forcing one fails to launch."""
+    assert resources(variant_template, "AWS::EC2::PlacementGroup") == {}
+    assert "Placement" not in launch_template(variant_template)
+
+
+def test_fsx_is_retained_with_backups(default_template: Template) -> None:
+    (fs,) = resources(default_template, "AWS::FSx::FileSystem").values()
+    assert fs["DeletionPolicy"] == "Retain"
+    assert fs["UpdateReplacePolicy"] == "Retain"
+    assert fs["Properties"]["LustreConfiguration"]["AutomaticBackupRetentionDays"] == 7
