@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from manifests.sizes import RESTART_MODES, SIZES, OverlaySize
+from training import exits
+from training.launch.command import Rendezvous, launcher_command
+from training.overrides import build_config
 
 PROJECT = "eks-fsdp-resilient"
 """Part-of label and the server-side apply field manager."""
@@ -34,13 +37,11 @@ PVC_NAME = "fsx-claim"
 CONTAINER = "trainer"
 FSX_MOUNT = "/fsx"
 DATA_DIR = f"{FSX_MOUNT}/data/stdlib"
-RDZV_PORT = 29500
-FT_INITIAL_HEARTBEAT_TIMEOUT_S = 1800  # first step: image warm-up, NCCL init, checkpoint load
-FT_HEARTBEAT_TIMEOUT_S = 600  # a rank silent this long is hung: restart the workers
+RDZV_STORE = "fsdp-rdzv"
+"""The rendezvous store's Deployment and Service (shared by every training Job)."""
+RDZV_STORE_PORT = 29400
 TTL_SECONDS_AFTER_FINISHED = 86400  # a finished Job (and its logs) stays a day, then goes
-# Exit codes that mean the job is misconfigured: retrying a pod cannot help, so fail at once.
-# 2: our launch script's own checks (and argparse); 126/127: the image lacks the command.
-CONFIG_ERROR_EXIT_CODES = (2, 126, 127)
+SCRATCH = "/scratch"
 
 # Placeholders in the committed kustomize YAML (the Python renderer gets the real values).
 DEFAULT_NAMESPACE = "training"
@@ -63,38 +64,15 @@ EFA_NCCL_ENV = {
     "NCCL_DEBUG": "WARN",
     "NCCL_SOCKET_IFNAME": "^lo,docker",  # bootstrap over the pod's interface
     "NCCL_CROSS_NIC": "1",
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # a failed collective raises, so NVRx can restart
+    # A failed collective tears the process down (1) or raises (3): either way NVRx restarts it.
+    # NVRx's in-process restart documents 3 ("tear down, but do not rethrow") as what it needs,
+    # plus no NVLink SHARP (its abort cannot release NVLS buffers) and no rethrown CUDA errors.
+    # Source: NVRx docs, "inprocess" usage guide / known issues.
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_NCCL_RETHROW_CUDA_ERRORS": "0",
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
 }
-
-# The container's entry point. Plain bash, all inputs from the environment, so the overlays only
-# change env values. No "$(" anywhere: Kubernetes would try to expand it as a variable reference.
-LAUNCH_SCRIPT = r"""set -euo pipefail
-# Rank 0's stable DNS name: Indexed Job pods get hostname <job>-<index>, and the headless
-# Service (named like the Job) publishes <hostname>.<service>, even before the pod is ready.
-RDZV_HOST="${JOB_NAME}-0.${JOB_NAME}"
-for _ in {1..120}; do getent hosts "$RDZV_HOST" >/dev/null && break; sleep 5; done
-getent hosts "$RDZV_HOST" >/dev/null \
-  || { echo "rendezvous host $RDZV_HOST never resolved" >&2; exit 1; }
-# "--" ends the launcher's options: without it, argparse's prefix matching reads the trainer's
-# --restart as an ambiguous abbreviation of ft_launcher's --restart-policy and exits.
-TRAIN=(-m training -- train --recipe "$RECIPE" --run-dir "/fsx/runs/$JOB_NAME" --restart "$RESTART"
-       "--checkpoint.dir=/fsx/checkpoints/$JOB_NAME" "--data.path=$DATA_DIR" "$@")
-case "$RESTART" in
-  injob)  # NVRx in-job restart: ft_launcher restarts hung or dead ranks on every node
-    exec ft_launcher --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" \
-      --rdzv-backend=c10d --rdzv-endpoint="$RDZV_HOST:$RDZV_PORT" --rdzv-id="$JOB_NAME" \
-      --rdzv-conf=join_timeout=1800 --max-restarts="$MAX_RESTARTS" \
-      --term-timeout="$TERM_TIMEOUT" --workers-stop-timeout=60 \
-      --ft-initial-rank-heartbeat-timeout="$FT_INITIAL_HEARTBEAT_TIMEOUT" \
-      --ft-rank-heartbeat-timeout="$FT_HEARTBEAT_TIMEOUT" "${TRAIN[@]}" ;;
-  inprocess)  # NVRx in-process restart: static ranks, the Wrapper restarts inside each rank
-    exec torchrun --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" \
-      --node-rank="$JOB_COMPLETION_INDEX" --master-addr="$RDZV_HOST" \
-      --master-port="$RDZV_PORT" --max-restarts=0 "${TRAIN[@]}" ;;
-  *) echo "RESTART must be injob or inprocess, got '$RESTART'" >&2; exit 2 ;;
-esac
-"""
 
 # Data shards on FSx, prepared once: index 0 builds them in a temporary directory and renames it
 # into place (atomic on Lustre); the other pods wait for meta.json.
@@ -142,12 +120,8 @@ def shared_objects(
     storage_capacity_gib: int,
     image: str,
 ) -> list[dict]:
-    """Namespace, FSx PV + PVC, ServiceAccount, ConfigMap: what every training job needs.
-
-    `image` is recorded in the ConfigMap (for the launcher and for humans); the Job takes its
-    image from `job_objects`.
-    """
-    del image  # kept in the signature for the CDK contract; the Job carries the image
+    """Namespace, FSx PV + PVC, ServiceAccount, ConfigMap and the rendezvous store: what every
+    training job needs. `image` runs the rendezvous store (the trainer's image has torch)."""
     return [
         {
             "apiVersion": "v1",
@@ -208,6 +182,70 @@ def shared_objects(
                 "resources": {"requests": {"storage": f"{storage_capacity_gib}Gi"}},
             },
         },
+        *_rdzv_store(namespace=namespace, image=image),
+    ]
+
+
+def _rdzv_store(*, namespace: str, image: str) -> list[dict]:
+    """A one-replica TCPStore on the system nodes (never on a GPU node, so a lost training node
+    cannot take it along) and its Service, which every launcher joins as a client."""
+    labels = _labels("rdzv-store")
+    return [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": RDZV_STORE, "namespace": namespace, "labels": labels},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "serviceAccountName": SERVICE_ACCOUNT,
+                        "affinity": {
+                            "nodeAffinity": {
+                                "requiredDuringSchedulingIgnoredDuringExecution": {
+                                    "nodeSelectorTerms": [
+                                        {
+                                            "matchExpressions": [
+                                                {
+                                                    "key": "nvidia.com/gpu.present",
+                                                    "operator": "DoesNotExist",
+                                                }
+                                            ]
+                                        }
+                                    ]
+                                }
+                            }
+                        },
+                        "containers": [
+                            {
+                                "name": "store",
+                                "image": image,
+                                "workingDir": "/app",
+                                "command": ["python", "-m", "training.launch.rdzv_store"],
+                                "args": [f"--port={RDZV_STORE_PORT}"],
+                                "ports": [{"name": "rdzv", "containerPort": RDZV_STORE_PORT}],
+                                "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
+                                "readinessProbe": {
+                                    "tcpSocket": {"port": RDZV_STORE_PORT},
+                                    "periodSeconds": 5,
+                                },
+                            }
+                        ],
+                    },
+                },
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": RDZV_STORE, "namespace": namespace, "labels": labels},
+            "spec": {
+                "selector": labels,
+                "ports": [{"name": "rdzv", "port": RDZV_STORE_PORT, "targetPort": RDZV_STORE_PORT}],
+            },
+        },
     ]
 
 
@@ -232,10 +270,48 @@ def job_objects(
     if restart not in RESTART_MODES:
         raise ValueError(f"restart must be one of {', '.join(RESTART_MODES)}, got {restart!r}")
     args = list(size.train_args if train_args is None else train_args)
+    command = pod_command(size=size, namespace=namespace, restart=restart, train_args=args)
     return [
         _service(size=size, namespace=namespace),
-        _job(size=size, namespace=namespace, image=image, restart=restart, train_args=args),
+        _job(size=size, namespace=namespace, image=image, command=command),
     ]
+
+
+def trainer_args(*, size: OverlaySize, restart: str, train_args: Sequence[str]) -> list[str]:
+    """The trainer's arguments in the Job (the recipe comes from the RECIPE variable)."""
+    return [
+        "--recipe=$(RECIPE)",
+        f"--run-dir={FSX_MOUNT}/runs/{size.job_name}",
+        f"--restart={restart}",
+        f"--checkpoint.dir={FSX_MOUNT}/checkpoints/{size.job_name}",
+        f"--data.path={DATA_DIR}",
+        # ft_launcher's SIGTERM-to-SIGKILL time fits in the pod's grace period, with 30 s left
+        # for the launcher itself.
+        f"--resilience.term_timeout_s={max(size.grace_seconds - 30, 30)}",
+        *train_args,
+    ]
+
+
+def pod_command(
+    *, size: OverlaySize, namespace: str, restart: str, train_args: Sequence[str]
+) -> list[str]:
+    """The trainer container's args: one node's launcher command, derived from the run's config
+    by `training.launch.command` (the same function the local launcher uses). `$(VAR)` is
+    expanded by the kubelet from the container's environment."""
+    args = trainer_args(size=size, restart=restart, train_args=train_args)
+    config, _ = build_config([a.replace("$(RECIPE)", size.recipe) for a in args])
+    return launcher_command(
+        config=config,
+        trainer_args=args,
+        nnodes=size.nodes,
+        nproc_per_node="$(NPROC_PER_NODE)",
+        rdzv=Rendezvous(
+            endpoint=f"{RDZV_STORE}.{namespace}:{RDZV_STORE_PORT}",
+            run_id="$(JOB_UID)",
+            external_store=True,
+            local_addr="$(POD_IP)",
+        ),
+    )
 
 
 def _service(*, size: OverlaySize, namespace: str) -> dict:
@@ -245,38 +321,35 @@ def _service(*, size: OverlaySize, namespace: str) -> dict:
         "metadata": {"name": size.job_name, "namespace": namespace, "labels": _labels("rdzv")},
         "spec": {
             "clusterIP": "None",
-            # Ranks resolve rank 0 while it is still starting: publish before readiness.
+            # Stable per-pod DNS names (<job>-<index>.<job>) for people and tools; the ranks
+            # meet through the rendezvous store and dial each other by pod IP.
             "publishNotReadyAddresses": True,
             "selector": {"batch.kubernetes.io/job-name": size.job_name},
-            "ports": [{"name": "rdzv", "port": RDZV_PORT, "targetPort": RDZV_PORT}],
         },
     }
 
 
-def _env(*, size: OverlaySize, restart: str) -> list[dict]:
+def _env(*, size: OverlaySize) -> list[dict]:
     values = {
         "JOB_NAME": size.job_name,
-        "NNODES": str(size.nodes),
         "NPROC_PER_NODE": str(size.nproc_per_node),
-        "WORLD_SIZE_EXPECTED": str(size.world_size),
         "RECIPE": size.recipe,
-        "RESTART": restart,
-        "MAX_RESTARTS": str(size.max_restarts),
-        # ft_launcher forwards SIGTERM to the ranks, then SIGKILLs after this: leave 30 s of
-        # the grace period for the launcher itself to exit.
-        "TERM_TIMEOUT": str(max(size.grace_seconds - 30, 30)),
-        "FT_INITIAL_HEARTBEAT_TIMEOUT": str(FT_INITIAL_HEARTBEAT_TIMEOUT_S),
-        "FT_HEARTBEAT_TIMEOUT": str(FT_HEARTBEAT_TIMEOUT_S),
-        "RDZV_PORT": str(RDZV_PORT),
         "DATA_DIR": DATA_DIR,
-        "TMPDIR": "/scratch",
+        "TMPDIR": SCRATCH,
     }
-    return [{"name": k, "value": v} for k, v in values.items()]
+    downward = {
+        # Unique per Job object: the rendezvous id (a resubmitted Job gets a fresh rendezvous).
+        "JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']",
+        # What the other nodes dial for the process groups (ft_launcher's --local-addr).
+        "POD_IP": "status.podIP",
+    }
+    return [
+        *({"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in downward.items()),
+        *({"name": k, "value": v} for k, v in values.items()),
+    ]
 
 
-def _job(
-    *, size: OverlaySize, namespace: str, image: str, restart: str, train_args: list[str]
-) -> dict:
+def _job(*, size: OverlaySize, namespace: str, image: str, command: list[str]) -> dict:
     node = size.node_type
     # Extended resources (GPU, EFA) and huge pages need requests == limits.
     devices = {
@@ -287,17 +360,16 @@ def _job(
     volume_mounts = [
         {"name": "fsx", "mountPath": FSX_MOUNT},
         {"name": "shm", "mountPath": "/dev/shm"},
-        {"name": "scratch", "mountPath": "/scratch"},
+        {"name": "scratch", "mountPath": SCRATCH},
     ]
     container = {
         "name": CONTAINER,
         "image": image,
         "workingDir": "/app",
-        "command": ["bash", "-c", LAUNCH_SCRIPT, "launch"],
-        "args": train_args,
-        "env": _env(size=size, restart=restart),
+        "command": ["python", "-m", "training.launch.pod"],
+        "args": command,
+        "env": _env(size=size),
         "envFrom": [{"configMapRef": {"name": CONFIG_MAP}}],
-        "ports": [{"name": "rdzv", "containerPort": RDZV_PORT}],
         "resources": {
             "requests": {"cpu": node.cpu, "memory": node.memory, **devices},
             "limits": dict(devices),
@@ -348,12 +420,14 @@ def _job(
             "podReplacementPolicy": "Failed",
             "podFailurePolicy": {
                 "rules": [
+                    # Bad configuration, restart cap, no progress, unfit node software, no
+                    # command: a replacement pod would meet the same error (training/exits.py).
                     {
                         "action": "FailJob",
                         "onExitCodes": {
                             "containerName": CONTAINER,
                             "operator": "In",
-                            "values": list(CONFIG_ERROR_EXIT_CODES),
+                            "values": list(exits.RETRY_CANNOT_HELP),
                         },
                     },
                     # Node drain, preemption, eviction: not the job's fault.
@@ -418,12 +492,14 @@ def _escape(key: str) -> str:
 def kustomize_tree() -> dict[str, Any]:
     """Every generated file under manifests/, relative path -> YAML document(s)."""
     base_objects = shared_objects(
-        namespace=DEFAULT_NAMESPACE, image=PLACEHOLDER_IMAGE, **PLACEHOLDER_FSX
+        namespace=DEFAULT_NAMESPACE, image=IMAGE_NAME, **PLACEHOLDER_FSX
     ) + job_objects(overlay=BASE_OVERLAY, namespace=DEFAULT_NAMESPACE, image=IMAGE_NAME)
     files: dict[str, Any] = {}
     resources = []
     for obj in base_objects:
         name = f"{obj['kind'].lower()}.yaml"
+        if f"base/{name}" in files:  # a second object of the kind: name it
+            name = f"{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
         files[f"base/{name}"] = obj
         resources.append(name)
     pv_fields = {

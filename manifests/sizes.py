@@ -58,9 +58,8 @@ class OverlaySize:
     """Trainer recipe (`python -m training train --recipe NAME`)."""
     node_type: NodeType = P5_48XLARGE
     restart: str = "injob"
-    """Default restart layer: `injob` (ft_launcher) or `inprocess` (torchrun, static ranks)."""
-    max_restarts: int = 10
-    """ft_launcher's in-job restarts before it gives up and the pod fails."""
+    """Default restart layer: `injob` (ft_launcher), `inprocess` (torchrun, static ranks) or
+    `nested` (in-process restarts inside ft_launcher)."""
     backoff_limit: int = 3
     """Pod failures (node loss, crash) the Job absorbs before it is marked failed."""
     grace_seconds: int = 600
@@ -90,7 +89,7 @@ class OverlaySize:
         return self.nodes * self.node_type.gpus
 
 
-RESTART_MODES = ("injob", "inprocess")
+RESTART_MODES = ("injob", "inprocess", "nested")
 
 SIZES: dict[str, OverlaySize] = {
     s.name: s
@@ -100,7 +99,6 @@ SIZES: dict[str, OverlaySize] = {
             name="smoke",
             nodes=1,
             recipe="p5_smoke",
-            max_restarts=3,
             backoff_limit=1,
             grace_seconds=300,
             train_args=("--train.steps=200",),
@@ -111,7 +109,6 @@ SIZES: dict[str, OverlaySize] = {
             name="16node",
             nodes=16,
             recipe="p5_70b",
-            max_restarts=20,
             backoff_limit=16,
             grace_seconds=900,
         ),

@@ -15,57 +15,11 @@ import json
 import sys
 from pathlib import Path
 
-from training.config import ConfigError, apply_overrides, to_dict
+from training import exits
+from training.config import ConfigError, to_dict
 from training.data import DataError, prepare, stdlib_sources
-from training.recipes import RECIPES, get_recipe
-
-EXIT_USAGE = 2
-
-
-def split_overrides(tokens: list[str]) -> dict[str, str]:
-    """``--a.b=1 --c.d 2`` -> {"a.b": "1", "c.d": "2"}."""
-    overrides: dict[str, str] = {}
-    index = 0
-    while index < len(tokens):
-        token = tokens[index]
-        if not token.startswith("--"):
-            raise ConfigError(
-                token, "unexpected argument; overrides look like --section.field=value"
-            )
-        key = token[2:]
-        if "=" in key:
-            key, value = key.split("=", 1)
-        elif index + 1 < len(tokens) and not tokens[index + 1].startswith("--"):
-            index += 1
-            value = tokens[index]
-        else:
-            raise ConfigError(key, "needs a value: --section.field=value")
-        overrides[key.replace("-", "_")] = value
-        index += 1
-    return overrides
-
-
-def build_config(argv: list[str]):
-    parser = argparse.ArgumentParser(prog="python -m training train", add_help=True)
-    parser.add_argument("--recipe", default="debug_cpu", help=f"one of {', '.join(RECIPES)}")
-    parser.add_argument("--run-dir", help="run directory (metrics, events, checkpoints)")
-    parser.add_argument(
-        "--restart",
-        choices=("none", "inprocess", "injob"),
-        help="restart layer (default: the recipe's)",
-    )
-    parser.add_argument("--faults", help="fault injection spec (training/faults.py)")
-    parser.add_argument("--print-config", action="store_true", help="print the config and exit")
-    args, rest = parser.parse_known_args(argv)
-    overrides = split_overrides(rest)
-    if args.run_dir:
-        overrides["run_dir"] = args.run_dir
-    if args.restart:
-        overrides["resilience.restart"] = args.restart
-    if args.faults is not None:
-        overrides["faults"] = args.faults
-    config = apply_overrides(get_recipe(args.recipe).config, overrides)
-    return config, args.print_config
+from training.overrides import build_config
+from training.recipes import RECIPES
 
 
 def cmd_train(argv: list[str]) -> int:
@@ -113,12 +67,12 @@ def main(argv: list[str] | None = None) -> int:
         argv = argv[1:]
     if not argv or argv[0] not in COMMANDS:
         print(f"usage: python -m training {{{','.join(COMMANDS)}}} ...", file=sys.stderr)
-        return EXIT_USAGE
+        return exits.USAGE
     try:
         return COMMANDS[argv[0]](argv[1:])
     except (ConfigError, DataError) as err:
         print(f"error: {err}", file=sys.stderr)
-        return EXIT_USAGE
+        return exits.USAGE
 
 
 if __name__ == "__main__":  # guarded: NVRx's worker and DCP's writer use spawn

@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-RestartMode = Literal["none", "inprocess", "injob"]
+RestartMode = Literal["none", "inprocess", "injob", "nested"]
 CheckpointEngine = Literal["nvrx", "torch_async", "sync"]
 
 
@@ -231,18 +231,26 @@ class CheckpointConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ResilienceConfig:
-    """Which restart layer runs (never both: NVRx documents combining them as unsupported)."""
+    """The restart layers and every timeout the launchers and the ranks use.
+
+    This section is the one owner of the launcher's flags: `training.launch.command` derives
+    `ft_launcher`'s and `torchrun`'s command lines from it, locally and in the EKS Job.
+    """
 
     restart: RestartMode = "none"
-    """``none``; ``inprocess`` (NVRx Wrapper, same processes); ``injob`` (ft_launcher respawns)."""
+    """``none``; ``inprocess`` (NVRx Wrapper, same processes); ``injob`` (ft_launcher respawns);
+    ``nested`` (the in-process Wrapper inside ft_launcher: exceptions and soft hangs recover in
+    the same processes, dead or frozen ranks are respawned by the launcher)."""
     max_restarts: int = 3
-    """Stop with a clear cause after this many restarts."""
+    """Stop with a clear cause after this many restarts (of the layer that restarts)."""
     soft_timeout_s: float = 20.0
     """In-process: a rank that makes no progress for this long is treated as hung."""
     hard_timeout_s: float = 40.0
     """In-process: a rank still stuck this long after the soft timeout is killed."""
     heartbeat_timeout_s: float = 30.0
     """In-job: rank heartbeat timeout (ft_launcher kills and respawns a silent rank)."""
+    initial_heartbeat_timeout_s: float = 90.0
+    """In-job: the first heartbeat's timeout (process start, process group, checkpoint load)."""
     step_section_timeout_s: float = 60.0
     """In-job: longest a single training step may take before the rank is declared hung."""
     checkpoint_section_timeout_s: float = 300.0
@@ -250,6 +258,16 @@ class ResilienceConfig:
     calibrate_timeouts_after: int = 0
     """In-job: after this many steps, replace the section and heartbeat timeouts by ones NVRx
     computes from the observed timings (times its safety factor); 0 keeps the configured ones."""
+    stop_timeout_s: float = 10.0
+    """A rank asked to stop (SIGTERM) that is still blocked (e.g. in a collective with a dead
+    peer) after this long exits anyway; also ft_launcher's ``--workers-stop-timeout``."""
+    term_timeout_s: float = 60.0
+    """ft_launcher's ``--term-timeout``: after SIGTERM, time for the final checkpoint before the
+    ranks are killed. In a pod it must fit in the grace period (the overlay sets it)."""
+    join_timeout_s: float = 600.0
+    """Rendezvous join timeout: how long the launchers wait for every node to arrive."""
+    monitor_interval_s: float = 0.5
+    """How often the launcher polls its workers."""
 
     def __post_init__(self) -> None:
         s = "resilience"
@@ -259,8 +277,13 @@ class ResilienceConfig:
             "soft_timeout_s",
             "hard_timeout_s",
             "heartbeat_timeout_s",
+            "initial_heartbeat_timeout_s",
             "step_section_timeout_s",
             "checkpoint_section_timeout_s",
+            "stop_timeout_s",
+            "term_timeout_s",
+            "join_timeout_s",
+            "monitor_interval_s",
         ):
             _require(getattr(self, name) > 0, s, name, "must be > 0")
 

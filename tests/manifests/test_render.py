@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import textwrap
 from pathlib import Path
 
 import kubernetes_validate
@@ -113,10 +112,11 @@ def test_size_invariants(overlay):
     gpus = int(res["limits"]["nvidia.com/gpu"])
 
     assert spec["completionMode"] == "Indexed"
-    assert spec["parallelism"] == spec["completions"] == size.nodes == int(env["NNODES"])
+    assert spec["parallelism"] == spec["completions"] == size.nodes
+    assert f"--nnodes={size.nodes}" in container["args"]
     assert int(env["NPROC_PER_NODE"]) == gpus == 8  # p5.48xlarge
+    assert "--nproc-per-node=$(NPROC_PER_NODE)" in container["args"]
     assert int(res["limits"]["vpc.amazonaws.com/efa"]) == 32  # p5's network cards
-    assert int(env["WORLD_SIZE_EXPECTED"]) == size.nodes * gpus
     # Extended resources and huge pages: requests must equal limits.
     for name, value in res["limits"].items():
         assert res["requests"][name] == value
@@ -139,7 +139,7 @@ def test_pod_shape(overlay):
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
 
-    # Rendezvous on rank 0's stable DNS name through the headless Service.
+    # Stable pod DNS names through the headless Service.
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["publishNotReadyAddresses"] is True
     assert pod["subdomain"] == service["metadata"]["name"] == job["metadata"]["name"]
@@ -162,9 +162,7 @@ def test_pod_shape(overlay):
     assert pod["restartPolicy"] == "Never"
     assert spec["backoffLimit"] >= 1
     assert spec["ttlSecondsAfterFinished"] > 0
-    # The final checkpoint fits: ft_launcher's SIGKILL comes before the kubelet's.
     assert pod["terminationGracePeriodSeconds"] >= 300
-    assert int(_env(container)["TERM_TIMEOUT"]) < pod["terminationGracePeriodSeconds"]
 
 
 def test_efa_nccl_environment():
@@ -194,6 +192,8 @@ def test_shared_objects_take_cdk_tokens_as_opaque_strings():
         "ConfigMap",
         "PersistentVolume",
         "PersistentVolumeClaim",
+        "Deployment",
+        "Service",
     ]
     pv = objs[3]
     assert pv["spec"]["csi"] == {
@@ -213,19 +213,32 @@ def test_unknown_overlay_names_the_allowed_ones():
         render.job_objects(overlay="huge", namespace="ns", image="img")
 
 
-def test_restart_and_train_args_overrides():
-    job = _job(
-        render.job_objects(
-            overlay="2node",
-            namespace="ns",
-            image="img",
-            restart="inprocess",
-            train_args=["--train.steps=5"],
-        )
-    )
+def _container(**kwargs) -> dict:
+    job = _job(render.job_objects(namespace="ns", image="img", **kwargs))
     (container,) = job["spec"]["template"]["spec"]["containers"]
-    assert _env(container)["RESTART"] == "inprocess"
-    assert container["args"] == ["--train.steps=5"]
+    return container
+
+
+def _expand(container: dict, values: dict[str, str]) -> list[str]:
+    """The kubelet's $(VAR) expansion of the container's args (env values + downward API)."""
+    env = {**_env(container), **values}
+    args = []
+    for arg in container["args"]:
+        for name, value in env.items():
+            arg = arg.replace(f"$({name})", value)
+        assert "$(" not in arg, f"unexpanded variable in {arg!r}"
+        args.append(arg)
+    return args
+
+
+POD_VALUES = {"JOB_UID": "0000-uid", "POD_IP": "10.0.0.7"}
+
+
+def test_restart_and_train_args_overrides():
+    container = _container(overlay="2node", restart="inprocess", train_args=["--train.steps=5"])
+    args = _expand(container, POD_VALUES)
+    assert args[0] == "torchrun"
+    assert "--restart=inprocess" in args and args[-1] == "--train.steps=5"
     with pytest.raises(ValueError, match="restart must be one of injob, inprocess"):
         render.job_objects(overlay="smoke", namespace="ns", image="img", restart="both")
 
@@ -239,87 +252,129 @@ def test_json_patch_round_trip():
     assert {"op": "add", "path": "/e", "value": 4} in ops
 
 
-def _run_launch_script(tmp_path: Path, *, overlay: str, restart: str, args: list[str]) -> list[str]:
-    """Run the container's bash entry point with stub getent/ft_launcher/torchrun on PATH."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for tool in ("getent", "ft_launcher", "torchrun"):
-        stub = bin_dir / tool
-        body = "exit 0" if tool == "getent" else f'printf "%s\\n" {tool} "$@"'
-        stub.write_text(f"#!/bin/bash\n{body}\n")
-        stub.chmod(0o755)
-    job = _job(render.job_objects(overlay=overlay, namespace="ns", image="i", restart=restart))
-    (container,) = job["spec"]["template"]["spec"]["containers"]
-    env = {**_env(container), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    env["JOB_COMPLETION_INDEX"] = "1"  # set by Kubernetes in Indexed Jobs
-    out = subprocess.run(
-        [*container["command"], *args], env=env, capture_output=True, text=True, timeout=30
-    )
-    assert out.returncode == 0, out.stderr
-    return out.stdout.splitlines()
-
-
-def test_launch_script_injob_passes_ft_launcher_parser(tmp_path):
-    argv = _run_launch_script(tmp_path, overlay="2node", restart="injob", args=["--train.steps=7"])
-    assert argv[0] == "ft_launcher"
+@pytest.mark.parametrize("restart", ["injob", "nested"])
+@pytest.mark.parametrize("overlay", render.OVERLAYS)
+def test_rendered_ft_launcher_command_parses_and_times_every_section(overlay, restart):
+    """The Job's command passes ft_launcher's real parser, and every section the trainer opens
+    has a timeout there (without one, NVRx raises `TimeoutsCalcError: Unknown section`)."""
     from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
 
-    ns = get_args_parser().parse_args(argv[1:])  # the real flag spellings of ft_launcher
-    assert ns.nnodes == "2"
-    assert int(ns.nproc_per_node) == 8
-    assert ns.rdzv_endpoint == "fsdp-2node-0.fsdp-2node:29500"
-    assert ns.rdzv_backend == "c10d"
-    assert ns.rdzv_id == "fsdp-2node"
+    from training.overrides import build_config
+    from training.resilience.sections import section_timeouts
+
+    container = _container(overlay=overlay, restart=restart)
+    assert container["command"] == ["python", "-m", "training.launch.pod"]
+    argv = _expand(container, POD_VALUES)
+    assert argv[0] == "ft_launcher"
+    ns = get_args_parser().parse_args(argv[1:])
+    size = SIZES[overlay]
+    assert int(ns.nnodes) == size.nodes and int(ns.nproc_per_node) == size.nproc_per_node
+    assert ns.rdzv_endpoint == f"{render.RDZV_STORE}.ns:{render.RDZV_STORE_PORT}"
+    assert "is_host=0" in ns.rdzv_conf and ns.rdzv_id == "0000-uid"
+    assert ns.local_addr == "10.0.0.7"
     assert ns.module is True and ns.training_script == "training"
-    assert ns.training_script_args == [
-        "train",
-        "--recipe",
-        "p5_8b",
-        "--run-dir",
-        "/fsx/runs/fsdp-2node",
-        "--restart",
-        "injob",
-        "--checkpoint.dir=/fsx/checkpoints/fsdp-2node",
-        "--data.path=/fsx/data/stdlib",
-        "--train.steps=7",
-    ]
+    timed = dict(item.split(":") for item in ns.ft_rank_section_timeouts.split(","))
+    config, _ = build_config(
+        [
+            a.replace(f"--recipe={size.recipe}", f"--recipe={size.recipe}")
+            for a in ns.training_script_args[1:]
+        ]
+    )
+    assert set(timed) == set(section_timeouts(config.resilience))
+    assert {k: float(v) for k, v in timed.items()} == section_timeouts(config.resilience)
+    # Every resilience setting comes from the recipe's config (one owner), none from render.py.
+    r = config.resilience
+    assert float(ns.ft_rank_heartbeat_timeout) == r.heartbeat_timeout_s
+    assert float(ns.ft_initial_rank_heartbeat_timeout) == r.initial_heartbeat_timeout_s
+    assert int(ns.max_restarts) == r.max_restarts + 1
+    assert float(ns.workers_stop_timeout) == r.stop_timeout_s
+    # ft_launcher's SIGKILL comes before the kubelet's.
+    assert float(ns.term_timeout) < size.grace_seconds
+    policy = {"injob": "any-failed", "nested": "min-healthy"}[restart]
+    assert ns.ft_restart_policy == policy
 
 
-def test_launch_script_inprocess_uses_static_ranks(tmp_path):
-    argv = _run_launch_script(tmp_path, overlay="16node", restart="inprocess", args=[])
+def test_submission_overrides_reach_the_launcher_flags():
+    argv = _expand(
+        _container(overlay="smoke", train_args=["--resilience.heartbeat_timeout_s=42"]), POD_VALUES
+    )
+    assert "--ft-rank-heartbeat-timeout=42" in argv
+
+
+def test_inprocess_command_uses_torchrun_and_the_shared_store():
     from torch.distributed.run import get_args_parser
 
+    argv = _expand(_container(overlay="16node", restart="inprocess"), POD_VALUES)
     ns = get_args_parser().parse_args(argv[1:])  # torchrun's real flag spellings
-    assert ns.training_script == "training"
-    assert ns.training_script_args[:3] == ["train", "--recipe", "p5_70b"]
-    assert argv[:7] == [
-        "torchrun",
-        "--nnodes=16",
-        "--nproc-per-node=8",
-        "--node-rank=1",
-        "--master-addr=fsdp-16node-0.fsdp-16node",
-        "--master-port=29500",
-        "--max-restarts=0",
-    ]
-    assert "inprocess" in argv
+    assert argv[0] == "torchrun" and ns.max_restarts == 0
+    assert ns.rdzv_endpoint == f"{render.RDZV_STORE}.ns:{render.RDZV_STORE_PORT}"
+    assert ns.training_script_args[:2] == ["train", "--recipe=p5_70b"]
 
 
-def test_launch_script_rejects_unknown_restart_with_exit_2(tmp_path):
-    """Exit 2 is a configuration error: the pod failure policy fails the Job at once."""
-    job = _job(render.job_objects(overlay="smoke", namespace="ns", image="i"))
-    (container,) = job["spec"]["template"]["spec"]["containers"]
-    env = {**_env(container), "RESTART": "both", "PATH": os.environ["PATH"]}
-    env["PATH"] = f"{tmp_path}:{env['PATH']}"
-    (tmp_path / "getent").write_text("#!/bin/bash\nexit 0\n")
-    (tmp_path / "getent").chmod(0o755)
-    out = subprocess.run(container["command"], env=env, capture_output=True, text=True, timeout=30)
-    assert out.returncode == 2
-    assert "RESTART must be injob or inprocess" in out.stderr
+def test_pod_failure_policy_comes_from_the_exit_codes_module():
+    from training import exits
+
+    job = _job(render.job_objects(overlay="2node", namespace="ns", image="i"))
+    (fail, _ignore) = job["spec"]["podFailurePolicy"]["rules"]
+    assert fail["onExitCodes"]["values"] == list(exits.RETRY_CANNOT_HELP)
+    assert exits.FAILED not in fail["onExitCodes"]["values"]  # a crash is retried
+    assert exits.PREEMPTED not in fail["onExitCodes"]["values"]
 
 
-def test_scripts_have_no_kubernetes_variable_references():
-    """Kubernetes expands $(NAME) in command/args: the scripts must not contain "$("."""
-    assert "$(" not in render.LAUNCH_SCRIPT
+def test_pod_command_with_a_bad_trainer_flag_exits_2_before_any_launcher(tmp_path):
+    """The container's exact command (kubelet-expanded) with a bad trainer flag: the pod's
+    supervisor exits with the configuration code, which the pod failure policy turns into
+    FailJob. No launcher is started (a stub on PATH would record it)."""
+    from training import exits
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    marker = tmp_path / "launched"
+    stub = bin_dir / "ft_launcher"
+    stub.write_text(f"#!/bin/bash\ntouch {marker}\n")
+    stub.chmod(0o755)
+    container = _container(overlay="smoke")
+    argv = [*_expand(container, POD_VALUES), "--train.stepz=5"]  # e.g. a hand-edited manifest
+    env = {**os.environ, **_env(container), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    out = subprocess.run(
+        [*container["command"], *argv], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == exits.USAGE, out.stderr
+    assert "train.stepz" in out.stderr
+    assert not marker.exists()
+    assert (
+        exits.USAGE
+        in _job(render.job_objects(overlay="smoke", namespace="ns", image="i"))["spec"][
+            "podFailurePolicy"
+        ]["rules"][0]["onExitCodes"]["values"]
+    )
+
+
+def test_a_bad_trainer_flag_fails_at_render_time_naming_the_field():
+    from training.config import ConfigError
+
+    with pytest.raises(ConfigError, match="train.stepz"):
+        render.job_objects(
+            overlay="smoke", namespace="ns", image="i", train_args=["--train.stepz=5"]
+        )
+
+
+def test_rendezvous_store_is_shared_and_off_the_gpu_nodes():
+    objs = render.shared_objects(namespace="ns", image="img:2", **render.PLACEHOLDER_FSX)
+    deployment = next(o for o in objs if o["kind"] == "Deployment")
+    service = next(o for o in objs if o["kind"] == "Service")
+    assert deployment["metadata"]["name"] == service["metadata"]["name"] == render.RDZV_STORE
+    pod = deployment["spec"]["template"]["spec"]
+    (store,) = pod["containers"]
+    assert store["image"] == "img:2"
+    assert store["command"] == ["python", "-m", "training.launch.rdzv_store"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["operator"] == "DoesNotExist"
+    assert service["spec"]["ports"][0]["port"] == render.RDZV_STORE_PORT
+
+
+def test_prepare_script_has_no_kubernetes_variable_references():
+    """Kubernetes expands $(NAME) in command/args: the script must not contain "$("."""
     assert "$(" not in render.PREPARE_SCRIPT
     subprocess.run(["bash", "-n", "-c", render.PREPARE_SCRIPT], check=True)
 
@@ -334,4 +389,3 @@ def test_render_cli_show(capsys):
     assert render.main(["show", "smoke"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [d["kind"] for d in docs][-2:] == ["Service", "Job"]
-    assert textwrap.dedent(render.LAUNCH_SCRIPT).startswith("set -euo pipefail")

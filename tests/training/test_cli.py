@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 from support import REPO_ROOT, subprocess_env
 
-from training.__main__ import EXIT_USAGE, main, split_overrides
+from training.__main__ import main
+from training.exits import USAGE as EXIT_USAGE
+from training.overrides import split_overrides
 from training.config import ConfigError
 from training.launch import local
 

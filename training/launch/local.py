@@ -18,13 +18,14 @@ import sys
 import time
 from pathlib import Path
 
-from training.__main__ import EXIT_USAGE, build_config
+from training import exits
 from training.config import ConfigError, JobConfig
 from training.data import DataError
+from training.launch.command import LAUNCHERS, Rendezvous, launcher_command
 from training.metrics import EventLog
+from training.overrides import build_config
 from training.run import COLD_RESTARTS_ENV
-
-EXIT_PREEMPTED = 143
+from training.verdict import read_verdict
 
 
 def free_port() -> int:
@@ -39,45 +40,16 @@ def _bin(name: str) -> str:
 
 
 def rank_command(*, config: JobConfig, nproc: int, train_args: list[str], port: int) -> list[str]:
-    """The launcher command line for one attempt of the whole job."""
-    r = config.resilience
-    common = [
-        f"--nproc-per-node={nproc}",
-        "--nnodes=1",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{port}",
-        f"--rdzv-id=local-{port}",
-    ]
-    if r.restart == "injob":
-        return [
-            _bin("ft_launcher"),
-            *common,
-            f"--max-restarts={r.max_restarts}",
-            f"--ft-initial-rank-heartbeat-timeout={r.heartbeat_timeout_s + 60}",
-            f"--ft-rank-heartbeat-timeout={r.heartbeat_timeout_s}",
-            f"--ft-rank-section-timeouts=step:{r.step_section_timeout_s},"
-            f"checkpoint:{r.checkpoint_section_timeout_s}",
-            f"--ft-rank-out-of-section-timeout={r.checkpoint_section_timeout_s}",
-            "--ft-restart-policy=any-failed",
-            "--monitor-interval=0.5",
-            # `--` keeps the trainer's flags (e.g. --restart) away from ft_launcher's parser,
-            # which would otherwise take --restart as a prefix of its --restart-policy.
-            "-m",
-            "training",
-            "--",
-            "train",
-            *train_args,
-        ]
-    return [
-        _bin("torchrun"),
-        *common,
-        "--max-restarts=0",
-        "-m",
-        "training",
-        "--",
-        "train",
-        *train_args,
-    ]
+    """The launcher command line for one attempt of the whole job (one node, this machine)."""
+    launcher = LAUNCHERS[config.resilience.restart]
+    return launcher_command(
+        config=config,
+        trainer_args=train_args,
+        nnodes=1,
+        nproc_per_node=nproc,
+        rdzv=Rendezvous(endpoint=f"127.0.0.1:{port}", run_id=f"local-{port}"),
+        launcher_path=_bin(launcher),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     except (ConfigError, DataError) as err:
         print(f"error: {err}", file=sys.stderr)
-        return EXIT_USAGE
+        return exits.USAGE
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     launcher_events = EventLog(run_dir=run_dir, rank=-1)
@@ -115,12 +87,17 @@ def main(argv: list[str] | None = None) -> int:
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     attempts = 0
     while True:
-        command = rank_command(
-            config=config, nproc=args.nproc, train_args=train_args, port=free_port()
-        )
+        port = free_port()
+        command = rank_command(config=config, nproc=args.nproc, train_args=train_args, port=port)
         print("+ " + " ".join(command), flush=True)
         env[COLD_RESTARTS_ENV] = str(attempts)
         code = subprocess.call(command, env=env)
+        verdict = read_verdict(run_dir=run_dir, run_id=f"local-{port}") if code else None
+        if verdict is not None:
+            # A rank decided that no retry can help: report its code and cause, no cold restart.
+            print(f"error: {verdict.cause}", file=sys.stderr, flush=True)
+            code = verdict.code
+            break
         if code == 0 or attempts >= args.cold_restarts:
             break
         attempts += 1
@@ -131,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         time.sleep(1.0)
     if code != 0:
-        status = "preempted" if code == EXIT_PREEMPTED else "failed"
+        status = "preempted" if code == exits.PREEMPTED else "failed"
         launcher_events.emit("run_end", status=status, cause=f"launcher exit code {code}")
     if not args.no_report:
         from training.report import format_summary, write_report

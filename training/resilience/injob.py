@@ -8,10 +8,11 @@ from the newest committed checkpoint. After enough steps have been observed, the
 timeouts are computed from the measured timings (NVRx's timeouts calculator, synchronized across
 ranks) instead of the configured upper bounds (``resilience.calibrate_timeouts_after``).
 
-Lack of progress: every attempt records the best step reached before it in
-``<run_dir>/.attempts/``; when ``NO_PROGRESS_ATTEMPTS`` restarts in a row end without getting
-past it, the attempt stops at once with a clear cause (exit code 3) instead of training into
-the same fault again; ``--max-restarts`` bounds the rest.
+Lack of progress and the restart cap: every attempt records the best step reached before it in
+``<run_dir>/.attempts/<rendezvous id>/``; when ``NO_PROGRESS_ATTEMPTS`` restarts in a row end
+without getting past it, or ``resilience.max_restarts`` restarts have been spent, rank 0 records
+the verdict (``training.verdict``) and asks ``ft_launcher`` to shut the workload down, so the
+launchers exit with a code that says why (``training.exits``) instead of retrying.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from training import exits
 from training.config import JobConfig
 from training.metrics import EventLog
-from training.trainer import EXIT_PREEMPTED, StepHooks
+from training.resilience.sections import CHECKPOINT, STEP
+from training.trainer import StepHooks
+from training.verdict import current_run_id, write_verdict
 
-EXIT_NO_PROGRESS = 3
 NO_PROGRESS_ATTEMPTS = 3
 
 
@@ -47,10 +50,10 @@ class MonitorHooks(StepHooks):
 
     def before_step(self, step: int) -> None:
         self.client.send_heartbeat()
-        self.client.start_section("step")
+        self.client.start_section(STEP)
 
     def after_step(self, step: int) -> None:
-        self.client.end_section("step")
+        self.client.end_section(STEP)
         self.steps_seen += 1
         if self.calibrate_after and not self.calibrated and self.steps_seen >= self.calibrate_after:
             # Collective across ranks (NVRx synchronizes the calculated timeouts).
@@ -60,11 +63,11 @@ class MonitorHooks(StepHooks):
 
     @contextlib.contextmanager
     def section(self, name: str) -> Iterator[None]:
-        self.client.start_section("checkpoint")
+        self.client.start_section(CHECKPOINT)
         try:
             yield
         finally:
-            self.client.end_section("checkpoint")
+            self.client.end_section(CHECKPOINT)
 
 
 def best_step_so_far(run_dir: Path, *, tail_bytes: int = 1 << 16) -> int:
@@ -83,9 +86,14 @@ def best_step_so_far(run_dir: Path, *, tail_bytes: int = 1 << 16) -> int:
     return best
 
 
-def _record_attempt(run_dir: Path, *, attempt: int, best_step: int) -> list[dict]:
-    directory = run_dir / ".attempts"
+def _record_attempt(directory: Path, *, best_step: int) -> list[dict]:
+    """Append this attempt to the job's history (one file per worker-group start) and return it.
+
+    Attempts are counted here, not with ``TORCHELASTIC_RESTART_COUNT``: that counter is per
+    launcher, and a replaced pod's launcher starts again at 0 while its peers do not.
+    """
     directory.mkdir(parents=True, exist_ok=True)
+    attempt = len(list(directory.glob("*.json")))
     (directory / f"{attempt:05d}.json").write_text(
         json.dumps({"attempt": attempt, "best_step": best_step})
     )
@@ -101,34 +109,73 @@ def stuck(history: list[dict], *, limit: int = NO_PROGRESS_ATTEMPTS) -> bool:
     return len(set(recent)) == 1
 
 
+def final_verdict(history: list[dict], *, max_restarts: int) -> tuple[int, str] | None:
+    """(exit code, cause) when this attempt must not run: no progress, or the cap reached."""
+    restarts = len(history) - 1
+    best = history[-1]["best_step"]
+    if restarts > 0 and stuck(history):
+        return exits.NO_PROGRESS, (
+            f"no progress: {NO_PROGRESS_ATTEMPTS} restarts in a row failed before getting "
+            f"past step {best}; stopping instead of repeating the same fault"
+        )
+    if restarts > max_restarts:
+        return exits.RESTARTS_EXHAUSTED, (
+            f"in-job restart cap reached: {max_restarts} restart(s) "
+            f"(resilience.max_restarts), best step {best}"
+        )
+    return None
+
+
+def stop_workload(client, *, run_dir: Path, code: int, cause: str) -> None:
+    """Record the verdict for the launchers, then ask ft_launcher to end the whole workload
+    (NVRx's ``WorkloadAction.ShutdownWorkload``: the launcher closes the rendezvous, so every
+    node's launcher exits instead of restarting the workers)."""
+    from nvidia_resiliency_ext.fault_tolerance import WorkloadAction
+    from nvidia_resiliency_ext.fault_tolerance.data import WorkloadControlRequest
+
+    write_verdict(run_dir=run_dir, code=code, cause=cause, run_id=current_run_id())
+    client.send_workload_control_request(
+        WorkloadControlRequest(WorkloadAction.ShutdownWorkload, description=cause[:200])
+    )
+
+
+def check_attempt(config: JobConfig, *, client, events: EventLog) -> int | None:
+    """Rank 0, before training: the exit code if this attempt must not run."""
+    run_dir = Path(config.run_dir)
+    history = _record_attempt(
+        run_dir / ".attempts" / (current_run_id() or "default"), best_step=best_step_so_far(run_dir)
+    )
+    verdict = final_verdict(history, max_restarts=config.resilience.max_restarts)
+    if verdict is None:
+        return None
+    code, cause = verdict
+    events.emit("run_end", status="failed", cause=cause)
+    print(f"error: {cause}", file=sys.stderr, flush=True)
+    stop_workload(client, run_dir=run_dir, code=code, cause=cause)
+    return code
+
+
 def run_injob(config: JobConfig) -> int:
     from training.nvrx import rank_monitor_client
     from training.run import run_training
 
     attempt = attempt_number()
     rank = int(os.environ.get("RANK", "0"))
-    run_dir = Path(config.run_dir)
-    events = EventLog(run_dir=run_dir, rank=rank)
+    events = EventLog(run_dir=Path(config.run_dir), rank=rank)
     if attempt > 0:
         events.emit("restart_end", mode="injob", attempt=attempt)
-    if rank == 0:
-        best = best_step_so_far(run_dir)
-        history = _record_attempt(run_dir, attempt=attempt, best_step=best)
-        if attempt > 0 and stuck(history):
-            cause = (
-                f"no progress: {NO_PROGRESS_ATTEMPTS} restarts in a row failed before getting "
-                f"past step {best}; stopping instead of repeating the same fault"
-            )
-            events.emit("run_end", status="failed", cause=cause)
-            print(f"error: {cause}", file=sys.stderr, flush=True)
-            return EXIT_NO_PROGRESS
     client = rank_monitor_client()
     try:
+        if rank == 0:
+            code = check_attempt(config, client=client, events=events)
+            if code is not None:
+                return code
         hooks = MonitorHooks(client, calibrate_after=config.resilience.calibrate_timeouts_after)
-        result = run_training(config, hooks=hooks, attempt=attempt)
-    except BaseException:
-        events.emit("restart_begin", mode="injob", attempt=attempt)
-        raise
+        try:
+            result = run_training(config, hooks=hooks, attempt=attempt)
+        except BaseException:
+            events.emit("restart_begin", mode="injob", attempt=attempt)
+            raise
     finally:
         client.shutdown_workload_monitoring()
-    return EXIT_PREEMPTED if result.preempted else 0
+    return exits.PREEMPTED if result.preempted else exits.OK

@@ -23,23 +23,29 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from training import exits
 from training.config import JobConfig
 from training.metrics import EventLog
-from training.trainer import EXIT_PREEMPTED, StepHooks
+from training.trainer import StepHooks
+from training.verdict import current_run_id, write_verdict
 
-EXIT_GAVE_UP = 4
 WRAPPER_PORT_OFFSET = 1
 PG_STORE_PORT_OFFSET = 2
 
 
 class PingHooks(StepHooks):
-    """Report forward progress to the wrapper's progress watchdog once per step."""
+    """Report forward progress to the wrapper's progress watchdog once per step; nested under
+    ft_launcher, also a heartbeat to the rank monitor (no sections: an in-process restart would
+    leave one open)."""
 
-    def __init__(self, call_wrapper) -> None:
+    def __init__(self, call_wrapper, *, monitor=None) -> None:
         self.call_wrapper = call_wrapper
+        self.monitor = monitor
 
     def before_step(self, step: int) -> None:
         self.call_wrapper.ping()
+        if self.monitor is not None:
+            self.monitor.send_heartbeat()
 
     def after_step(self, step: int) -> None:
         self.call_wrapper.ping()
@@ -50,8 +56,11 @@ def store_ports() -> set[int]:
     return {master, master + WRAPPER_PORT_OFFSET, master + PG_STORE_PORT_OFFSET}
 
 
-def run_inprocess(config: JobConfig) -> int:
-    from training.nvrx import inprocess_wrapper
+def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
+    """In-process restarts; with `nested`, inside ft_launcher (which respawns dead or frozen
+    ranks and enforces the job-wide restart cap, see `training.resilience.injob`)."""
+    from training.nvrx import inprocess_wrapper, rank_monitor_client
+    from training.resilience.injob import check_attempt
     from training.run import release_leftovers, run_training
 
     rank = int(os.environ.get("RANK", "0"))
@@ -60,6 +69,12 @@ def run_inprocess(config: JobConfig) -> int:
     master_port = int(os.environ.get("MASTER_PORT", "29500"))
     events = EventLog(run_dir=Path(config.run_dir), rank=rank)
     r = config.resilience
+    monitor = rank_monitor_client() if nested else None
+    if monitor is not None and rank == 0:
+        code = check_attempt(config, client=monitor, events=events)
+        if code is not None:
+            monitor.shutdown_workload_monitoring()
+            return code
     base_store = dist.TCPStore(
         host_name=master_addr,
         port=master_port + PG_STORE_PORT_OFFSET,
@@ -84,7 +99,7 @@ def run_inprocess(config: JobConfig) -> int:
         try:
             return run_training(
                 config,
-                hooks=PingHooks(call_wrapper),
+                hooks=PingHooks(call_wrapper, monitor=monitor),
                 attempt=iteration,
                 store=store,
                 rank=current_rank,
@@ -117,10 +132,23 @@ def run_inprocess(config: JobConfig) -> int:
             f"in-process restart gave up after {r.max_restarts} restart(s) "
             f"(resilience.max_restarts): {type(err).__name__}: {err}"
         )
+        if nested:
+            # The in-job layer takes over: ft_launcher respawns the worker group.
+            print(f"error: {cause}; handing over to the in-job restart", file=sys.stderr)
+            return exits.FAILED
         if rank == 0:
             events.emit("run_end", status="failed", cause=cause[:500])
+            write_verdict(
+                run_dir=Path(config.run_dir),
+                code=exits.RESTARTS_EXHAUSTED,
+                cause=cause[:500],
+                run_id=current_run_id(),
+            )
         print(f"error: {cause}", file=sys.stderr, flush=True)
-        return EXIT_GAVE_UP
+        return exits.RESTARTS_EXHAUSTED
+    finally:
+        if monitor is not None:
+            monitor.shutdown_workload_monitoring()
     if result is None:  # an inactive (spare) rank
-        return 0
-    return EXIT_PREEMPTED if result.preempted else 0
+        return exits.OK
+    return exits.PREEMPTED if result.preempted else exits.OK

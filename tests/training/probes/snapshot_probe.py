@@ -31,7 +31,7 @@ def flat_tensors(state, prefix=""):
 
 
 def main() -> None:
-    from training.__main__ import build_config
+    from training.overrides import build_config
     from training.checkpoint import CheckpointManager
     from training.metrics import EventLog
     from training.parallel import dist_env_from_environment, init_process_group

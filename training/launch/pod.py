@@ -1,0 +1,90 @@
+"""The trainer container's entry point in the EKS Job: ``python -m training.launch.pod CMD...``.
+
+CMD is the node's launcher command, rendered by `manifests/render.py` from
+`training.launch.command` (so the flags come from the run's config). Before starting it:
+- the trainer's arguments are validated (a bad flag exits `exits.USAGE` at once, and the pod
+  failure policy fails the Job instead of retrying);
+- the rendezvous host must resolve (the Service's DNS name appears shortly after the pod).
+Then the launcher runs as a child; SIGTERM and SIGINT (the kubelet's stop) are passed on to it,
+and its exit code is translated: a verdict left by a rank (`training.verdict`) wins, a stop on
+request is `exits.PREEMPTED`, anything else stays a retryable failure.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from training import exits
+from training.config import ConfigError
+from training.launch.command import trainer_args_of
+from training.overrides import build_config
+from training.verdict import read_verdict
+
+
+def _flag(command: Sequence[str], name: str) -> str:
+    prefix = f"--{name}="
+    return next((arg[len(prefix) :] for arg in command if arg.startswith(prefix)), "")
+
+
+def wait_for_host(host: str, *, timeout_s: float, poll_s: float = 2.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.getaddrinfo(host, None)
+            return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+
+
+def supervise(command: Sequence[str]) -> int:
+    try:
+        config, _ = build_config(trainer_args_of(command))
+    except (ConfigError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return exits.USAGE
+    endpoint = _flag(command, "rdzv-endpoint")
+    host = endpoint.rsplit(":", 1)[0]
+    if host and not wait_for_host(host, timeout_s=config.resilience.join_timeout_s):
+        print(f"error: rendezvous host {host} never resolved", file=sys.stderr, flush=True)
+        return exits.FAILED
+    stopping: list[int] = []
+    child = subprocess.Popen(list(command))
+
+    def forward(signum: int, _frame) -> None:
+        stopping.append(signum)
+        child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    code = child.wait()
+    if code == 0:
+        return exits.OK
+    verdict = read_verdict(run_dir=Path(config.run_dir), run_id=_flag(command, "rdzv-id"))
+    if verdict is not None:
+        print(f"error: {verdict.cause}", file=sys.stderr, flush=True)
+        return verdict.code
+    if stopping:
+        return exits.PREEMPTED
+    return exits.FAILED if code > 0 else 128 - code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    command = list(sys.argv[1:] if argv is None else argv)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        print("usage: python -m training.launch.pod LAUNCHER [FLAGS...] -m training -- train ...")
+        return exits.USAGE
+    return supervise(command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
