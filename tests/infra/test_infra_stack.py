@@ -239,6 +239,7 @@ def test_core_addons(default_template: Template) -> None:
 def test_fsx_file_system(default_template: Template, variant_template: Template) -> None:
     fs = one(default_template, "AWS::FSx::FileSystem")
     assert fs["LustreConfiguration"] == {
+        "AutomaticBackupRetentionDays": 7,
         "DataCompressionType": "LZ4",
         "DeploymentType": "PERSISTENT_2",
         "PerUnitStorageThroughput": 250,

@@ -353,7 +353,7 @@ def test_pod_command_with_a_bad_trainer_flag_exits_2_before_any_launcher(tmp_pat
 def test_a_bad_trainer_flag_fails_at_render_time_naming_the_field():
     from training.config import ConfigError
 
-    with pytest.raises(ConfigError, match="train.stepz"):
+    with pytest.raises(ConfigError, match=r"train\.stepz"):
         render.job_objects(
             overlay="smoke", namespace="ns", image="i", train_args=["--train.stepz=5"]
         )

@@ -15,10 +15,10 @@ import pytest
 from support import REPO_ROOT, subprocess_env
 
 from training.__main__ import main
-from training.exits import USAGE as EXIT_USAGE
-from training.overrides import split_overrides
 from training.config import ConfigError
+from training.exits import USAGE as EXIT_USAGE
 from training.launch import local
+from training.overrides import split_overrides
 
 
 def _python(*args: str, cwd: Path) -> subprocess.CompletedProcess:

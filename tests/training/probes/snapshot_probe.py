@@ -31,9 +31,9 @@ def flat_tensors(state, prefix=""):
 
 
 def main() -> None:
-    from training.overrides import build_config
     from training.checkpoint import CheckpointManager
     from training.metrics import EventLog
+    from training.overrides import build_config
     from training.parallel import dist_env_from_environment, init_process_group
     from training.trainer import Trainer
 
