@@ -15,6 +15,7 @@ from training.checkpoint import CheckpointManager
 from training.config import JobConfig
 from training.metrics import EventLog
 from training.parallel import dist_env_from_environment, init_process_group
+from training.phases import MODEL_BUILT, PROCESS_GROUP_UP, emit_phase
 from training.trainer import StepHooks, Trainer, TrainResult
 
 COLD_RESTARTS_ENV = "TRAINING_COLD_RESTARTS"
@@ -62,9 +63,12 @@ def run_training(
     if env.rank == 0 and attempt == 0:
         events.emit("run_start", world_size=env.world_size, restart_mode=config.resilience.restart)
     events.emit("attempt_start", attempt=attempt)
+    mode = config.resilience.restart
+    emit_phase(events, phase=PROCESS_GROUP_UP, attempt=attempt, mode=mode)
     completed = False
     try:
         trainer = Trainer(config=config, env=env, events=events, hooks=hooks, attempt=attempt)
+        emit_phase(events, phase=MODEL_BUILT, attempt=attempt, mode=mode)
         checkpoints = CheckpointManager(
             config=config.checkpoint,
             root=Path(config.checkpoint_dir),

@@ -32,6 +32,7 @@ from training.faults import FaultInjector
 from training.metrics import EventLog, StepLogger, peak_flops_for
 from training.model import Transformer, flops_per_token
 from training.parallel import DistEnv, build_sharded_model, set_cpu_threads
+from training.phases import CHECKPOINT_LOADED, FIRST_STEP, emit_phase
 
 EXIT_PREEMPTED = 143  # 128 + SIGTERM: "stopped on request after a final checkpoint"
 
@@ -222,6 +223,8 @@ class Trainer:
         try:
             with self.hooks.section("checkpoint_load"):
                 checkpoints.load_latest(self)
+            mode = c.resilience.restart
+            emit_phase(self.events, phase=CHECKPOINT_LOADED, attempt=self.attempt, mode=mode)
             start_step = self.step
             if self.env.rank == 0:
                 logger = StepLogger(
@@ -243,6 +246,8 @@ class Trainer:
                 )
                 self.step = next_step
                 elapsed = time.perf_counter() - started
+                if self.step == start_step + 1:
+                    emit_phase(self.events, phase=FIRST_STEP, attempt=self.attempt, mode=mode)
                 if logger is not None:
                     logger.log(
                         step=self.step,
