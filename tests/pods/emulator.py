@@ -288,21 +288,31 @@ def run_job(
     running = {}
     for index in range(spec["completions"]):
         c.add_pod_slot(job=job["metadata"]["name"], index=index)
-    for index in range(spec["completions"]):
+
+    def start(index: int, attempt: int) -> None:
         running[index] = c.start_pod(
             job=job,
             config_map=config_map,
             index=index,
             job_uid=job_uid,
             env_overrides=env_overrides,
-            attempt=0,
+            attempt=attempt,
         )
         if on_start:
-            on_start(index, 0, running[index])
+            on_start(index, attempt, running[index])
+
+    def fail(reason: str) -> JobResult:
+        for other in running.values():  # the controller deletes the Job's other pods
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(other.process.pid, 9)
+        return JobResult(status="Failed", reason=reason, exit_codes=codes)
+
+    for index in range(spec["completions"]):
+        start(index, 0)
     deadline = time.monotonic() + timeout_s
     while running:
         if time.monotonic() > deadline:
-            return JobResult(status="Failed", reason="emulator timeout", exit_codes=codes)
+            return fail("emulator timeout")
         for index, pod in list(running.items()):
             code = pod.process.poll()
             if code is None:
@@ -312,28 +322,10 @@ def run_job(
             if code == 0:
                 continue
             if code in fail_codes:
-                for other in running.values():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(other.process.pid, 9)
-                return JobResult(
-                    status="Failed", reason=f"PodFailurePolicy: exit {code}", exit_codes=codes
-                )
+                return fail(f"PodFailurePolicy: exit {code}")
             failures += 1
             if failures > spec["backoffLimit"]:
-                for other in running.values():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(other.process.pid, 9)
-                return JobResult(status="Failed", reason="BackoffLimitExceeded", exit_codes=codes)
-            attempt = len(codes[index])
-            running[index] = c.start_pod(
-                job=job,
-                config_map=config_map,
-                index=index,
-                job_uid=job_uid,
-                env_overrides=env_overrides,
-                attempt=attempt,
-            )
-            if on_start:
-                on_start(index, attempt, running[index])
+                return fail("BackoffLimitExceeded")
+            start(index, len(codes[index]))
         time.sleep(0.5)
     return JobResult(status="Complete", reason="", exit_codes=codes)

@@ -1,8 +1,10 @@
 """Launch N local ranks: ``make train`` runs this.
 
-``--restart none|inprocess`` start the ranks with torchrun (static, no elastic restarts: the
-in-process layer restarts inside the processes); ``--restart injob`` starts them with NVRx's
-``ft_launcher``, which respawns failed workers within the job. ``--cold-restarts K`` relaunches
+The launcher command comes from ``training.launch.command`` (the function the EKS Job's command
+is rendered with): ``--restart none|inprocess`` start the ranks with torchrun (static, no
+elastic restarts: the in-process layer restarts inside the processes); ``--restart
+injob|nested`` start them with NVRx's ``ft_launcher``, which respawns failed workers within
+the job. ``--cold-restarts K`` relaunches
 the whole job up to K times after a failure (the baseline the benchmarks compare against).
 At the end the run's summary (restarts, lost time, ETTR) is printed and its timeline drawn.
 """
