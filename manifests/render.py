@@ -303,7 +303,7 @@ def pod_command(
     return launcher_command(
         config=config,
         trainer_args=args,
-        nnodes=size.nodes,
+        nnodes="$(NNODES)",
         nproc_per_node="$(NPROC_PER_NODE)",
         rdzv=Rendezvous(
             endpoint=f"{RDZV_STORE}.{namespace}:{RDZV_STORE_PORT}",
@@ -332,6 +332,8 @@ def _service(*, size: OverlaySize, namespace: str) -> dict:
 def _env(*, size: OverlaySize) -> list[dict]:
     values = {
         "JOB_NAME": size.job_name,
+        # The launcher's node count, equal to the Job's completions (both from sizes.py).
+        "NNODES": str(size.nodes),
         "NPROC_PER_NODE": str(size.nproc_per_node),
         "RECIPE": size.recipe,
         "DATA_DIR": DATA_DIR,

@@ -13,6 +13,8 @@ Kinds:
   hang_compute   spin in compute forever
   sigkill        SIGKILL this rank (node loss, OOM killer)
   sigterm        SIGTERM this rank (drain/eviction: final checkpoint, exit 143)
+  sigstop        SIGSTOP this rank: the process freezes, alive but silent (a wedged driver, a
+                 stuck NFS/Lustre call); only a heartbeat timeout and SIGKILL end it
   abort          abort() (SIGABRT)
   segfault       a real segmentation fault (SIGSEGV)
   oom            raise torch.OutOfMemoryError, as the CUDA allocator does
@@ -47,6 +49,7 @@ KINDS = (
     "hang_compute",
     "sigkill",
     "sigterm",
+    "sigstop",
     "abort",
     "segfault",
     "oom",
@@ -226,6 +229,9 @@ class FaultInjector:
         if kind == "sigterm":
             os.kill(os.getpid(), signal.SIGTERM)
             return  # handled by the trainer: final checkpoint, then exit 143
+        if kind == "sigstop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return  # only reached if someone sends SIGCONT
         if kind == "abort":
             os.abort()
         if kind == "segfault":

@@ -14,13 +14,17 @@ GPU, EFA. Only CPU sizes change, through values the manifests read (``NPROC_PER_
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +62,7 @@ class Pod:
     ip: str
     process: subprocess.Popen
     log: Path
+    index: int
 
     def wait(self, timeout: float) -> int:
         return self.process.wait(timeout=timeout)
@@ -164,6 +169,15 @@ class Cluster:
         self._add_netns(f"fsdp-pod{index}", ip)
         return ip
 
+    def _container_env(
+        self, *, container: dict, config_map: dict | None, downward: dict[str, str]
+    ) -> dict[str, str]:
+        """envFrom first, then env (later entries win), as the kubelet builds it."""
+        env = dict(config_map["data"]) if config_map and container.get("envFrom") else {}
+        for item in container.get("env", []):
+            env[item["name"]] = item["value"] if "value" in item else downward[item["name"]]
+        return env
+
     def start_pod(
         self,
         *,
@@ -174,36 +188,56 @@ class Cluster:
         env_overrides: dict[str, str],
         attempt: int,
     ) -> Pod:
-        """The Job's trainer container for completion index `index`, as the kubelet runs it."""
+        """The Job's pod for completion index `index`, as the kubelet runs it: each init
+        container to completion, then the trainer container."""
         name = f"{job['metadata']['name']}-{index}"
         ip = self.hosts[name]
-        (container,) = job["spec"]["template"]["spec"]["containers"]
-        env = dict(config_map["data"])
-        for item in container["env"]:
-            if "value" in item:
-                env[item["name"]] = item["value"]
-        env.update(
-            {
-                "POD_IP": ip,
-                "JOB_UID": job_uid,
-                "JOB_COMPLETION_INDEX": str(index),
-                "HOSTNAME": name,
-                **env_overrides,
-            }
-        )
-        argv = [expand(a, env) for a in (*container["command"], *container["args"])]
+        spec = job["spec"]["template"]["spec"]
+        # Set by the Job controller and the runtime in every container of the pod.
+        pod_env = {"JOB_COMPLETION_INDEX": str(index), "HOSTNAME": name}
+        downward = {"POD_IP": ip, "JOB_UID": job_uid}
         scratch = self.root / f"scratch-{index}-{attempt}"
         scratch.mkdir(parents=True, exist_ok=True)
         log = self.root / f"{name}-{attempt}.log"
-        process = self._run_in(
-            netns=f"fsdp-pod{index}",
-            hostname=name,
-            mounts={"/fsx": self.root / "fsx", "/scratch": scratch},
-            argv=argv,
-            env={**self._base_env(), **env},
-            log=log,
-        )
-        return Pod(name=name, ip=ip, process=process, log=log)
+        mounts = {"/fsx": self.root / "fsx", "/scratch": scratch}
+
+        def run(container: dict) -> subprocess.Popen:
+            env = {
+                **self._container_env(
+                    container=container, config_map=config_map, downward=downward
+                ),
+                **pod_env,
+                **env_overrides,
+            }
+            argv = [expand(a, env) for a in (*container["command"], *container.get("args", []))]
+            return self._run_in(
+                netns=f"fsdp-pod{index}",
+                hostname=name,
+                mounts=mounts,
+                argv=argv,
+                env={**self._base_env(), **env},
+                log=log,
+            )
+
+        for init in spec.get("initContainers", []):
+            code = run(init).wait(timeout=600)
+            if code != 0:
+                raise RuntimeError(f"init container {init['name']} of {name} exited {code}")
+        (container,) = spec["containers"]
+        return Pod(name=name, ip=ip, process=run(container), log=log, index=index)
+
+    def pids(self, index: int) -> list[int]:
+        """Every process in pod `index` (its network namespace)."""
+        out = subprocess.run(
+            ["ip", "netns", "pids", f"fsdp-pod{index}"], capture_output=True, text=True
+        ).stdout
+        return [int(pid) for pid in out.split()]
+
+    def kill_pod(self, index: int) -> None:
+        """The node under pod `index` dies: every process in it is SIGKILLed at once."""
+        for pid in self.pids(index):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def teardown(self) -> None:
         if self.store is not None:
@@ -249,10 +283,11 @@ def new_job_uid() -> str:
 @dataclass
 class JobResult:
     status: str
-    """"Complete" or "Failed" (the Job's final condition)."""
+    """"Complete", "Failed", or "Deleted" (every pod was sent SIGTERM: a drain or a delete)."""
     reason: str
     exit_codes: dict[int, list[int]]
-    """Completion index -> exit code of each pod it ran, in order."""
+    """Completion index -> exit code of each pod it ran, in order (a signal N reads 128 + N,
+    as the kubelet reports it)."""
 
 
 def fail_job_codes(job: dict) -> set[int]:
@@ -264,6 +299,23 @@ def fail_job_codes(job: dict) -> set[int]:
     }
 
 
+def container_exit_code(returncode: int) -> int:
+    """What the kubelet reports for a container's main process: 128 + N after signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def scaled(job: dict, *, nodes: int) -> dict:
+    """The same Job with `nodes` pods: completions, parallelism and the NNODES the launcher
+    reads (a CPU size, set where the manifest sets it)."""
+    job = copy.deepcopy(job)
+    job["spec"]["completions"] = job["spec"]["parallelism"] = nodes
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    for item in container["env"]:
+        if item["name"] == "NNODES":
+            item["value"] = str(nodes)
+    return job
+
+
 def run_job(
     c: Cluster,
     *,
@@ -272,20 +324,22 @@ def run_job(
     job_uid: str,
     env_overrides: dict[str, str],
     timeout_s: float,
-    on_start=None,
+    on_start: Callable[[int, int, Pod], None] | None = None,
+    delete: threading.Event | None = None,
 ) -> JobResult:
     """The Job controller's documented behaviour for an Indexed Job with restartPolicy Never:
     an exit code listed in a FailJob rule fails the Job at once; any other failure counts
     against backoffLimit and a replacement pod with the same index starts once the old one is
     gone (podReplacementPolicy Failed); the Job completes when every index succeeded.
-    `on_start(index, attempt, pod)` lets a test inject faults into a running pod."""
-    import time
-
+    `on_start(index, attempt, pod)` lets a test watch a pod; setting `delete` terminates every
+    pod as the kubelet does for a drain or `kubectl delete job` (SIGTERM to the container's
+    main process, SIGKILL after terminationGracePeriodSeconds) and ends the Job "Deleted"."""
     spec = job["spec"]
+    grace_s = spec["template"]["spec"]["terminationGracePeriodSeconds"]
     fail_codes = fail_job_codes(job)
     failures = 0
     codes: dict[int, list[int]] = {i: [] for i in range(spec["completions"])}
-    running = {}
+    running: dict[int, Pod] = {}
     for index in range(spec["completions"]):
         c.add_pod_slot(job=job["metadata"]["name"], index=index)
 
@@ -301,24 +355,45 @@ def run_job(
         if on_start:
             on_start(index, attempt, running[index])
 
+    def stop_all() -> None:  # the controller deletes the Job's other pods
+        for other in running.values():
+            c.kill_pod(other.index)
+            other.process.wait()
+
     def fail(reason: str) -> JobResult:
-        for other in running.values():  # the controller deletes the Job's other pods
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(other.process.pid, 9)
+        stop_all()
         return JobResult(status="Failed", reason=reason, exit_codes=codes)
+
+    def terminate() -> JobResult:
+        for pod in running.values():
+            pod.process.send_signal(signal.SIGTERM)
+        end = time.monotonic() + grace_s
+        for index, pod in running.items():
+            try:
+                code = pod.process.wait(timeout=max(end - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                c.kill_pod(index)
+                code = pod.process.wait()
+            codes[index].append(container_exit_code(code))
+        running.clear()
+        return JobResult(status="Deleted", reason="terminated", exit_codes=codes)
 
     for index in range(spec["completions"]):
         start(index, 0)
     deadline = time.monotonic() + timeout_s
     while running:
+        if delete is not None and delete.is_set():
+            return terminate()
         if time.monotonic() > deadline:
             return fail("emulator timeout")
         for index, pod in list(running.items()):
-            code = pod.process.poll()
-            if code is None:
+            returncode = pod.process.poll()
+            if returncode is None:
                 continue
+            code = container_exit_code(returncode)
             codes[index].append(code)
             del running[index]
+            c.kill_pod(index)  # the container's other processes end with its main process
             if code == 0:
                 continue
             if code in fail_codes:
@@ -327,5 +402,5 @@ def run_job(
             if failures > spec["backoffLimit"]:
                 return fail("BackoffLimitExceeded")
             start(index, len(codes[index]))
-        time.sleep(0.5)
+        time.sleep(0.2)
     return JobResult(status="Complete", reason="", exit_codes=codes)

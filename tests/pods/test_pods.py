@@ -1,20 +1,35 @@
 """The EKS Job's exact trainer command, run in emulated pods (see tests/pods/emulator.py).
 
-Run: sudo .venv/bin/pytest tests/pods   (root: network and mount namespaces; CI is root)
-Emulated because they cannot exist here: the API server and Job controller (emulator.run_job
-follows their documented behaviour), the GPU and EFA (CPU sizes through the values the
-manifests read).
+Run: sudo .venv/bin/pytest tests/pods -s   (root: network and mount namespaces; CI is root;
+about 8 minutes on 2 cores; `-s` prints each fault's measured recovery time)
+
+Emulated, because they cannot exist here: the API server and Job controller (emulator.run_job
+follows their documented behaviour), the GPU and EFA. Only CPU sizes change, through values the
+manifests read: NPROC_PER_NODE, RECIPE and NNODES from the environment, a tiny model, a short
+run and short timeouts as trainer overrides in the args.
+
+Every run trains the same 12 steps of the same model at world size 2 (one pod of 2 ranks, or two
+pods of 1), so every final state, faults or not, must equal the fault-free 2-pod reference
+bit for bit: model and optimizer, `torch.equal` per tensor.
 """
 
 from __future__ import annotations
 
+import json
+import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 import emulator
 import pytest
+import torch
+from support import TINY_MODEL, flatten
 
-from manifests import render
+from manifests import render, sizes
 from training import exits
 
 reason = emulator.can_run()
@@ -24,17 +39,26 @@ pytestmark = [
     pytest.mark.timeout(600),
 ]
 
-CPU = {"RECIPE": "debug_cpu", "NPROC_PER_NODE": "2"}
+STEPS = 12
+TWO_NODES = "2node"
 FAST = [
-    "--resilience.heartbeat_timeout_s=20",
+    *TINY_MODEL,
+    f"--train.steps={STEPS}",
+    "--train.log_every=1",
+    "--checkpoint.interval=4",
+    "--resilience.heartbeat_timeout_s=8",
     "--resilience.initial_heartbeat_timeout_s=120",
-    "--resilience.step_section_timeout_s=30",
-    "--resilience.checkpoint_section_timeout_s=120",
+    "--resilience.step_section_timeout_s=8",
+    "--resilience.checkpoint_section_timeout_s=60",
+    "--resilience.soft_timeout_s=6",
+    "--resilience.hard_timeout_s=20",
     "--resilience.join_timeout_s=120",
-    "--resilience.stop_timeout_s=10",
-    "--parallel.pg_timeout_s=60",
-    "--checkpoint.interval=10",
+    "--resilience.stop_timeout_s=3",
+    "--resilience.max_restarts=4",
+    "--parallel.pg_timeout_s=30",
 ]
+ONE_POD = {"RECIPE": "debug_cpu", "NPROC_PER_NODE": "2", "NNODES": "1"}
+TWO_PODS = {"RECIPE": "debug_cpu", "NPROC_PER_NODE": "1"}
 
 
 def _objects(overlay: str, *, restart: str, train_args: list[str]):
@@ -46,79 +70,231 @@ def _objects(overlay: str, *, restart: str, train_args: list[str]):
     return shared, job, config_map
 
 
-def _prepare_data(root) -> None:
-    """What the Job's init container leaves on FSx (a small corpus, same command)."""
+def _prepare_data(root: Path) -> None:
+    """A small corpus where an earlier Job's init container left it; the init container's own
+    script then runs in every pod and finds it (`data ready`)."""
     out = root / "fsx" / "data" / "stdlib"
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "training",
-            "prepare",
-            "--stdlib",
-            "--max-mb",
-            "1",
-            "--out",
-            str(out),
-        ],
+        [sys.executable, "-m", "training", "prepare", "--stdlib", "--max-mb", "1", "--out", out],
         check=True,
         capture_output=True,
         timeout=120,
     )
 
 
-def _final_state(root, job_name: str) -> dict:
-    import json
+def _final_state(root: Path, job: dict) -> dict:
+    """The newest committed checkpoint on the emulated FSx, as one flat dict."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    commit = sorted((root / "fsx" / "checkpoints" / job_name).glob("step_*/commit.json"))
-    return json.loads(commit[-1].read_text()) if commit else {}
-
-
-@pytest.fixture
-def pods(tmp_path):
-    with emulator.cluster(tmp_path) as c:
-        _prepare_data(tmp_path)
-        yield c
+    name = job["metadata"]["name"]
+    committed = sorted((root / "fsx" / "checkpoints" / name).glob("step_*/commit.json"))
+    assert committed, f"no committed checkpoint for {name}"
+    out = root / f"{name}-final.pt"
+    dcp_to_torch_save(committed[-1].parent, out)
+    return flatten(torch.load(out, weights_only=False))
 
 
-def _run(pods, overlay, restart, train_args, *, on_start=None, timeout_s=400):
-    shared, job, config_map = _objects(overlay, restart=restart, train_args=train_args)
-    pods.start_store(shared=shared)
-    return emulator.run_job(
-        pods,
-        job=job,
-        config_map=config_map,
-        job_uid=emulator.new_job_uid(),
-        env_overrides=CPU,
-        timeout_s=timeout_s,
-        on_start=on_start,
-    ), job
+def _assert_identical(state: dict, reference: dict) -> None:
+    assert state.keys() == reference.keys()
+    tensors = [k for k, v in reference.items() if isinstance(v, torch.Tensor)]
+    assert any(".optim." in k for k in tensors), "optimizer state must be part of the check"
+    different = [k for k in tensors if not torch.equal(state[k], reference[k])]
+    assert different == [], f"{len(different)} tensors differ, e.g. {different[:3]}"
+    assert state["trainer.step"] == reference["trainer.step"] == STEPS
 
 
-def _logs(pods) -> str:
-    return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(pods.root.glob("*.log")))
+def _run_dir(root: Path, job: dict) -> Path:
+    return root / "fsx" / "runs" / job["metadata"]["name"]
 
 
-@pytest.mark.parametrize("restart", ["injob"])
-def test_smoke_overlay_trains_to_the_end_in_one_pod(pods, restart):
-    result, job = _run(pods, "smoke", restart, ["--train.steps=20", *FAST])
-    assert result.status == "Complete", _logs(pods)
+def _metrics(root: Path, job: dict) -> list[dict]:
+    path = _run_dir(root, job) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _events(root: Path, job: dict) -> list[dict]:
+    path = _run_dir(root, job) / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _logs(root: Path) -> str:
+    logs = sorted(root.glob("*.log"))
+    return "\n".join(f"--- {p.name}\n" + p.read_text(errors="replace")[-4000:] for p in logs)
+
+
+def _run(
+    root: Path,
+    overlay: str,
+    *,
+    restart: str,
+    env: dict[str, str],
+    nodes: int | None = None,
+    extra: tuple[str, ...] = (),
+    when_step: tuple[int, Callable[[emulator.Cluster], None]] | None = None,
+    delete: threading.Event | None = None,
+    timeout_s: float = 300,
+):
+    """One emulated Job on a fresh cluster under `root`; `when_step=(k, act)` calls act(cluster)
+    once rank 0 has logged step k."""
+    with emulator.cluster(root) as pods:
+        if not (root / "fsx" / "data" / "stdlib" / "meta.json").exists():
+            _prepare_data(root)
+        shared, job, config_map = _objects(overlay, restart=restart, train_args=[*FAST, *extra])
+        if nodes is not None:
+            job = emulator.scaled(job, nodes=nodes)
+        pods.start_store(shared=shared)
+        watcher = None
+        if when_step is not None:
+            step, act = when_step
+
+            def watch() -> None:
+                deadline = time.monotonic() + timeout_s
+                while time.monotonic() < deadline:
+                    if any(m["step"] >= step for m in _metrics(root, job)):
+                        act(pods)
+                        return
+                    time.sleep(0.05)
+
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
+        result = emulator.run_job(
+            pods,
+            job=job,
+            config_map=config_map,
+            job_uid=emulator.new_job_uid(),
+            env_overrides=env,
+            timeout_s=timeout_s,
+            delete=delete,
+        )
+        if watcher is not None:
+            watcher.join(timeout=5)
+    return result, job
+
+
+def _recovery_s(root: Path, job: dict, *, fault_time: float) -> float:
+    """From the fault to the start of the first step trained after it."""
+    after = [m for m in _metrics(root, job) if m["time"] - m["step_time_s"] > fault_time]
+    assert after, "no step after the fault"
+    first = min(after, key=lambda m: m["time"])
+    return first["time"] - first["step_time_s"] - fault_time
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The fault-free run: the 2-node overlay's Job on two emulated pods."""
+    root = tmp_path_factory.mktemp("reference")
+    result, job = _run(root, TWO_NODES, restart="injob", env=TWO_PODS)
+    assert result.status == "Complete", _logs(root)
+    assert result.exit_codes == {0: [0], 1: [0]}
+    return _final_state(root, job)
+
+
+@pytest.mark.parametrize("restart", sizes.RESTART_MODES)
+@pytest.mark.parametrize("overlay", list(sizes.SIZES))
+def test_every_overlay_trains_in_every_mode_on_one_pod(
+    tmp_path: Path, reference: dict, overlay: str, restart: str
+) -> None:
+    result, job = _run(tmp_path, overlay, restart=restart, env=ONE_POD, nodes=1)
+    assert result.status == "Complete", _logs(tmp_path)
     assert result.exit_codes == {0: [0]}
-    events = (pods.root / "fsx" / "runs" / job["metadata"]["name"] / "events.jsonl").read_text()
-    assert '"completed"' in events
+    assert any(e["kind"] == "run_end" for e in _events(tmp_path, job))
+    _assert_identical(_final_state(tmp_path, job), reference)
 
 
-def test_a_bad_trainer_flag_fails_the_job_at_once(pods):
-    shared, job, config_map = _objects("smoke", restart="injob", train_args=["--train.steps=5"])
-    job["spec"]["template"]["spec"]["containers"][0]["args"].append("--train.stepz=5")
-    pods.start_store(shared=shared)
-    result = emulator.run_job(
-        pods,
-        job=job,
-        config_map=config_map,
-        job_uid=emulator.new_job_uid(),
-        env_overrides=CPU,
-        timeout_s=120,
+def _kill_pod(index: int, record: dict) -> Callable[[emulator.Cluster], None]:
+    def act(pods: emulator.Cluster) -> None:
+        record["time"] = time.time()
+        pods.kill_pod(index)
+
+    return act
+
+
+# name: (trainer faults, or a pod to kill at step 6). NPROC_PER_NODE=1: rank i is pod i.
+TWO_POD_FAULTS = {
+    "sigkill-rank": ("sigkill@1:6", None),
+    "sigstop-rank": ("sigstop@1:6", None),
+    "kill-pod-1": ("", 1),
+    "kill-pod-0": ("", 0),
+}
+
+
+@pytest.mark.parametrize("name", list(TWO_POD_FAULTS))
+def test_two_pods_survive_the_loss_of_any_rank_or_pod(
+    tmp_path: Path, reference: dict, name: str
+) -> None:
+    faults, pod = TWO_POD_FAULTS[name]
+    record: dict = {}
+    result, job = _run(
+        tmp_path,
+        TWO_NODES,
+        restart="injob",
+        env=TWO_PODS,
+        extra=(f"--faults={faults}",) if faults else (),
+        when_step=(6, _kill_pod(pod, record)) if pod is not None else None,
     )
+    assert result.status == "Complete", f"{result}\n{_logs(tmp_path)}"
+    if pod is not None:
+        # The killed pod was replaced (exit 137, then a pod that completed); the other pod's
+        # launcher restarted its workers and stayed.
+        assert result.exit_codes[pod] == [137, 0], result.exit_codes
+        assert result.exit_codes[1 - pod] == [0], result.exit_codes
+        fault_time = record["time"]
+    else:
+        assert result.exit_codes == {0: [0], 1: [0]}, result.exit_codes
+        (fired,) = [e for e in _events(tmp_path, job) if e["kind"] == "fault"]
+        fault_time = fired["time"]
+    _assert_identical(_final_state(tmp_path, job), reference)
+    steps = {m["step"] for m in _metrics(tmp_path, job)}
+    assert steps == set(range(1, STEPS + 1))
+    print(f"\n[pod recovery] {name}: {_recovery_s(tmp_path, job, fault_time=fault_time):.1f} s")
+
+
+def test_sigterm_to_every_pod_drains_then_a_resubmission_resumes(
+    tmp_path: Path, reference: dict
+) -> None:
+    """A drain (or `kubectl delete job`): every pod gets SIGTERM, takes the final checkpoint and
+    exits 143; a new Job of the same overlay (a fresh uid: a fresh rendezvous) resumes from it."""
+    delete = threading.Event()
+    result, job = _run(
+        tmp_path, TWO_NODES, restart="injob", env=TWO_PODS, when_step=(6, lambda _: delete.set())
+    )
+    assert result.status == "Deleted"
+    assert result.exit_codes == {0: [exits.PREEMPTED], 1: [exits.PREEMPTED]}, _logs(tmp_path)
+    preempted = [e for e in _events(tmp_path, job) if e.get("status") == "preempted"]
+    assert {e["step"] for e in preempted} == {preempted[0]["step"]}
+    drained_at = preempted[0]["step"]
+    assert drained_at < STEPS
+    commits = sorted((tmp_path / "fsx" / "checkpoints" / job["metadata"]["name"]).glob("step_*"))
+    assert commits[-1].name == f"step_{drained_at:08d}"
+
+    result, job = _run(tmp_path, TWO_NODES, restart="injob", env=TWO_PODS)
+    assert result.status == "Complete", _logs(tmp_path)
+    loads = [e for e in _events(tmp_path, job) if e["kind"] == "checkpoint_load"]
+    assert loads and loads[-1]["step"] == drained_at
+    _assert_identical(_final_state(tmp_path, job), reference)
+
+
+def test_a_bad_trainer_flag_fails_the_job_at_once(tmp_path: Path) -> None:
+    with emulator.cluster(tmp_path) as pods:
+        _prepare_data(tmp_path)
+        shared, job, config_map = _objects("smoke", restart="injob", train_args=FAST)
+        job["spec"]["template"]["spec"]["containers"][0]["args"].append("--train.stepz=5")
+        pods.start_store(shared=shared)
+        result = emulator.run_job(
+            pods,
+            job=job,
+            config_map=config_map,
+            job_uid=emulator.new_job_uid(),
+            env_overrides=ONE_POD,
+            timeout_s=120,
+        )
     assert result.status == "Failed" and result.reason == f"PodFailurePolicy: exit {exits.USAGE}"
     assert result.exit_codes == {0: [exits.USAGE]}
+
+
+def test_the_kubelet_reports_a_signal_as_128_plus_its_number() -> None:
+    assert emulator.container_exit_code(-signal.SIGKILL) == 137
+    assert emulator.container_exit_code(-signal.SIGTERM) == exits.PREEMPTED
+    assert emulator.container_exit_code(3) == 3

@@ -48,7 +48,7 @@ def _seconds(value: float) -> str:
 
 
 def launcher_flags(
-    *, config: JobConfig, nnodes: int, nproc_per_node: int, rdzv: Rendezvous
+    *, config: JobConfig, nnodes: int | str, nproc_per_node: int | str, rdzv: Rendezvous
 ) -> list[str]:
     """The launcher's own flags (everything between its name and ``-m training``)."""
     r = config.resilience
@@ -88,8 +88,8 @@ def launcher_command(
     *,
     config: JobConfig,
     trainer_args: Sequence[str],
-    nnodes: int,
-    nproc_per_node: int,
+    nnodes: int | str,
+    nproc_per_node: int | str,
     rdzv: Rendezvous,
     launcher_path: str = "",
 ) -> list[str]:
