@@ -23,7 +23,7 @@ ARGS    ?=
 OVERLAY ?= smoke
 DATA    := data/stdlib
 
-.PHONY: help setup train test test-fast lint format clean synth diff deploy destroy bench report planner data eks-status eks-logs eks-stop
+.PHONY: help setup train test test-fast lint format clean synth diff deploy destroy bench report planner data eks-status eks-logs eks-stop eks-preflight
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -61,6 +61,9 @@ else
 	$(PY) -m training.launch.local --nproc $(NPROC) --recipe $(RECIPE) --run-dir runs/$(RUN) \
 	  --restart $(RESTART) $(if $(FAULTS),--faults '$(FAULTS)') $(if $(STEPS),--train.steps=$(STEPS)) $(ARGS)
 endif
+
+eks-preflight: $(VENV)/.stamp ## All-reduce check across the overlay's GPU nodes (EFA); names a slow node
+	$(PY) -m manifests.preflight --overlay $(OVERLAY) $(ARGS)
 
 eks-status: $(VENV)/.stamp ## Show the EKS training job's pods, restarts and completion
 	$(PY) -m training.launch.eks status --overlay $(OVERLAY)
