@@ -78,7 +78,7 @@ report: $(VENV)/.stamp ## Redraw a run's timeline and summary: make report RUN=l
 	$(PY) -m training.report runs/$(RUN)
 
 planner: $(VENV)/.stamp ## Goodput planner for cluster scale (writes docs/planner.png)
-	$(PY) -m training.planner $(ARGS)
+	$(PY) -m planner $(ARGS)
 
 bench: $(VENV)/.stamp data ## Run every benchmark side by side and print the tables
 	$(PY) -m bench.run_all $(ARGS)

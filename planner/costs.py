@@ -1,0 +1,371 @@
+"""The cost model: what a checkpoint and each kind of recovery cost at N GPUs.
+
+Every default is a :class:`Param` naming its source (``planner.sources``); ``estimate=True``
+marks a number no publication gave us. ``--set NAME=VALUE`` overrides any of them. Terms that
+grow with the job are computed from these parameters by the functions below:
+
+- detection: a timeout (hangs, lost nodes) or an exit/exception seen at once;
+- in-process restart overhead (NVRx's table), its TCPStore barrier (linear in ranks);
+- rendezvous / TCPStore start-up of new processes (linear in ranks, 100 s at 98,304);
+- NCCL communicator initialisation (linear in ranks from 265 s at 96k: the paper says it grows
+  super-linearly, so below 96k linear scaling over-estimates it, which we prefer to hiding it);
+- checkpoint load = checkpoint bytes / FSx throughput;
+- checkpoint stall = device-to-host copy of each GPU's shard + a fixed save overhead; the FSx
+  write of the whole checkpoint must fit in the interval (see planner.plan);
+- pod replacement (whole-job restart: every pod; scheduling rate-limited) and node replacement
+  (EKS auto-repair wait + new instance + image pull), or a hot spare (a waiting node, image
+  already pulled).
+
+Recovery paths per mode (``recovery``):
+
+- ``none`` (no resilience): every failure restarts the whole job: pods torn down and recreated.
+- ``injob`` (ft_launcher): new worker processes in the same pods; a lost node first needs a
+  replacement node (or spare) and its pod.
+- ``inprocess`` (NVRx Wrapper): restart inside the live processes; a lost node cannot be
+  recovered in place (the trainer will not shrink the world), so it falls back to ``none``.
+- ``nested`` (in-process inside in-job): in-place faults take the in-process path, a lost node
+  the in-job path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from planner.failures import Outcome
+
+MODES: tuple[str, ...] = ("none", "injob", "inprocess", "nested")
+MODE_LABELS: dict[str, str] = {
+    "none": "no resilience (whole-job restart)",
+    "injob": "in-job (ft_launcher)",
+    "inprocess": "in-process (NVRx Wrapper)",
+    "nested": "nested (in-process in in-job)",
+}
+GB = 1e9
+
+
+@dataclass(frozen=True, kw_only=True)
+class Param:
+    """One default of the cost model."""
+
+    value: float
+    """The default value (unit in ``unit``)."""
+    unit: str
+    """s, GB/s, pods/s or ranks."""
+    source: str
+    """Key into planner.sources.SOURCES."""
+    estimate: bool = False
+    """True when no published number backs the value."""
+    help: str = ""
+    """What the parameter is."""
+
+
+DEFAULTS: dict[str, Param] = {
+    # --- detection ---------------------------------------------------------------------------
+    "detect_exception_inprocess_s": Param(
+        value=2.0,
+        unit="s",
+        source="nvrx-wrapper",
+        help="in-process: a rank raises; last_call_wait + monitor_process_interval",
+    ),
+    "detect_hang_inprocess_s": Param(
+        value=21.0,
+        unit="s",
+        source="project",
+        help="in-process: a hang; soft_timeout (20 s here) + monitor_process_interval (NVRx)",
+    ),
+    "detect_lost_rank_inprocess_s": Param(
+        value=30.0,
+        unit="s",
+        source="nvrx-wrapper",
+        help="in-process: a rank (node) vanished; the Wrapper's heartbeat_timeout",
+    ),
+    "detect_exit_injob_s": Param(
+        value=1.0,
+        unit="s",
+        source="estimate",
+        estimate=True,
+        help="in-job: a worker exits; ft_launcher notices on its next monitor pass",
+    ),
+    "detect_hang_injob_s": Param(
+        value=30.0,
+        unit="s",
+        source="project",
+        help="in-job: a hang or lost node; rank heartbeat timeout",
+    ),
+    "detect_exit_none_s": Param(
+        value=10.0,
+        unit="s",
+        source="estimate",
+        estimate=True,
+        help="no resilience: a rank exits; pod fails and the Job is torn down",
+    ),
+    "detect_hang_none_s": Param(
+        value=600.0,
+        unit="s",
+        source="project",
+        help="no resilience: a hang or lost node; the process-group (NCCL) timeout",
+    ),
+    # --- restart work ------------------------------------------------------------------------
+    "inprocess_abort_s": Param(
+        value=1.0,
+        unit="s",
+        source="nvrx-latency",
+        help="in-process: destroy_process_group 0.5 s + rank_assignment 0.5 s (+ 1 step, added)",
+    ),
+    "inprocess_barrier_s_at_16k": Param(
+        value=0.5,
+        unit="s",
+        source="nvrx-latency",
+        help="in-process: TCPStore barrier at 16,384 ranks (scaled linearly with ranks)",
+    ),
+    "worker_stop_s": Param(
+        value=5.0,
+        unit="s",
+        source="estimate",
+        estimate=True,
+        help="in-job: stopping the surviving workers (bounded by stop_timeout_s = 10 s here)",
+    ),
+    "worker_start_s": Param(
+        value=30.0,
+        unit="s",
+        source="estimate",
+        estimate=True,
+        help="new worker processes: Python + torch import, CUDA context, checkpoint worker",
+    ),
+    "rendezvous_s_at_98k": Param(
+        value=100.0,
+        unit="s",
+        source="tcpstore",
+        help="TCPStore start-up for new processes at 98,304 ranks (scaled linearly)",
+    ),
+    "nccl_init_s_at_96k": Param(
+        value=265.0,
+        unit="s",
+        source="ncclx",
+        help="NCCL communicator initialisation at 98,304 ranks (scaled linearly)",
+    ),
+    "pod_teardown_s": Param(
+        value=30.0,
+        unit="s",
+        source="k8s-grace",
+        help="whole-job restart: old pods terminate (grace period)",
+    ),
+    "pod_start_s": Param(
+        value=5.0,
+        unit="s",
+        source="k8s-slo",
+        help="a pod's start-up with its image already on the node",
+    ),
+    "pod_schedule_rate": Param(
+        value=100.0,
+        unit="pods/s",
+        source="estimate",
+        estimate=True,
+        help="whole-job restart: pods the Job controller + scheduler create per second",
+    ),
+    "node_repair_wait_s": Param(
+        value=600.0,
+        unit="s",
+        source="eks-repair",
+        help="EKS node auto-repair waits this long before replacing a GPU node",
+    ),
+    "node_boot_s": Param(
+        value=300.0,
+        unit="s",
+        source="estimate",
+        estimate=True,
+        help="terminate the bad instance, launch a p5, boot, join the cluster",
+    ),
+    "image_pull_s": Param(
+        value=300.0,
+        unit="s",
+        source="soci",
+        help="pull the training image on a new node (15-20 GB: 4-6 min)",
+    ),
+    # --- checkpoint --------------------------------------------------------------------------
+    "d2h_gbps": Param(
+        value=32.0,
+        unit="GB/s",
+        source="pcie",
+        estimate=True,
+        help="device-to-pinned-host copy per GPU (half of PCIe 5.0 x16 nominal: an estimate)",
+    ),
+    "save_fixed_s": Param(
+        value=0.5,
+        unit="s",
+        source="estimate",
+        estimate=True,
+        help="per-save blocking work besides the copy (planning, commit barrier)",
+    ),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostModel:
+    """The parameters in force: defaults, measured-cpu values or overrides, with sources."""
+
+    name: str
+    """``cluster`` (the default) or ``measured-cpu``."""
+    params: Mapping[str, float]
+    """Parameter name -> value."""
+    sources: Mapping[str, str]
+    """Parameter name -> source key (``override`` for --set)."""
+    measured: Mapping[str, float] = field(default_factory=dict)
+    """measured-cpu only: stall and per-mode restart seconds from bench/results."""
+
+
+def cluster_model(*, overrides: Mapping[str, float] | None = None) -> CostModel:
+    """The default cluster-scale model, with ``overrides`` (validated names) applied."""
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown cost parameter(s) {', '.join(unknown)}: see --list-costs")
+    params = {k: overrides.get(k, p.value) for k, p in DEFAULTS.items()}
+    sources = {k: "override" if k in overrides else p.source for k, p in DEFAULTS.items()}
+    return CostModel(name="cluster", params=params, sources=sources)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """The job being planned."""
+
+    gpus: int
+    """GPUs (ranks) in the job."""
+    gpus_per_node: int
+    """GPUs per node (8 on p5.48xlarge)."""
+    ckpt_bytes: float
+    """Bytes of one full checkpoint, all shards."""
+    step_time_s: float
+    """Seconds per optimizer step."""
+    fsx_bytes_per_s: float
+    """Aggregate FSx throughput the checkpoint is read and written at."""
+
+    @property
+    def nodes(self) -> int:
+        """Nodes (pods) in the job; a partial node counts as one."""
+        return -(-self.gpus // self.gpus_per_node)
+
+
+@dataclass(frozen=True)
+class Term:
+    """One cost term evaluated for a job."""
+
+    name: str
+    seconds: float
+    source: str
+    """Source key, or ``override``."""
+
+
+def _p(model: CostModel, name: str) -> Term:
+    return Term(name, model.params[name], model.sources[name])
+
+
+def terms(*, model: CostModel, job: Job) -> dict[str, Term]:
+    """Every term in seconds at this job's size (scaled terms carry their parameter's source)."""
+    p = model.params
+    s = model.sources
+    out = {
+        name: _p(model, name)
+        for name in DEFAULTS
+        if name.endswith("_s") and not name.endswith(("_at_16k", "_at_98k", "_at_96k"))
+    }
+    out["inprocess_abort_s"] = Term(
+        "inprocess_abort_s", p["inprocess_abort_s"] + job.step_time_s, s["inprocess_abort_s"]
+    )
+    out["inprocess_barrier_s"] = Term(
+        "inprocess_barrier_s",
+        p["inprocess_barrier_s_at_16k"] * job.gpus / 16_384,
+        s["inprocess_barrier_s_at_16k"],
+    )
+    out["rendezvous_s"] = Term(
+        "rendezvous_s", p["rendezvous_s_at_98k"] * job.gpus / 98_304, s["rendezvous_s_at_98k"]
+    )
+    out["nccl_init_s"] = Term(
+        "nccl_init_s", p["nccl_init_s_at_96k"] * job.gpus / 98_304, s["nccl_init_s_at_96k"]
+    )
+    out["ckpt_load_s"] = Term("ckpt_load_s", job.ckpt_bytes / job.fsx_bytes_per_s, "fsx")
+    out["ckpt_write_s"] = Term("ckpt_write_s", job.ckpt_bytes / job.fsx_bytes_per_s, "fsx")
+    out["pod_replace_all_s"] = Term(
+        "pod_replace_all_s",
+        p["pod_start_s"] + job.nodes / p["pod_schedule_rate"],
+        s["pod_schedule_rate"],
+    )
+    out["node_replace_s"] = Term(
+        "node_replace_s",
+        p["node_repair_wait_s"] + p["node_boot_s"] + p["image_pull_s"] + p["pod_start_s"],
+        s["node_repair_wait_s"],
+    )
+    out["spare_swap_s"] = Term("spare_swap_s", p["pod_start_s"], s["pod_start_s"])
+    out["ckpt_stall_s"] = Term(
+        "ckpt_stall_s",
+        p["save_fixed_s"] + job.ckpt_bytes / job.gpus / (p["d2h_gbps"] * GB),
+        s["d2h_gbps"],
+    )
+    return out
+
+
+def checkpoint_stall_s(*, model: CostModel, job: Job) -> float:
+    """Seconds training blocks per checkpoint (delta)."""
+    if model.name == "measured-cpu":
+        return model.measured["ckpt_stall_s"]
+    return terms(model=model, job=job)["ckpt_stall_s"].seconds
+
+
+def _detection(t: dict[str, Term], *, mode: str, outcome: Outcome) -> Term:
+    hang = outcome.needs_node or outcome.hangs
+    if mode == "none":
+        return t["detect_hang_none_s" if hang else "detect_exit_none_s"]
+    if mode == "injob":
+        return t["detect_hang_injob_s" if hang else "detect_exit_injob_s"]
+    if outcome.needs_node:
+        return t["detect_lost_rank_inprocess_s"]
+    return t["detect_hang_inprocess_s" if outcome.hangs else "detect_exception_inprocess_s"]
+
+
+def _node(t: dict[str, Term], outcome: Outcome) -> Term:
+    return t["spare_swap_s"] if outcome.spare else t["node_replace_s"]
+
+
+def recovery(*, model: CostModel, job: Job, mode: str, outcome: Outcome) -> list[Term]:
+    """The terms one failure of this outcome costs in this mode, in order; their sum is R."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}: use one of {', '.join(MODES)}")
+    if model.name == "measured-cpu":
+        return [Term("measured restart", _measured_restart(model, mode, outcome), "bench")]
+    t = terms(model=model, job=job)
+    detect = _detection(t, mode=mode, outcome=outcome)
+    tail = [t["rendezvous_s"], t["nccl_init_s"], t["ckpt_load_s"]]
+    if mode == "none" or (mode == "inprocess" and outcome.needs_node):
+        pods = t["pod_replace_all_s"]
+        if outcome.needs_node and not outcome.spare:
+            # The new node and the recreated pods come up in parallel; the slower one counts.
+            pods = max(pods, t["node_replace_s"], key=lambda x: x.seconds)
+        return [detect, t["pod_teardown_s"], pods, t["worker_start_s"], *tail]
+    if mode == "injob" or (mode == "nested" and outcome.needs_node):
+        node = [_node(t, outcome)] if outcome.needs_node else []
+        return [detect, t["worker_stop_s"], *node, t["worker_start_s"], *tail]
+    # inprocess / nested, fault recoverable in place: no new processes, no new store clients.
+    return [
+        detect,
+        t["inprocess_abort_s"],
+        t["inprocess_barrier_s"],
+        t["nccl_init_s"],
+        t["ckpt_load_s"],
+    ]
+
+
+def recovery_s(*, model: CostModel, job: Job, mode: str, outcome: Outcome) -> float:
+    """R: seconds from the failure to training again, for one outcome in one mode."""
+    return sum(term.seconds for term in recovery(model=model, job=job, mode=mode, outcome=outcome))
+
+
+def _measured_restart(model: CostModel, mode: str, outcome: Outcome) -> float:
+    m = model.measured
+    if mode == "none":
+        return m["cold_s"]
+    if mode == "injob":
+        return m["injob_s"]
+    if mode == "inprocess":
+        return m["cold_s"] if outcome.needs_node else m["inprocess_s"]
+    return m["injob_s"] if outcome.needs_node else m["inprocess_s"]

@@ -1,0 +1,170 @@
+"""Plain-text tables of a plan: inputs, cost terms with sources, recoveries, ETTR, FSx."""
+
+from __future__ import annotations
+
+from planner import costs
+from planner.costs import DEFAULTS, MODE_LABELS, MODES
+from planner.failures import RATE_SOURCES
+from planner.plan import Inputs, SizePlan
+from planner.sources import SOURCES
+
+# The terms table, in the order a recovery meets them: (label, term name).
+TERM_ROWS: tuple[tuple[str, str], ...] = (
+    ("detect: exception, in-process", "detect_exception_inprocess_s"),
+    ("detect: hang, in-process", "detect_hang_inprocess_s"),
+    ("detect: lost node, in-process", "detect_lost_rank_inprocess_s"),
+    ("detect: exit, in-job", "detect_exit_injob_s"),
+    ("detect: hang/lost node, in-job", "detect_hang_injob_s"),
+    ("detect: exit, no resilience", "detect_exit_none_s"),
+    ("detect: hang/lost node, none", "detect_hang_none_s"),
+    ("in-process abort (+1 step)", "inprocess_abort_s"),
+    ("in-process store barrier", "inprocess_barrier_s"),
+    ("stop surviving workers", "worker_stop_s"),
+    ("start worker processes", "worker_start_s"),
+    ("rendezvous / TCPStore at N", "rendezvous_s"),
+    ("NCCL init at N ranks", "nccl_init_s"),
+    ("checkpoint load from FSx", "ckpt_load_s"),
+    ("pod teardown (whole job)", "pod_teardown_s"),
+    ("pod replacement (all pods)", "pod_replace_all_s"),
+    ("node replacement (+image)", "node_replace_s"),
+    ("hot spare takes over", "spare_swap_s"),
+    ("checkpoint stall (D2H+fixed)", "ckpt_stall_s"),
+    ("checkpoint write to FSx", "ckpt_write_s"),
+)
+
+
+def _params(n: float) -> str:
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
+        if n >= scale:
+            return f"{n / scale:.3g}{suffix}"
+    return f"{n:.3g}"
+
+
+def _term_source(model: costs.CostModel, term: str) -> str:
+    """The source key of a term, with [est] when a parameter it uses is an estimate."""
+    uses = {
+        "inprocess_barrier_s": ["inprocess_barrier_s_at_16k"],
+        "rendezvous_s": ["rendezvous_s_at_98k"],
+        "nccl_init_s": ["nccl_init_s_at_96k"],
+        "pod_replace_all_s": ["pod_start_s", "pod_schedule_rate"],
+        "node_replace_s": ["node_repair_wait_s", "node_boot_s", "image_pull_s", "pod_start_s"],
+        "spare_swap_s": ["pod_start_s"],
+        "ckpt_stall_s": ["save_fixed_s", "d2h_gbps"],
+        "ckpt_load_s": [],
+        "ckpt_write_s": [],
+    }.get(term, [term])
+    if not uses:
+        return "fsx"
+    keys: list[str] = []
+    for p in uses:
+        src = model.sources[p]
+        tag = src + ("*" if src != "override" and DEFAULTS[p].estimate else "")
+        if tag not in keys:
+            keys.append(tag)
+    return ", ".join(keys)
+
+
+def format_report(*, inputs: Inputs, plans: list[SizePlan], measured_lines: list[str]) -> str:
+    """All tables, then the sources cited."""
+    model = inputs.model
+    gb = inputs.ckpt_bytes / 1e9
+    fm = inputs.failure_model(next(iter(inputs.failure_rates.values())))
+    mix = ", ".join(
+        f"{k.name} {k.share:.1%} ({'node replaced' if k.needs_node else 'in place'}"
+        f"{', hangs' if k.hangs else ', exits'})"
+        for k in fm.kinds
+    )
+    rates = ", ".join(
+        f"{n} {r:g} [{RATE_SOURCES.get(n, 'given')}]" for n, r in inputs.failure_rates.items()
+    )
+    out = [f"Goodput planner, cost model: {model.name}"]
+    if model.name == "measured-cpu":
+        out.append(
+            "  MEASURED ON A 2-CORE CPU (gloo, tiny model, local disk) [bench]: not cluster-scale "
+            "costs; the cluster model (the default) is what to plan with."
+        )
+        out += [f"    {line}" for line in measured_lines]
+    out += [
+        f"  model {_params(inputs.params)} params x {inputs.bytes_per_param:g} B = {gb:,.0f} GB "
+        f"checkpoint [checkpoint]; step {inputs.step_time_s:g} s; {inputs.gpus_per_node} "
+        f"GPUs/node; FSx keeps {inputs.keep} + 1 checkpoints",
+        f"  failures per 1,000 node-days: {rates}",
+        f"  mix [llama3]: {mix}",
+        f"  hot spares {inputs.hot_spares}; lemon share {inputs.lemon_share:g}"
+        f"{' (excluded)' if inputs.exclude_lemons else ''}; Monte Carlo {inputs.trials} x "
+        f"{inputs.days:g}-day jobs, seed {inputs.seed}",
+    ]
+
+    sizes = [p.job.gpus for p in plans]
+    head = "".join(f"{g:>9}" for g in sizes)
+    if model.name == "cluster":
+        out += ["", "Cost terms, seconds at each GPU count (* = estimate, no published figure)"]
+        out.append(f"  {'term':<31}{head}  source")
+        for label, name in TERM_ROWS:
+            vals = "".join(f"{p.terms[name].seconds:>9.1f}" for p in plans)
+            out.append(f"  {label:<31}{vals}  {_term_source(model, name)}")
+    else:
+        out += ["", "Checkpoint stall, seconds (measured-cpu) " + f"{plans[0].stall_s:.2f}"]
+
+    first = next(iter(inputs.failure_rates))
+    out += ["", f"Recovery R per failure, seconds ({first} rate; share of failures in brackets)"]
+    for p in plans:
+        r = next(x for x in p.rates if x.rate_name == first)
+        outs = r.modes[MODES[0]].recoveries
+        cols = "  ".join(f"{rec.outcome.kind} [{rec.outcome.share:.0%}]" for rec in outs)
+        out.append(f"  {p.job.gpus:>7} GPUs  {'mode':<10} {cols}   mean")
+        for mode in MODES:
+            mr = r.modes[mode]
+            vals = "".join(
+                f"{rec.seconds:>{len(rec.outcome.kind) + 7}.0f}" for rec in mr.recoveries
+            )
+            out.append(f"  {'':>12}  {mode:<10}{vals}   {mr.mean_recovery_s:>5.0f}")
+
+    out += [
+        "",
+        "ETTR: formula | Monte Carlo mean (interval = Daly's optimum in whole steps)",
+        "  " + "; ".join(f"{m} = {MODE_LABELS[m]}" for m in MODES),
+    ]
+    mhead = "".join(f"{m:>17}" for m in MODES)
+    out.append(f"  {'GPUs':>7} {'rate':<7} {'MTBF':>7} {'stall':>6} {'interval':>9}{mhead}")
+    for p in plans:
+        for r in p.rates:
+            cells = "".join(
+                f"{r.modes[m].ettr_formula:>9.1%} |{r.modes[m].mc.mean:>6.1%}" for m in MODES
+            )
+            flag = "!" if r.fsx_limited else " "
+            out.append(
+                f"  {p.job.gpus:>7} {r.rate_name:<7} {r.mtbf_s / 60:>6.1f}m {p.stall_s:>5.2f}s "
+                f"{r.interval_s:>7.0f}s{flag}{cells}"
+            )
+    if any(r.fsx_limited for p in plans for r in p.rates):
+        out.append("  ! interval lengthened: FSx cannot write a checkpoint within Daly's interval")
+
+    out += [
+        "",
+        "FSx for Lustre PERSISTENT_2 (valid sizes: 1200, 2400, n x 2400 GiB; "
+        "125/250/500/1000 MB/s/TiB) [fsx]",
+    ]
+    out.append(
+        f"  {'GPUs':>7} {'needs GiB':>10} {'write MB/s':>11} {'capacity':>10} {'tier':>5} "
+        f"{'GB/s':>6} {'write':>7} {'load':>7}  cdk deploy context"
+    )
+    for p in plans:
+        f = p.fsx
+        need = f"{f.write_need_mbps:>11,.0f}" if f.write_need_mbps else f"{'(given)':>11}"
+        out.append(
+            f"  {p.job.gpus:>7} {f.storage_need_gib:>10,.0f} {need} {f.capacity_gib:>10,} "
+            f"{f.tier_mbps_per_tib:>5} {f.throughput_mbps / 1000:>6.1f} "
+            f"{p.terms['ckpt_write_s'].seconds:>6.0f}s {p.terms['ckpt_load_s'].seconds:>6.0f}s  "
+            f"{f.cdk_context()}"
+        )
+    if plans and plans[0].fsx.chosen_by == "sized":
+        per_tier = "; ".join(
+            f"{p.job.gpus}: " + ", ".join(f"{t}->{c:,}" for t, c in p.fsx.by_tier.items())
+            for p in plans
+        )
+        out.append(f"  capacity GiB per tier (MB/s/TiB->GiB): {per_tier}")
+
+    out += ["", "Sources ([override] = set with --set)"]
+    out += [f"  [{k}] {text}" for k, text in SOURCES.items()]
+    return "\n".join(out)

@@ -1,0 +1,138 @@
+"""Tests of planner.costs and planner.measured: each term and each recovery path by hand.
+
+Run: .venv/bin/python -m pytest tests/planner/test_costs.py -q
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner.costs import (
+    DEFAULTS,
+    MODES,
+    Job,
+    checkpoint_stall_s,
+    cluster_model,
+    recovery,
+    recovery_s,
+    terms,
+)
+from planner.failures import Outcome
+from planner.measured import measured_cpu_model
+from planner.sources import SOURCES
+
+HW = Outcome(kind="hardware", share=0.766, needs_node=True, hangs=True)
+SPARE = Outcome(kind="hardware+spare", share=0.1, needs_node=True, hangs=True, spare=True)
+SW = Outcome(kind="software", share=0.134, needs_node=False, hangs=False)
+NET = Outcome(kind="network", share=0.1, needs_node=False, hangs=True)
+
+
+def _job(gpus: int, fsx_gbps: float = 10.0) -> Job:
+    return Job(
+        gpus=gpus,
+        gpus_per_node=8,
+        ckpt_bytes=840e9,
+        step_time_s=10.0,
+        fsx_bytes_per_s=fsx_gbps * 1e9,
+    )
+
+
+def test_every_default_cites_a_known_source() -> None:
+    for name, p in DEFAULTS.items():
+        assert p.source in SOURCES, name
+        assert p.help, name
+        assert p.estimate or p.source != "estimate", name
+
+
+@pytest.mark.parametrize("gpus", [16_384, 100_000])
+def test_terms_by_hand(gpus: int) -> None:
+    t = {k: v.seconds for k, v in terms(model=cluster_model(), job=_job(gpus)).items()}
+    nodes = -(-gpus // 8)
+    assert t["rendezvous_s"] == pytest.approx(100.0 * gpus / 98_304)
+    assert t["nccl_init_s"] == pytest.approx(265.0 * gpus / 98_304)
+    assert t["inprocess_barrier_s"] == pytest.approx(0.5 * gpus / 16_384)
+    assert t["inprocess_abort_s"] == pytest.approx(0.5 + 0.5 + 10.0)  # + one 10 s step
+    assert t["ckpt_load_s"] == pytest.approx(84.0)  # 840 GB at 10 GB/s
+    assert t["ckpt_write_s"] == pytest.approx(84.0)
+    assert t["pod_replace_all_s"] == pytest.approx(5.0 + nodes / 100.0)
+    assert t["node_replace_s"] == pytest.approx(600 + 300 + 300 + 5)
+    assert t["spare_swap_s"] == pytest.approx(5.0)
+    assert t["ckpt_stall_s"] == pytest.approx(0.5 + 840e9 / gpus / 32e9)
+    assert checkpoint_stall_s(model=cluster_model(), job=_job(gpus)) == t["ckpt_stall_s"]
+
+
+def test_recovery_paths_by_hand_at_16k() -> None:
+    model, job = cluster_model(), _job(16_384)
+    rdzv, nccl, load = 100 / 6, 265 / 6, 84.0
+    node = 1205.0
+    pods = 5 + 2048 / 100
+    expected = {
+        ("none", SW): 10 + 30 + pods + 30 + rdzv + nccl + load,
+        ("none", NET): 600 + 30 + pods + 30 + rdzv + nccl + load,
+        ("none", HW): 600 + 30 + node + 30 + rdzv + nccl + load,  # new node slower than pods
+        ("none", SPARE): 600 + 30 + pods + 30 + rdzv + nccl + load,
+        ("injob", SW): 1 + 5 + 30 + rdzv + nccl + load,
+        ("injob", NET): 30 + 5 + 30 + rdzv + nccl + load,
+        ("injob", HW): 30 + 5 + node + 30 + rdzv + nccl + load,
+        ("injob", SPARE): 30 + 5 + 5 + 30 + rdzv + nccl + load,
+        ("inprocess", SW): 2 + 11 + 0.5 + nccl + load,
+        ("inprocess", NET): 21 + 11 + 0.5 + nccl + load,
+        ("inprocess", HW): 30 + 30 + node + 30 + rdzv + nccl + load,  # falls back to a job restart
+        ("nested", SW): 2 + 11 + 0.5 + nccl + load,
+        ("nested", HW): 30 + 5 + node + 30 + rdzv + nccl + load,  # the in-job path
+        ("nested", SPARE): 30 + 5 + 5 + 30 + rdzv + nccl + load,
+    }
+    for (mode, outcome), seconds in expected.items():
+        got = recovery_s(model=model, job=job, mode=mode, outcome=outcome)
+        assert got == pytest.approx(seconds), (mode, outcome.kind)
+    names = [t.name for t in recovery(model=model, job=job, mode="nested", outcome=HW)]
+    # The in-process layer notices the lost node first (its heartbeat), then in-job recovers.
+    assert names[0] == "detect_lost_rank_inprocess_s" and "node_replace_s" in names
+
+
+def test_nested_is_never_worse_than_either_layer() -> None:
+    model = cluster_model()
+    for gpus in (1024, 16_384, 100_000):
+        job = _job(gpus)
+        for o in (HW, SPARE, SW, NET):
+            r = {m: recovery_s(model=model, job=job, mode=m, outcome=o) for m in MODES}
+            assert r["nested"] <= min(r["injob"], r["inprocess"]) + 1e-9
+            assert r["nested"] <= r["none"]
+
+
+def test_overrides_and_unknown_names() -> None:
+    model = cluster_model(overrides={"image_pull_s": 30.0, "node_repair_wait_s": 60.0})
+    assert model.sources["image_pull_s"] == "override"
+    t = terms(model=model, job=_job(16_384))
+    assert t["node_replace_s"].seconds == pytest.approx(60 + 300 + 30 + 5)
+    with pytest.raises(ValueError, match="unknown cost parameter"):
+        cluster_model(overrides={"warp_drive_s": 1.0})
+    with pytest.raises(ValueError, match="unknown mode"):
+        recovery(model=cluster_model(), job=_job(8), mode="warm", outcome=SW)
+
+
+def test_measured_cpu_model_reads_bench_results(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="make bench"):
+        measured_cpu_model(bench_dir=tmp_path)
+    (tmp_path / "checkpoint.json").write_text(json.dumps({"nvrx_async_blocking_s": 0.41}))
+    (tmp_path / "restart.json").write_text(
+        json.dumps({"inprocess_p50_s": 6.9, "injob_p50_s": 16.3, "cold_p50_s": 14.1})
+    )
+    model = measured_cpu_model(bench_dir=tmp_path)
+    assert model.name == "measured-cpu"
+    job = _job(100_000)
+    assert checkpoint_stall_s(model=model, job=job) == 0.41
+    r = {
+        (m, o.kind): recovery_s(model=model, job=job, mode=m, outcome=o)
+        for m in MODES
+        for o in (HW, SW)
+    }
+    assert r[("none", "software")] == 14.1 and r[("injob", "hardware")] == 16.3
+    assert r[("inprocess", "software")] == 6.9 and r[("inprocess", "hardware")] == 14.1
+    assert r[("nested", "software")] == 6.9 and r[("nested", "hardware")] == 16.3
+    (tmp_path / "restart.json").write_text(json.dumps({"inprocess_p50_s": -1}))
+    with pytest.raises(ValueError, match="inprocess_p50_s"):
+        measured_cpu_model(bench_dir=tmp_path)
