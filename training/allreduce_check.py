@@ -188,7 +188,8 @@ def judge(
     broken = [f"{m.phase} {label(m)}: {m.error}" for m in measurements if m.error]
     failed: dict[str, list[Measurement]] = {}
     for phase in ("world", "node", "pair"):
-        group = [m for m in measurements if m.phase == phase and not m.error]
+        # One rank moves no data (busbw 0 by the formula): nothing to judge.
+        group = [m for m in measurements if m.phase == phase and not m.error and m.ranks > 1]
         if phase == "world" and group:
             largest = max(m.nbytes for m in group)
             group = [m for m in group if m.nbytes == largest]  # smaller sizes: latency-bound
@@ -424,7 +425,7 @@ def run_check(*, plan: Plan, thresholds: Thresholds | None) -> Report:
                 if rank == rs[0]:  # one report per group
                     local.append(m)
             if mine is not None:
-                dist.destroy_process_group(mine)
+                _destroy(mine)
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, local, group=control)
     phases = {"world": 0, "node": 1, "pair": 2}
@@ -436,7 +437,7 @@ def run_check(*, plan: Plan, thresholds: Thresholds | None) -> Report:
     )
     verdict = judge(measurements=measurements, names=names, thresholds=thresholds)
     if control is not dist.group.WORLD:
-        dist.destroy_process_group(control)
+        _destroy(control)
     return Report(
         backend=backend,
         world_size=world,
@@ -446,6 +447,16 @@ def run_check(*, plan: Plan, thresholds: Thresholds | None) -> Report:
         verdict=verdict,
         elapsed_s=time.monotonic() - started,
     )
+
+
+def _destroy(group: Any = None) -> None:
+    """Destroy a process group; one whose communicator was aborted may refuse: keep going."""
+    import torch.distributed as dist
+
+    try:
+        dist.destroy_process_group(group)
+    except Exception as err:  # the verdict is already known; do not lose it here
+        print(f"allreduce_check: destroying a process group: {err}", file=sys.stderr)
 
 
 def _device() -> Any:
@@ -530,7 +541,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(REPORT_PREFIX + json.dumps(report.as_dict()), flush=True)
         return report.verdict.code
     finally:
-        dist.destroy_process_group()
+        _destroy()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 from itertools import combinations
+from pathlib import Path
 
 import pytest
 from support import REPO_ROOT, subprocess_env
@@ -100,6 +101,13 @@ def test_judge_an_error_is_a_broken_group_and_a_retryable_failure() -> None:
     )
     v = ac.judge(measurements=[broken], names=("a", "b"), thresholds=ac.Thresholds())
     assert v.code == exits.FAILED and v.broken == ("pair a + b: DistBackendError: timeout",)
+
+
+def test_judge_skips_one_rank_groups() -> None:
+    # A 1-GPU world moves no data: busbw is 0 by the formula, which is no failure.
+    one = ac.Measurement(phase="world", nodes=(0,), ranks=1, nbytes=1 << 20, seconds=1e-5)
+    v = ac.judge(measurements=[one], names=("a",), thresholds=ac.Thresholds(min_busbw_gbs=100))
+    assert v.ok
 
 
 def test_nccl_floor_is_a_quarter_of_p5_line_rate() -> None:
@@ -222,3 +230,37 @@ def test_absolute_floor_fails_the_pair_of_two_nodes() -> None:
     host = socket.gethostname()
     assert report["thresholds"]["min_busbw_gbs"] == 1000
     assert report["slow_pairs"] == [[f"{host}/node0", f"{host}/node1"]]
+
+
+@pytest.mark.gpu
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_nccl_on_this_machines_gpus() -> None:
+    """NCCL, one node, every local GPU: the CUDA path (device timing, NCCL groups, the floor)."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "torchrun"),
+            "--standalone",
+            f"--nproc-per-node={gpus}",
+            "-m",
+            "training.allreduce_check",
+            "--sizes=1M,64M",
+            "--pair-bytes=64M",
+            "--timeout-s=120",
+        ],
+        cwd=REPO_ROOT,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=280,
+    )
+    report = _report(proc.stdout)
+    assert report["backend"] == "nccl" and report["world_size"] == gpus
+    assert report["thresholds"]["min_busbw_gbs"] == ac.NCCL_MIN_BUSBW_GBS
+    # The floor is p5's: a smaller machine's GPUs may fall below it, but nothing may break.
+    assert report["broken"] == [], proc.stdout[-4000:]
+    assert proc.returncode == report["exit_code"], proc.stdout[-4000:]
