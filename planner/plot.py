@@ -1,4 +1,4 @@
-"""docs/planner.png: ETTR per mode against GPUs, and what a recovery costs per mode."""
+"""docs/planner.png: ETTR per mode against GPUs, and where a recovery's time goes."""
 
 from __future__ import annotations
 
@@ -7,9 +7,24 @@ from pathlib import Path
 from planner.costs import MODE_LABELS, MODES
 from planner.plan import Inputs, SizePlan
 
+# Recovery terms grouped for the breakdown (term name prefix -> group).
+GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("detection", ("detect_",)),
+    ("node / pods", ("node_replace", "spare_swap", "pod_")),
+    ("processes + rendezvous", ("worker_", "rendezvous", "inprocess_")),
+    ("NCCL init", ("nccl_init",)),
+    ("checkpoint load", ("ckpt_load",)),
+    ("measured (CPU)", ("measured",)),
+)
+
+
+def _group(term: str) -> str:
+    return next(g for g, prefixes in GROUPS if term.startswith(prefixes))
+
 
 def plot_plan(*, inputs: Inputs, plans: list[SizePlan], out: Path) -> Path:
-    """Left: ETTR (formula lines, Monte Carlo p5-p95 bars) per mode and rate. Right: mean R."""
+    """Left: ETTR (closed form lines, Monte Carlo p5-p95 bars) per mode at the first rate, other
+    rates faint. Right: mean recovery per failure at the largest size, split by term group."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -17,42 +32,59 @@ def plot_plan(*, inputs: Inputs, plans: list[SizePlan], out: Path) -> Path:
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5.5), dpi=100)
     colors = plt.get_cmap("tab10")
-    styles = ["-", "--", ":", "-."]
     xs = [p.job.gpus for p in plans]
-    for ri, rate in enumerate(inputs.failure_rates):
+    first = next(iter(inputs.failure_rates))
+    for rate in inputs.failure_rates:
         for mi, mode in enumerate(MODES):
             rows = [next(r for r in p.rates if r.rate_name == rate).modes[mode] for p in plans]
             ys = [m.ettr_formula for m in rows]
-            label = f"{MODE_LABELS[mode]}, {rate}"
-            ax.plot(xs, ys, styles[ri % 4], color=colors(mi), lw=1.3, label=label)
+            if rate != first:
+                ax.plot(xs, ys, ":", color=colors(mi), lw=0.8, alpha=0.6)
+                continue
+            ax.plot(xs, ys, "-", color=colors(mi), lw=1.5, label=MODE_LABELS[mode])
             mc = [m.mc.mean for m in rows]
             err = [[m.mc.mean - m.mc.p5 for m in rows], [m.mc.p95 - m.mc.mean for m in rows]]
             ax.errorbar(xs, mc, yerr=err, fmt="o", ms=3, color=colors(mi), capsize=2, lw=0.7)
+    others = ", ".join(r for r in inputs.failure_rates if r != first)
     ax.set_xscale("log")
     ax.set_xlabel("GPUs")
     ax.set_ylabel("ETTR (productive / wall)")
     ax.set_title(
-        f"ETTR, {inputs.params / 1e9:.0f}B params, cost model '{inputs.model.name}'\n"
-        f"lines: closed form; markers: Monte Carlo mean, p5-p95 ({inputs.trials} x "
-        f"{inputs.days:g}-day jobs)",
+        f"ETTR, {inputs.params / 1e9:.0f}B params, cost model '{inputs.model.name}', "
+        f"hot spares {inputs.hot_spares}\n{first} rate: closed form (lines), Monte Carlo mean "
+        f"p5-p95 ({inputs.trials} x {inputs.days:g}-day jobs)"
+        + (f"; dotted: {others}" if others else ""),
         fontsize=9,
     )
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=6, loc="lower left")
+    ax.legend(fontsize=8, loc="lower left")
 
-    first = next(iter(inputs.failure_rates))
-    for mi, mode in enumerate(MODES):
-        ys = [
-            next(r for r in p.rates if r.rate_name == first).modes[mode].mean_recovery_s / 60
-            for p in plans
-        ]
-        bx.plot(xs, ys, "o-", color=colors(mi), label=MODE_LABELS[mode])
-    bx.set_xscale("log")
-    bx.set_xlabel("GPUs")
-    bx.set_ylabel("mean recovery per failure (minutes)")
-    bx.set_title(f"Mean recovery R over the failure mix ({first} rate)", fontsize=9)
-    bx.grid(alpha=0.3, which="both")
-    bx.legend(fontsize=7)
+    big = plans[-1]
+    rate = next(r for r in big.rates if r.rate_name == first)
+    names = [g for g, _ in GROUPS]
+    left = [0.0] * len(MODES)
+    for gi, group in enumerate(names):
+        widths = []
+        for mode in MODES:
+            mr = rate.modes[mode]
+            widths.append(
+                sum(
+                    rec.outcome.share * t.seconds / 60
+                    for rec in mr.recoveries
+                    for t in rec.terms
+                    if _group(t.name) == group
+                )
+            )
+        if any(widths):
+            bx.barh(MODES, widths, left=left, color=colors(gi + 4), label=group)
+            left = [a + b for a, b in zip(left, widths, strict=True)]
+    bx.invert_yaxis()
+    bx.set_xlabel("mean recovery per failure (minutes), weighted by the failure mix")
+    bx.set_title(
+        f"Where a recovery's time goes at {big.job.gpus:,} GPUs ({first} rate)", fontsize=9
+    )
+    bx.grid(alpha=0.3, axis="x")
+    bx.legend(fontsize=8, loc="lower right")
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(out)

@@ -159,11 +159,11 @@ def format_report(*, inputs: Inputs, plans: list[SizePlan], measured_lines: list
             f"{f.cdk_context()}"
         )
     if plans and plans[0].fsx.chosen_by == "sized":
-        per_tier = "; ".join(
-            f"{p.job.gpus}: " + ", ".join(f"{t}->{c:,}" for t, c in p.fsx.by_tier.items())
-            for p in plans
-        )
-        out.append(f"  capacity GiB per tier (MB/s/TiB->GiB): {per_tier}")
+        tiers = list(plans[0].fsx.by_tier)
+        out.append("  smallest valid capacity (GiB) meeting both needs, per tier (MB/s/TiB):")
+        out.append(f"  {'GPUs':>7}" + "".join(f"{t:>10}" for t in tiers))
+        for p in plans:
+            out.append(f"  {p.job.gpus:>7}" + "".join(f"{p.fsx.by_tier[t]:>10,}" for t in tiers))
 
     out += ["", "Sources ([override] = set with --set)"]
     out += [f"  [{k}] {text}" for k, text in SOURCES.items()]
