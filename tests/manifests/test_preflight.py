@@ -14,8 +14,12 @@ from __future__ import annotations
 import copy
 import io
 import json
+import os
 import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,6 +30,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from kubernetes import client
+from support import REPO_ROOT, subprocess_env
 
 from manifests import preflight, render
 from training import allreduce_check, exits
@@ -322,3 +327,69 @@ def test_no_kubeconfig_says_how_to_get_one(tmp_path: Path, capsys) -> None:
     argv = ["--overlay=2node", f"--namespace={NS}", f"--image={IMAGE}"]
     assert preflight.main([*argv, "--kubeconfig", str(tmp_path / "none")]) == exits.USAGE
     assert "no usable kubeconfig" in capsys.readouterr().err
+
+
+def test_make_eks_preflight_runs_the_cli() -> None:
+    out = subprocess.run(
+        ["make", "-n", "eks-preflight", "OVERLAY=2node", "ARGS=--dry-run"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.splitlines()[-1].endswith("-m manifests.preflight --overlay 2node --dry-run")
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+def test_the_pod_command_runs_two_nodes_through_the_shared_store(tmp_path: Path) -> None:
+    """The Job's exact torchrun command, two "pods" on CPU: the kubelet's $(VAR) expansion,
+    the rendezvous at an external store (is_host=0), node ranks from torchrun, the report."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = subprocess.Popen(
+        [sys.executable, "-m", "training.launch.rdzv_store", f"--port={port}"],
+        cwd=REPO_ROOT,
+        env=subprocess_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    check = ["--sizes=64K", "--pair-bytes=64K", "--iters=2", "--warmup=1", "--min-fraction=0"]
+    job = preflight.preflight_job(overlay="2node", namespace=NS, image=IMAGE, check_args=check)
+    c = _container(job)
+    env = {"NNODES": "2", "NPROC_PER_NODE": "2", "JOB_UID": "uid-1", "POD_IP": "127.0.0.1"}
+
+    def expand(arg: str) -> str:
+        arg = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], arg)
+        return f"--rdzv-endpoint=127.0.0.1:{port}" if arg.startswith("--rdzv-endpoint=") else arg
+
+    command = [str(Path(sys.executable).parent / c["command"][0]), *map(expand, c["args"])]
+    pods = []
+    try:
+        for _ in range(2):
+            pods.append(
+                subprocess.Popen(
+                    command,
+                    cwd=REPO_ROOT,
+                    env={**subprocess_env(), "CUDA_VISIBLE_DEVICES": ""},
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    start_new_session=True,
+                )
+            )
+        outputs = [p.communicate(timeout=150)[0] for p in pods]
+    finally:
+        for p in pods:  # each "pod" is its own session: torchrun and its workers
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        store.kill()
+        store.wait()
+    assert [p.returncode for p in pods] == [0, 0], outputs
+    reports = [preflight.read_report(o) for o in outputs]
+    assert all(r is not None for r in reports), outputs
+    assert reports[0]["world_size"] == 4 and len(reports[0]["nodes"]) == 2
+    assert [m["phase"] for m in reports[0]["measurements"]] == ["world", "node", "node", "pair"]
+    assert preflight.verdict(report=reports[0], job_code=0)[0] == exits.OK
