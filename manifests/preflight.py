@@ -134,8 +134,11 @@ def verdict(*, report: dict | None, job_code: int) -> tuple[int, str]:
     named = [f"slow node {n}" for n in report["slow_nodes"]]
     named += [f"slow pair {a} + {b}" for a, b in report["slow_pairs"]]
     named += [f"broken: {b}" for b in report["broken"]]
+    named = named or report["problems"]
+    if not named:
+        return exits.FAILED, "preflight FAILED: the check passed but the Job did not (see the pods)"
     code = exits.ENVIRONMENT if report["exit_code"] == exits.ENVIRONMENT else exits.FAILED
-    return code, "preflight FAILED: " + ("; ".join(named) or "; ".join(report["problems"]))
+    return code, "preflight FAILED: " + "; ".join(named)
 
 
 def submit_and_wait(

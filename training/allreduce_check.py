@@ -25,7 +25,10 @@ with ``PREFLIGHT_REPORT``, then every rank exits `exits.OK`, `exits.ENVIRONMENT`
 the same nodes would fail again; replace or cordon them) or `exits.FAILED` (a collective raised
 or timed out: a broken node or link, named by the phase and group that failed).
 
-Backend: NCCL on CUDA, gloo on CPU (so it runs in the tests, 4 CPU ranks as 2 "nodes").
+Backend: NCCL on CUDA, gloo on CPU (so it runs in the tests, 4 CPU ranks as 2 "nodes"). The
+results are gathered over a gloo group of their own, so a group that timed out is still reported.
+For tests and demos, ``--slow-node I --slow-delay-s S [--slow-phase world|node|pair]`` makes node
+I sleep before each all-reduce: slow, or broken once S exceeds ``--timeout-s``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import statistics
 import sys
@@ -45,6 +49,7 @@ from typing import Any
 from training import exits
 
 REPORT_PREFIX = "PREFLIGHT_REPORT "
+PHASES = ("world", "node", "pair")
 MiB = 1 << 20
 
 # p5.48xlarge: 3,200 Gbps of EFA networking per node (32 network cards; AWS "Amazon EC2 P5
@@ -276,14 +281,23 @@ class Plan:
     timeout_s: float = 300.0
     """Process-group timeout: a collective that takes longer is a broken node or link."""
     slow_node: int = -1
-    """For tests and demos: this node's ranks sleep `slow_delay_s` before every all-reduce."""
+    """For tests and demos: this node's ranks sleep `slow_delay_s` before every all-reduce
+    (of `slow_phase` only, unless empty); a delay beyond `timeout_s` makes a broken node."""
     slow_delay_s: float = 0.0
+    slow_phase: str = ""
 
     def __post_init__(self) -> None:
         if not self.sizes or min(self.sizes) < 4 or self.pair_bytes < 4:
             raise ValueError("message sizes must be at least 4 bytes (one float32)")
         if self.iters < 1 or self.warmup < 0 or self.timeout_s <= 0:
             raise ValueError("iters >= 1, warmup >= 0 and timeout_s > 0 are required")
+        if self.slow_phase not in ("", *PHASES):
+            raise ValueError(f"slow_phase must be one of {', '.join(PHASES)} or empty")
+
+    @property
+    def control_timeout_s(self) -> float:
+        """The results' group waits out a timed-out measurement and a slow node's delays."""
+        return max(600.0, 4 * self.timeout_s, 4 * self.slow_delay_s * (self.iters + self.warmup))
 
 
 def _time_all_reduce(
@@ -333,12 +347,14 @@ def _measure(
             group=group, nbytes=nbytes, plan=plan, device=device, before=before
         )
     except Exception as err:  # a timed-out or aborted collective: report it, do not hang
+        first = (str(err).splitlines() or [""])[0]
+        first = re.sub(r"^\[[^\]]*\]\s*", "", first)[:200]  # drop gloo's "[file.cc:129]"
         return Measurement(
             phase=phase,
             nodes=nodes,
             ranks=ranks,
             nbytes=nbytes,
-            error=f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}",
+            error=f"{type(err).__name__}: {first}",
         )
     return Measurement(phase=phase, nodes=nodes, ranks=ranks, nbytes=nbytes, seconds=seconds)
 
@@ -365,8 +381,9 @@ def run_check(*, plan: Plan, thresholds: Thresholds | None) -> Report:
         thresholds = Thresholds(min_busbw_gbs=floor)
     timeout = timedelta(seconds=plan.timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
-    # Results travel over gloo (TCP): they still arrive when a NCCL communicator was aborted.
-    control = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo")
+    # Results travel over a group of their own, gloo (TCP): they still arrive when a measured
+    # group timed out or its NCCL communicator was aborted.
+    control = dist.new_group(backend="gloo", timeout=timedelta(seconds=plan.control_timeout_s))
     me = (node_of_rank(), socket.gethostname())
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, me, group=control)
@@ -380,9 +397,12 @@ def run_check(*, plan: Plan, thresholds: Thresholds | None) -> Report:
     names = tuple(f"{everyone[rs[0]][1]}/node{i}" for i, rs in enumerate(ranks_of))
     my_node = index[me[0]]
 
-    def before() -> None:
-        if my_node == plan.slow_node and plan.slow_delay_s > 0:
-            time.sleep(plan.slow_delay_s)
+    def slow_in(phase: str) -> Callable[[], None]:
+        def before() -> None:
+            if my_node == plan.slow_node and plan.slow_phase in ("", phase):
+                time.sleep(plan.slow_delay_s)
+
+        return before
 
     local: list[Measurement] = []
     everything = tuple(range(nodes))
@@ -395,7 +415,7 @@ def run_check(*, plan: Plan, thresholds: Thresholds | None) -> Report:
             nbytes=nbytes,
             plan=plan,
             device=device,
-            before=before,
+            before=slow_in("world"),
         )
         if rank == 0:
             local.append(m)
@@ -420,7 +440,7 @@ def run_check(*, plan: Plan, thresholds: Thresholds | None) -> Report:
                     nbytes=plan.pair_bytes,
                     plan=plan,
                     device=device,
-                    before=before,
+                    before=slow_in(phase),
                 )
                 if rank == rs[0]:  # one report per group
                     local.append(m)
@@ -428,7 +448,7 @@ def run_check(*, plan: Plan, thresholds: Thresholds | None) -> Report:
                 _destroy(mine)
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, local, group=control)
-    phases = {"world": 0, "node": 1, "pair": 2}
+    phases = {p: i for i, p in enumerate(PHASES)}
     measurements = tuple(
         sorted(
             (m for part in gathered for m in part),
@@ -436,8 +456,7 @@ def run_check(*, plan: Plan, thresholds: Thresholds | None) -> Report:
         )
     )
     verdict = judge(measurements=measurements, names=names, thresholds=thresholds)
-    if control is not dist.group.WORLD:
-        _destroy(control)
+    _destroy(control)
     return Report(
         backend=backend,
         world_size=world,
@@ -498,6 +517,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--slow-node", type=int, default=-1, help="tests/demos: node index to slow")
     p.add_argument("--slow-delay-s", type=float, default=0.0, help="tests/demos: its delay")
+    p.add_argument("--slow-phase", default="", help="tests/demos: only in this phase")
     return p
 
 
@@ -515,6 +535,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             timeout_s=ns.timeout_s,
             slow_node=ns.slow_node,
             slow_delay_s=ns.slow_delay_s,
+            slow_phase=ns.slow_phase,
         )
         thresholds = None
         if ns.min_busbw_gbs is not None or ns.min_fraction != MIN_FRACTION_OF_MEDIAN:

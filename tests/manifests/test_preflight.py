@@ -393,3 +393,19 @@ def test_the_pod_command_runs_two_nodes_through_the_shared_store(tmp_path: Path)
     assert reports[0]["world_size"] == 4 and len(reports[0]["nodes"]) == 2
     assert [m["phase"] for m in reports[0]["measurements"]] == ["world", "node", "node", "pair"]
     assert preflight.verdict(report=reports[0], job_code=0)[0] == exits.OK
+
+
+def test_verdict_names_what_failed() -> None:
+    broken = {**PASS, "ok": False, "exit_code": exits.FAILED, "broken": ["pair a + b: timeout"]}
+    assert preflight.verdict(report=broken, job_code=1) == (
+        exits.FAILED,
+        "preflight FAILED: broken: pair a + b: timeout",
+    )
+    pair = {**PASS, "ok": False, "exit_code": exits.ENVIRONMENT, "slow_pairs": [["a", "b"]]}
+    assert preflight.verdict(report=pair, job_code=1) == (
+        exits.ENVIRONMENT,
+        "preflight FAILED: slow pair a + b",
+    )
+    # A passing report from a Job that still failed (a pod lost after the check) is no pass.
+    code, line = preflight.verdict(report=PASS, job_code=1)
+    assert code == exits.FAILED and "the Job did not" in line

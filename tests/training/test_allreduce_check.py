@@ -223,6 +223,23 @@ def test_a_slow_node_fails_the_check_and_is_named() -> None:
 
 @pytest.mark.distributed
 @pytest.mark.timeout(150)
+def test_a_broken_node_fails_the_check_naming_the_group_that_timed_out() -> None:
+    # Node 1 stalls 6 s in the pair phase, past the 3 s collective timeout: the pair's
+    # all-reduce times out on both nodes, the results still travel over their own group.
+    slow = ("--slow-node=1", "--slow-delay-s=6", "--slow-phase=pair", "--min-fraction=0")
+    codes, outputs = _run_two_nodes(*SMALL[:4], "--timeout-s=3", *slow)
+    assert codes == [exits.FAILED] * 4, outputs
+    report = _report(outputs[0])
+    host = socket.gethostname()
+    (broken,) = report["broken"]
+    assert broken.startswith(f"pair {host}/node0 + {host}/node1: RuntimeError: Timed out")
+    pair = [m for m in report["measurements"] if m["phase"] == "pair"]
+    assert pair[0]["error"] and report["exit_code"] == exits.FAILED
+    assert all(not m["error"] for m in report["measurements"] if m["phase"] != "pair")
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(150)
 def test_absolute_floor_fails_the_pair_of_two_nodes() -> None:
     codes, outputs = _run_two_nodes(*SMALL, "--min-busbw-gbs=1000")
     assert codes == [exits.ENVIRONMENT] * 4, outputs
