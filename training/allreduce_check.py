@@ -64,8 +64,9 @@ P5_NETWORK_GBS = 3200 / 8
 # (`--min-busbw-gbs`): this figure has not been measured on this stack.
 P5_FLOOR_FRACTION = 0.25
 NCCL_MIN_BUSBW_GBS = P5_NETWORK_GBS * P5_FLOOR_FRACTION
-# A group slower than 80% of its phase's median is an outlier: run-to-run noise of nccl-tests
-# on a healthy fabric is a few percent, a degraded link or throttled GPU costs far more.
+# A group slower than 80% of its phase's median is an outlier: identical nodes and links should
+# measure within a few percent of each other, a degraded link or a throttled GPU costs far more
+# (reasoned, like the floor: calibrate on the cluster with `--min-fraction`).
 MIN_FRACTION_OF_MEDIAN = 0.8
 # 256 MiB is on nccl-tests' bandwidth plateau for inter-node all-reduce (latency no longer
 # matters) and takes milliseconds on a p5 pair: the node and pair phases use it.
