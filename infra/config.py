@@ -112,11 +112,15 @@ class FsxConfig:
     throughput_per_unit: int
     """Per-unit storage throughput in MB/s/TiB, one of facts.fsx.THROUGHPUT_TIERS_MBPS_PER_TIB."""
     s3_link: str | None
-    """Optional `s3://bucket[/prefix]` linked with a data repository association (None: no link)."""
+    """Optional `s3://bucket[/prefix]` linked to the file system root by a data repository
+    association, so checkpoints, runs and data are exported there (None: no link)."""
     removal_policy: str = "retain"
     """`retain` (default: the file system and checkpoints survive `cdk destroy`) or `destroy`."""
     backup_retention_days: int = 7
     """Days of daily automatic backups (0 turns them off; FSx allows up to 90)."""
+    sized_for: str | None = None
+    """Overlay whose checkpoints the file system must hold and write in time (infra/sizing.py
+    checks it at synth); None: the largest overlay."""
 
 
 @dataclass(frozen=True)
@@ -131,12 +135,11 @@ class ImageConfig:
 
 @dataclass(frozen=True)
 class WorkloadConfig:
-    """Kubernetes objects the stack applies to the cluster."""
+    """Kubernetes objects the stack applies to the cluster (the training Job is not one of them:
+    `make train TARGET=eks` submits it, see infra/workloads.py)."""
 
     namespace: str
     """Namespace of the training job, its PVC, service account and configuration."""
-    train_overlay: str | None
-    """Overlay of the training job to apply with the stack (`-c train=smoke`); None: no job."""
 
 
 @dataclass(frozen=True)
@@ -402,6 +405,7 @@ def _fsx(get: Getter) -> FsxConfig:
         raise ConfigError(
             "fsxS3Link", f"{link!r} is not an s3:// URI", "e.g. s3://my-bucket/datasets"
         )
+    sized_for = _optional_str(get, "fsxSizedFor")
     removal = _choice(get, "fsxRemovalPolicy", FSX_REMOVAL_POLICIES)
     backups = _int(get, "fsxBackupRetentionDays", minimum=0, fix="use 0 to 90 days")
     if backups > 90:
@@ -412,6 +416,7 @@ def _fsx(get: Getter) -> FsxConfig:
         s3_link=link,
         removal_policy=removal,
         backup_retention_days=backups,
+        sized_for=sized_for,
     )
 
 
@@ -441,11 +446,17 @@ def _workload(get: Getter, overlays: Sequence[str]) -> WorkloadConfig:
             "lowercase letters, digits and -, at most 63 characters",
         )
     train = _optional_str(get, "train")
-    if train is not None and train not in overlays:
+    if train is not None:
+        # The stack no longer owns the Job (infra/workloads.py says why): refuse at synth, before
+        # anything changes, rather than ignore the request.
+        fix_overlay = train if train in overlays else (overlays[0] if overlays else "smoke")
         raise ConfigError(
-            "train", f"{train!r} is not an overlay", f"use one of: {', '.join(overlays)}"
+            "train",
+            "the training Job is not part of the stack (CloudFormation would fail on, delete or "
+            "rerun it)",
+            f"deploy without it, then submit the Job: make train TARGET=eks OVERLAY={fix_overlay}",
         )
-    return WorkloadConfig(namespace=namespace, train_overlay=train)
+    return WorkloadConfig(namespace=namespace)
 
 
 def load_config(get: Getter, *, overlays: Sequence[str]) -> StackConfig:

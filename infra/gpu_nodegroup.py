@@ -1,5 +1,6 @@
 """The p5.48xlarge managed node group: an EFA launch template (32 network cards), a cluster
-placement group, capacity targeting, RAID0 instance storage, GPU labels and taint."""
+placement group, capacity targeting, RAID0 instance storage, 2 MiB huge pages allocated at boot,
+GPU labels and taints, and an update strategy that needs no spare capacity."""
 
 from __future__ import annotations
 
@@ -9,12 +10,24 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from infra.config import GPU_INSTANCE_TYPE, GpuNodesConfig
+from manifests.sizes import P5_48XLARGE
 
 # p5.48xlarge has 32 network cards (EC2 user guide, "EFA configuration for P5 instances").
 P5_NETWORK_CARDS = 32
 
+# Node replacement on a launch-template or AMI change: one node at a time, old one first (see
+# GpuNodeGroup for the sources).
+UPDATE_MAX_UNAVAILABLE = 1
+UPDATE_STRATEGY = "MINIMAL"
+
 # Pods that need a GPU tolerate this taint; nothing else lands on a p5 by accident.
 GPU_TAINT_KEY = "nvidia.com/gpu"
+# Set on every GPU node at registration; the FSx CSI node driver removes it once its Lustre
+# client is ready, so no pod that mounts FSx starts before it (aws-fsx-csi-driver docs/install.md,
+# "Configure node startup taint": "use the taint `fsx.csi.aws.com/agent-not-ready:NoExecute`").
+# The driver's node DaemonSet tolerates every taint; pods that do not tolerate this one (the
+# trainer, the device plugins, the DCGM exporter) are scheduled only after its removal.
+FSX_STARTUP_TAINT_KEY = "fsx.csi.aws.com/agent-not-ready"
 GPU_LABELS = {
     "node-role": "gpu",
     # Matches the EFA device plugin's node selector (infra/addons.py).
@@ -22,10 +35,46 @@ GPU_LABELS = {
     "nvidia.com/gpu.present": "true",
 }
 
-# nodeadm (AL2023) merges this NodeConfig with the one EKS generates for the node group: the
-# eight local NVMe SSDs become one RAID0 array used by the kubelet and containerd, so image
-# layers and pods' ephemeral storage (e.g. local checkpoint copies) do not fill the root volume.
-_NODEADM_USER_DATA = """MIME-Version: 1.0
+HUGEPAGE_SIZE_MIB = 2
+
+
+def _mebibytes(quantity: str) -> int:
+    """A Kubernetes binary quantity (`5120Mi`, `5Gi`) in MiB."""
+    units = {"Mi": 1, "Gi": 1024, "Ti": 1024 * 1024}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix) and quantity[: -len(suffix)].isdigit():
+            return int(quantity[: -len(suffix)]) * factor
+    raise ValueError(f"{quantity!r} is not a Mi/Gi/Ti quantity")
+
+
+def hugepages_2mi_count() -> int:
+    """2 MiB huge pages each GPU node allocates at boot: exactly what the trainer pod requests
+    (`hugepages-2Mi`, from manifests/sizes.py, the one owner of that figure; one trainer pod per
+    node). Kubernetes advertises only the huge pages the node holds when the kubelet starts, and
+    a pod requesting more than that stays Pending."""
+    mib = _mebibytes(P5_48XLARGE.hugepages_2mi)
+    if mib % HUGEPAGE_SIZE_MIB:
+        raise ValueError(f"hugepages-2Mi {P5_48XLARGE.hugepages_2mi} is not a multiple of 2Mi")
+    return mib // HUGEPAGE_SIZE_MIB
+
+
+def node_user_data(*, hugepages: int) -> str:
+    """The launch template's user data: a MIME multi-part document that EKS merges with its own.
+
+    - `application/node.eks.aws`: nodeadm merges this NodeConfig with the one EKS generates; the
+      eight local NVMe SSDs become one RAID0 array for the kubelet and containerd, so image
+      layers and pods' ephemeral storage do not fill the root volume.
+    - `text/x-shellscript`: reserves `hugepages` 2 MiB pages (and persists the setting across
+      reboots). cloud-init runs it in cloud-final; nodeadm-run.service, which starts the
+      kubelet, is ordered `After=... cloud-final.service` (amazon-eks-ami
+      templates/al2023/runtime/rootfs/etc/systemd/system/nodeadm-run.service), so the kubelet
+      sees the pages when it starts. The AL2023 NVIDIA AMI reserves none by itself: its
+      sysctl.conf sets no `vm.nr_hugepages` and it runs the EFA installer with `--minimal`
+      (amazon-eks-ami templates/al2023/runtime/rootfs/etc/sysctl.conf,
+      templates/al2023/provisioners/install-efa.sh). Early in boot memory is unfragmented, so
+      the allocation succeeds; the script logs a shortfall instead of failing the boot.
+    """
+    return f"""MIME-Version: 1.0
 Content-Type: multipart/mixed; boundary="==NODEADM=="
 
 --==NODEADM==
@@ -38,6 +87,19 @@ spec:
   instance:
     localStorage:
       strategy: RAID0
+
+--==NODEADM==
+Content-Type: text/x-shellscript; charset="us-ascii"
+
+#!/bin/bash
+# 2 MiB huge pages for the EFA provider (libfabric), before the kubelet starts.
+set -euo pipefail
+echo "vm.nr_hugepages = {hugepages}" > /etc/sysctl.d/90-hugepages.conf
+sysctl -w vm.nr_hugepages={hugepages}
+got=$(cat /proc/sys/vm/nr_hugepages)
+if [ "$got" -lt {hugepages} ]; then
+  echo "only $got of {hugepages} 2 MiB huge pages allocated" >&2
+fi
 
 --==NODEADM==--
 """
@@ -130,7 +192,7 @@ class GpuNodeGroup(Construct):
                     ),
                 )
             ],
-            user_data=Fn.base64(_NODEADM_USER_DATA),
+            user_data=Fn.base64(node_user_data(hugepages=hugepages_2mi_count())),
             **_capacity_settings(config),
         )
         self.launch_template = ec2.CfnLaunchTemplate(
@@ -156,13 +218,30 @@ class GpuNodeGroup(Construct):
             max_size=config.max_size,
             labels=GPU_LABELS,
             taints=[
-                eks.TaintSpec(key=GPU_TAINT_KEY, value="true", effect=eks.TaintEffect.NO_SCHEDULE)
+                eks.TaintSpec(key=GPU_TAINT_KEY, value="true", effect=eks.TaintEffect.NO_SCHEDULE),
+                eks.TaintSpec(key=FSX_STARTUP_TAINT_KEY, effect=eks.TaintEffect.NO_EXECUTE),
             ],
             # Replaces nodes the node monitoring agent reports unhealthy (GPU XID, EFA faults).
             enable_node_auto_repair=True,
-            # Replace one p5 at a time: a training job loses at most one node per update.
-            max_unavailable=1,
+            max_unavailable=UPDATE_MAX_UNAVAILABLE,
         )
+        # What a launch-template change (user data, AMI release, interfaces) does to running
+        # nodes: EKS creates a new template version and replaces every node of the group, at
+        # most UPDATE_MAX_UNAVAILABLE at a time. Its DEFAULT strategy launches the new instances
+        # first ("scale up phase": the Auto Scaling group grows by up to twice the number of AZs
+        # or maxUnavailable, whichever is larger) and only then drains and terminates the old
+        # ones; a capacity reservation, a Capacity Block or a full placement group has no spare
+        # p5 for that surge, so the update would stall and fail. MINIMAL "terminates the old
+        # instances before launching the new instances ... useful in scenarios where you are
+        # constrained to resources or costs (for example, with hardware accelerators such as
+        # GPUs)" (EKS API reference, NodegroupUpdateConfig; EKS user guide,
+        # https://docs.aws.amazon.com/eks/latest/userguide/managed-node-update-behavior.html).
+        # So: one node at a time is drained (its trainer pod gets SIGTERM and the grace period
+        # for the final checkpoint), terminated, and its replacement launched into the freed
+        # slot; the Job replaces the lost pod and the run resumes from the checkpoint.
+        # eks_v2's node group props have no update strategy: set it on the L1.
+        cfn = self.nodegroup.node.default_child
+        cfn.add_property_override("UpdateConfig.UpdateStrategy", UPDATE_STRATEGY)  # type: ignore[union-attr]
 
 
 def _placement(

@@ -1,17 +1,24 @@
 """The VPC: public and private subnets in the configured AZs, NAT, an S3 gateway endpoint, flow
-logs, the GPU nodes' subnet, and the EFA security group."""
+logs (KMS-encrypted), the GPU nodes' subnet, and the EFA security group."""
 
 from __future__ import annotations
 
+from aws_cdk import Aws, RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
 from constructs import Construct
+
+FLOW_LOG_RETENTION = logs.RetentionDays.TWO_YEARS
 
 
 class Network(Construct):
     """VPC plus what the GPU nodes need from it.
 
     Attributes: `vpc`, `gpu_subnet` (the one private subnet of the GPU AZ: a cluster placement
-    group is single-AZ) and `efa_security_group` (all traffic to and from itself).
+    group is single-AZ), `efa_security_group` (all traffic to and from itself), `logs_key` (the
+    KMS key of the flow-log group) and `flow_log_group`.
     """
 
     def __init__(
@@ -47,7 +54,50 @@ class Network(Construct):
                 "S3": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3)
             },
         )
-        self.vpc.add_flow_log("FlowLog")
+        # Flow logs go to a log group encrypted with this stack's key. CloudWatch Logs uses the
+        # key as the regional service principal logs.<region>.amazonaws.com, which the key
+        # policy must allow, scoped to this account's log groups by the encryption context
+        # (CloudWatch Logs user guide, "Encrypt log data in CloudWatch Logs using AWS KMS",
+        # https://docs.aws.amazon.com/AmazonCloudWatch/latest/logs/encrypt-log-data-kms.html).
+        self.logs_key = kms.Key(
+            self,
+            "LogsKey",
+            description="Encryption of the VPC flow-log group",
+            enable_key_rotation=True,
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        self.logs_key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="CloudWatchLogsUseOfTheKey",
+                principals=[iam.ServicePrincipal(f"logs.{Aws.REGION}.amazonaws.com")],
+                actions=[
+                    "kms:Encrypt*",
+                    "kms:Decrypt*",
+                    "kms:ReEncrypt*",
+                    "kms:GenerateDataKey*",
+                    "kms:Describe*",
+                ],
+                resources=["*"],
+                conditions={
+                    "ArnLike": {
+                        "kms:EncryptionContext:aws:logs:arn": (
+                            f"arn:{Aws.PARTITION}:logs:{Aws.REGION}:{Aws.ACCOUNT_ID}:log-group:*"
+                        )
+                    }
+                },
+            )
+        )
+        self.flow_log_group = logs.LogGroup(
+            self,
+            "FlowLogGroup",
+            encryption_key=self.logs_key,
+            retention=FLOW_LOG_RETENTION,
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        self.vpc.add_flow_log(
+            "FlowLog",
+            destination=ec2.FlowLogDestination.to_cloud_watch_logs(self.flow_log_group),
+        )
 
         gpu_subnets = self.vpc.select_subnets(
             subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS,

@@ -1,12 +1,13 @@
-"""The one stack: network, cluster, GPU nodes, storage, device plugins, image, Kubernetes
-objects, and the outputs the job launcher reads from cdk-outputs.json."""
+"""The one stack: network, cluster, GPU nodes, storage (sized at synth), device plugins and GPU
+telemetry, image, the shared Kubernetes objects (never the training Job), and the outputs the
+job launcher reads from cdk-outputs.json."""
 
 from __future__ import annotations
 
 from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
-from infra import nag
+from infra import nag, sizing
 from infra.addons import DevicePlugins
 from infra.cluster import TrainingCluster
 from infra.config import StackConfig
@@ -24,6 +25,13 @@ class TrainingClusterStack(Stack):
         self, scope: Construct, construct_id: str, *, config: StackConfig, **kwargs
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
+        # Before any construct: a file system too small or too slow for the largest overlay is
+        # a ConfigError naming the context values and what would fit.
+        sizing.check_fsx(
+            capacity_gib=config.fsx.storage_capacity_gib,
+            tier_mbps_per_tib=config.fsx.throughput_per_unit,
+            sized_for=config.fsx.sized_for,
+        )
         network = Network(
             self,
             "Network",
@@ -49,7 +57,7 @@ class TrainingClusterStack(Stack):
             pod_identity_agent=cluster.pod_identity_agent,
             config=config.fsx,
         )
-        plugins = DevicePlugins(self, "DevicePlugins", cluster=cluster.cluster)
+        DevicePlugins(self, "DevicePlugins", cluster=cluster.cluster)
         image = TrainerImage(self, "TrainerImage", config=config.image)
         fs = storage.file_system
         TrainingWorkloads(
@@ -63,8 +71,6 @@ class TrainingClusterStack(Stack):
             storage_capacity_gib=config.fsx.storage_capacity_gib,
             image=image.image_uri,
             csi_driver=storage.csi_driver,
-            train_overlay=config.workload.train_overlay,
-            job_dependencies=[gpu.nodegroup, plugins.nvidia, plugins.efa],
         )
         nag.acknowledge(
             cluster=cluster.cluster,

@@ -18,8 +18,21 @@ LUSTRE_PORTS = (ec2.Port.tcp(988), ec2.Port.tcp_range(1018, 1023))
 # Service account of the FSx CSI controller, as installed by the EKS add-on.
 FSX_CSI_SERVICE_ACCOUNT = "fsx-csi-controller-sa"
 
-# Where the S3 link appears inside the file system.
-S3_LINK_PATH = "/s3"
+# Where the S3 link appears inside the file system: its root, so that every path the pods use
+# under the mount (manifests/render.py FSX_MOUNT, /fsx) has one S3 key: /fsx/checkpoints/<job>
+# is <link>/checkpoints/<job>, /fsx/runs/<job> is <link>/runs/<job>, /fsx/data is <link>/data.
+# "If you specify only a forward slash (/) as the file system path, you can link only one data
+# repository to the file system" (AWS::FSx::DataRepositoryAssociation FileSystemPath): one
+# association covers checkpoints, runs and data.
+S3_LINK_PATH = "/"
+# Where the trainer writes shared checkpoints, inside the file system (render.py passes
+# --checkpoint.dir=/fsx/checkpoints/<job>; tests/infra checks the two agree).
+CHECKPOINTS_PATH = "/checkpoints"
+# Export every change: new and changed files (each committed checkpoint) are copied to S3, and
+# the retention's deletions of old checkpoints (keep_last) are mirrored, so S3 holds the same
+# checkpoints as the file system (FSx for Lustre user guide, "Automatically export updates to
+# your S3 bucket"; the daily backups keep older states).
+AUTO_EXPORT_EVENTS = ["NEW", "CHANGED", "DELETED"]
 
 
 class LustreStorage(Construct):
@@ -84,9 +97,12 @@ class LustreStorage(Construct):
             ),
         )
 
+        self.s3_link: fsx.CfnDataRepositoryAssociation | None = None
         if config.s3_link:
-            # PERSISTENT_2 cannot take import_path: an association links S3 both ways.
-            fsx.CfnDataRepositoryAssociation(
+            # PERSISTENT_2 cannot take import_path: an association links S3 both ways. Batch
+            # import at creation lists what the prefix already holds (the checkpoints of an
+            # earlier file system, a dataset), so a new file system resumes from them.
+            self.s3_link = fsx.CfnDataRepositoryAssociation(
                 self,
                 "S3Link",
                 file_system_id=self.file_system.file_system_id,
@@ -98,7 +114,7 @@ class LustreStorage(Construct):
                         events=["NEW", "CHANGED", "DELETED"]
                     ),
                     auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(
-                        events=["NEW", "CHANGED", "DELETED"]
+                        events=AUTO_EXPORT_EVENTS
                     ),
                 ),
             )

@@ -1,9 +1,28 @@
 """Kubernetes objects applied with the stack, rendered by manifests/render.py (the same source as
-the kustomize manifests): the shared objects on every deploy, the training job on request."""
+the kustomize manifests and the job launcher): the objects every training Job shares.
+
+The training Job itself is not a stack resource; `make train TARGET=eks OVERLAY=<name>`
+(`python -m training.launch.eks submit`) renders it from the same module and applies it by
+server-side apply. Why CloudFormation must not own it (aws-cdk-lib's kubectl handler,
+custom-resource-handlers/dist/aws-eks-v2/kubectl-handler/apply: Create runs `kubectl create`,
+Update `kubectl apply`, Delete `kubectl delete`):
+
+- a Job's pod template is immutable, so any later change to it (a new image, an overlay size)
+  makes the Update's `kubectl apply` fail and rolls the whole stack back;
+- a deploy without the Job in the app (say, to scale the GPU nodes) removes the resource, and
+  CloudFormation's Delete runs `kubectl delete` on the running Job;
+- the Job deletes itself `ttlSecondsAfterFinished` after it ends, behind CloudFormation's back,
+  so the next Update of that resource re-creates it and reruns training;
+- a content-hashed Job name would avoid the first failure but start a second Job next to the
+  first on every change of image or overlay, and the launcher's status, logs and stop commands
+  address the Job by its name.
+
+So every stack operation leaves training alone: deploy, update and destroy touch only the shared
+objects below, and only the user's own `make train` / `make eks-stop` start or stop a run.
+`-c train=<overlay>` (the old request) stops synth with that command instead (infra/config.py).
+"""
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct, IDependable
@@ -12,11 +31,10 @@ from manifests import render
 
 
 class TrainingWorkloads(Construct):
-    """Namespace first; then the FSx PV + PVC, service account and configuration (after the FSx
-    CSI driver); then, when `train_overlay` is set, that overlay's headless Service and Indexed
-    Job (after `job_dependencies`, e.g. the GPU nodes and device plugins).
+    """Namespace first; then the FSx PV + PVC, service account, configuration and rendezvous
+    store (after the FSx CSI driver).
 
-    Attributes: `namespace`, `shared`, `job` (None without an overlay).
+    Attributes: `namespace`, `shared`.
     """
 
     def __init__(
@@ -32,8 +50,6 @@ class TrainingWorkloads(Construct):
         storage_capacity_gib: int,
         image: str,
         csi_driver: IDependable,
-        train_overlay: str | None,
-        job_dependencies: Sequence[IDependable] = (),
     ) -> None:
         super().__init__(scope, construct_id)
         objects = render.shared_objects(
@@ -44,6 +60,8 @@ class TrainingWorkloads(Construct):
             storage_capacity_gib=storage_capacity_gib,
             image=image,
         )
+        if any(o.get("kind") == "Job" for o in objects):
+            raise ValueError("a Job among the shared objects: the stack must not own a Job")
         namespaces = [o for o in objects if o.get("kind") == "Namespace"]
         others = [o for o in objects if o.get("kind") != "Namespace"]
         # Namespaced objects fail to apply before their namespace exists: two manifests, ordered.
@@ -53,17 +71,3 @@ class TrainingWorkloads(Construct):
         self.shared.node.add_dependency(self.namespace)
         # The PV names the fsx.csi.aws.com driver: its CSIDriver object must exist first.
         self.shared.node.add_dependency(csi_driver)
-
-        self.job: eks.KubernetesManifest | None = None
-        if train_overlay is not None:
-            if train_overlay not in render.OVERLAYS:
-                raise ValueError(
-                    f"unknown overlay {train_overlay!r}: use one of {', '.join(render.OVERLAYS)}"
-                )
-            job_objects = render.job_objects(
-                overlay=train_overlay, namespace=namespace, image=image
-            )
-            self.job = cluster.add_manifest(f"TrainingJob-{train_overlay}", *job_objects)
-            self.job.node.add_dependency(self.shared)
-            for dependency in job_dependencies:
-                self.job.node.add_dependency(dependency)

@@ -23,8 +23,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CDK_JSON_CONTEXT: dict[str, Any] = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
 
 # A configuration that exercises every optional path: capacity block, `efa` secondary
-# interfaces, S3 link, admin access entry, public endpoint for named CIDRs, a prebuilt image
-# and a training job.
+# interfaces, S3 link, admin access entry, public endpoint for named CIDRs and a prebuilt image
+# (no training Job: the stack never owns one).
 VARIANT_CONTEXT: dict[str, Any] = {
     "capacityType": "capacity-block",
     "capacityReservationId": "cr-0123456789abcdef0",
@@ -39,7 +39,6 @@ VARIANT_CONTEXT: dict[str, Any] = {
     "adminPrincipalArn": "arn:aws:iam::123456789012:role/Admin",
     "endpointAllowedCidrs": "203.0.113.7/32,198.51.100.0/24",
     "imageUri": "123456789012.dkr.ecr.us-east-2.amazonaws.com/fsdp-trainer:v1",
-    "train": "smoke",
 }
 
 

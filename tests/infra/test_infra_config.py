@@ -37,7 +37,8 @@ def test_cdk_json_defaults_are_valid_and_typed() -> None:
     assert config.gpu.capacity_type == "on-demand"
     assert config.gpu.efa_secondary_interface_type == "efa-only"
     assert config.workload.namespace == "training"
-    assert config.workload.train_overlay is None
+    assert not hasattr(config.workload, "train_overlay")  # the stack owns no Job
+    assert config.fsx.sized_for is None  # sized for the largest overlay
     with pytest.raises(AttributeError):
         config.gpu.max_size = 99  # type: ignore[misc]  # frozen
 
@@ -63,14 +64,15 @@ def test_command_line_strings_are_parsed() -> None:
         endpointAllowedCidrs="203.0.113.7/32, 198.51.100.0/24",
         capacityType="capacity-reservation",
         capacityReservationId="cr-0123456789abcdef0",
-        train="smoke",
+        train="none",
+        fsxSizedFor="2node",
         adminPrincipalArn="none",
     )
     assert (config.gpu.min_size, config.gpu.desired_size, config.gpu.max_size) == (1, 2, 4)
     assert config.network.availability_zones == ("us-east-2a", "us-east-2b")
     assert config.cluster.endpoint_allowed_cidrs == ("203.0.113.7/32", "198.51.100.0/24")
     assert config.gpu.capacity_reservation_id == "cr-0123456789abcdef0"
-    assert config.workload.train_overlay == "smoke"
+    assert config.fsx.sized_for == "2node"
     assert config.cluster.admin_principal_arn is None
 
 
@@ -121,7 +123,8 @@ BAD_VALUES = [
     ({"imageRepositoryName": "Trainer"}, "imageRepositoryName", "not an ECR repository name"),
     ({"imageUri": "example.com/trainer"}, "imageUri", "not a pinned image reference"),
     ({"trainingNamespace": "Training"}, "trainingNamespace", "not a Kubernetes namespace"),
-    ({"train": "64node"}, "train", "not an overlay"),
+    ({"train": "smoke"}, "train", "make train TARGET=eks OVERLAY=smoke"),
+    ({"train": "64node"}, "train", "not part of the stack"),
 ]
 
 

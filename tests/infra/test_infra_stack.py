@@ -10,13 +10,17 @@ reachable) can only be seen by `make deploy` in an account.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
 from infra_synth import VARIANT_CONTEXT, resources
 
-from infra.addons import EFA_DEVICE_PLUGIN, NVIDIA_DEVICE_PLUGIN
+from infra.addons import CHARTS, DCGM_EXPORTER, EFA_DEVICE_PLUGIN, NVIDIA_DEVICE_PLUGIN
+from infra.gpu_nodegroup import hugepages_2mi_count
 from infra.nag import eks_cluster_findings
+from infra.storage import AUTO_EXPORT_EVENTS, CHECKPOINTS_PATH
+from manifests import render
 
 Template = dict[str, Any]
 
@@ -122,7 +126,11 @@ def test_gpu_nodegroup(default_template: Template) -> None:
     group = gpu_nodegroup(default_template)
     assert "InstanceTypes" not in group  # in the launch template: eks_v2 rejects p5 here
     assert group["CapacityType"] == "ON_DEMAND"
-    assert group["Taints"] == [{"Effect": "NO_SCHEDULE", "Key": "nvidia.com/gpu", "Value": "true"}]
+    assert group["Taints"] == [
+        {"Effect": "NO_SCHEDULE", "Key": "nvidia.com/gpu", "Value": "true"},
+        # Removed by the FSx CSI node driver once its Lustre client is ready.
+        {"Effect": "NO_EXECUTE", "Key": "fsx.csi.aws.com/agent-not-ready"},
+    ]
     assert group["Labels"]["vpc.amazonaws.com/efa.present"] == "true"
     assert group["NodeRepairConfig"] == {"Enabled": True}
     # No p5 starts unless asked: -c gpuNodesDesired=N is the one command that asks.
@@ -244,7 +252,8 @@ def test_fsx_file_system(default_template: Template, variant_template: Template)
         "DeploymentType": "PERSISTENT_2",
         "PerUnitStorageThroughput": 250,
     }
-    assert fs["StorageCapacity"] == 1200
+    # Sized for the largest overlay (16node, p5_70b): infra/sizing.py.
+    assert fs["StorageCapacity"] == 4800
     # Same subnet as the GPU nodes.
     assert fs["SubnetIds"] == gpu_nodegroup(default_template)["Subnets"]
     variant = one(variant_template, "AWS::FSx::FileSystem")
@@ -253,7 +262,7 @@ def test_fsx_file_system(default_template: Template, variant_template: Template)
     assert resources(default_template, "AWS::FSx::DataRepositoryAssociation") == {}
     link = one(variant_template, "AWS::FSx::DataRepositoryAssociation")
     assert link["DataRepositoryPath"] == VARIANT_CONTEXT["fsxS3Link"]
-    assert link["FileSystemPath"] == "/s3"
+    assert link["FileSystemPath"] == "/"  # the whole file system, checkpoints included
 
 
 def test_lustre_ports_open_only_from_the_nodes(default_template: Template) -> None:
@@ -305,19 +314,45 @@ def test_fsx_csi_driver_uses_pod_identity(default_template: Template) -> None:
 # --- Helm charts -----------------------------------------------------------------------------
 
 
-def test_device_plugin_charts_are_pinned(default_template: Template) -> None:
+def test_charts_are_pinned_in_one_place(default_template: Template) -> None:
     charts = {
         r["Properties"]["Chart"]: r["Properties"]
         for r in resources(default_template, "Custom::AWSCDK-EKS-HelmChart").values()
     }
-    assert set(charts) == {"nvidia-device-plugin", "aws-efa-k8s-device-plugin"}
-    for pinned in (NVIDIA_DEVICE_PLUGIN, EFA_DEVICE_PLUGIN):
+    assert (
+        set(charts)
+        == {c.name for c in CHARTS}
+        == {
+            "nvidia-device-plugin",
+            "aws-efa-k8s-device-plugin",
+            "dcgm-exporter",
+        }
+    )
+    assert {NVIDIA_DEVICE_PLUGIN, EFA_DEVICE_PLUGIN, DCGM_EXPORTER} == set(CHARTS)
+    for pinned in CHARTS:
         chart = charts[pinned.name]
         assert (chart["Version"], chart["Repository"]) == (pinned.version, pinned.repository)
-        assert chart["Version"][0] in "v0123456789" and "latest" not in chart["Version"]
+        assert re.fullmatch(r"v?\d+\.\d+\.\d+", chart["Version"]), chart["Version"]
     efa_values = json.loads(charts["aws-efa-k8s-device-plugin"]["Values"])
     assert efa_values["nodeSelector"] == {"vpc.amazonaws.com/efa.present": "true"}
     assert efa_values["tolerations"][0]["key"] == "nvidia.com/gpu"
+
+
+def test_dcgm_exporter_on_gpu_nodes_only(default_template: Template) -> None:
+    (chart,) = [
+        r["Properties"]
+        for r in resources(default_template, "Custom::AWSCDK-EKS-HelmChart").values()
+        if r["Properties"]["Chart"] == "dcgm-exporter"
+    ]
+    values = json.loads(chart["Values"])
+    # The GPU nodes' label (set by the node group) and the GPU taint's toleration, nothing more.
+    assert values["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert gpu_nodegroup(default_template)["Labels"]["nvidia.com/gpu.present"] == "true"
+    assert values["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    # No ServiceMonitor: its CRD (Prometheus Operator) is not installed by this stack.
+    assert values["serviceMonitor"] == {"enabled": False}
 
 
 # --- Kubernetes objects ----------------------------------------------------------------------
@@ -352,18 +387,29 @@ def test_shared_objects_order_and_fsx_volume(default_template: Template) -> None
         assert expected in text
 
 
-def test_training_job_only_when_asked(variant_template: Template) -> None:
-    manifests = k8s_manifests(variant_template)
-    assert len(manifests) == 3
-    (job_id,) = [k for k, r in manifests.items() if '\\"kind\\":\\"Job\\"' in manifest_text(r)]
-    job = manifests[job_id]
-    assert VARIANT_CONTEXT["imageUri"] in manifest_text(job)
-    depends = set(job["DependsOn"])
-    assert (
-        logical_id(variant_template, "AWS::EKS::Nodegroup", AmiType="AL2023_x86_64_NVIDIA")
-        in depends
-    )
-    assert {k for k in manifests if k != job_id} & depends
+@pytest.mark.parametrize("fixture", ["default_template", "variant_template"])
+def test_the_stack_owns_no_job(fixture: str, request: pytest.FixtureRequest) -> None:
+    """No stack operation can fail on, delete or rerun training: no Job is a stack resource
+    (the Job is submitted by `make train TARGET=eks`; infra/workloads.py says why)."""
+    template = request.getfixturevalue(fixture)
+    manifests = k8s_manifests(template)
+    assert len(manifests) == 2  # the namespace, then the shared objects
+    for resource in manifests.values():
+        kinds = set(re.findall(r'\\"kind\\":\\"(\w+)\\"', manifest_text(resource)))
+        assert kinds
+        assert "Job" not in kinds
+        # The shared objects are the renderer's, applied on every deploy.
+        assert kinds <= {o["kind"] for o in render.shared_objects(**SHARED_ARGS)}
+
+
+SHARED_ARGS = {
+    "namespace": "training",
+    "file_system_id": "fs-0",
+    "dns_name": "d",
+    "mount_name": "m",
+    "storage_capacity_gib": 1200,
+    "image": "i:1",
+}
 
 
 # --- image and outputs -----------------------------------------------------------------------
@@ -415,3 +461,88 @@ def test_fsx_is_retained_with_backups(default_template: Template) -> None:
     assert fs["DeletionPolicy"] == "Retain"
     assert fs["UpdateReplacePolicy"] == "Retain"
     assert fs["Properties"]["LustreConfiguration"]["AutomaticBackupRetentionDays"] == 7
+
+
+# --- node updates, huge pages ------------------------------------------------------------------
+
+
+def test_gpu_updates_need_no_spare_capacity(default_template: Template) -> None:
+    """A launch-template change replaces every GPU node: one at a time, the old instance
+    terminated before its replacement launches (MINIMAL), so reservations, Capacity Blocks and
+    a full placement group, which have no spare p5, can be updated."""
+    assert gpu_nodegroup(default_template)["UpdateConfig"] == {
+        "MaxUnavailable": 1,
+        "UpdateStrategy": "MINIMAL",
+    }
+    # The node group follows the template's latest version: a change rolls the nodes.
+    version = gpu_nodegroup(default_template)["LaunchTemplate"]["Version"]
+    assert version["Fn::GetAtt"][1] == "LatestVersionNumber"
+
+
+def user_data(template: Template) -> str:
+    return launch_template(template)["UserData"]["Fn::Base64"]
+
+
+def test_hugepages_allocated_at_boot_for_what_the_pods_request(
+    default_template: Template,
+) -> None:
+    text = user_data(default_template)
+    assert text.startswith("MIME-Version: 1.0\nContent-Type: multipart/mixed;")
+    parts = text.split("--==NODEADM==")
+    assert parts[-1].strip() == "--"  # closed multi-part document
+    (script,) = [p for p in parts if "Content-Type: text/x-shellscript" in p]
+    pages = hugepages_2mi_count()
+    assert f"sysctl -w vm.nr_hugepages={pages}" in script
+    assert f"vm.nr_hugepages = {pages}" in script  # persisted for reboots
+    # At least what every overlay's trainer pod requests (one pod per node), in 2 MiB pages.
+    for overlay in render.OVERLAYS:
+        for obj in render.job_objects(overlay=overlay, namespace="training", image="i:1"):
+            if obj["kind"] != "Job":
+                continue
+            for container in obj["spec"]["template"]["spec"]["containers"]:
+                requested = container["resources"]["requests"].get("hugepages-2Mi")
+                if requested:
+                    assert requested.endswith("Mi")
+                    assert pages * 2 >= int(requested[:-2]), overlay
+
+
+# --- FSx: S3 export, sizing --------------------------------------------------------------------
+
+
+def test_s3_link_exports_the_checkpoints(variant_template: Template) -> None:
+    link = one(variant_template, "AWS::FSx::DataRepositoryAssociation")
+    assert link["DataRepositoryPath"] == VARIANT_CONTEXT["fsxS3Link"]
+    path = link["FileSystemPath"]
+    assert CHECKPOINTS_PATH.startswith(path)  # the association covers the checkpoints
+    assert link["S3"]["AutoExportPolicy"]["Events"] == AUTO_EXPORT_EVENTS
+    assert set(AUTO_EXPORT_EVENTS) == {"NEW", "CHANGED", "DELETED"}
+    assert link["BatchImportMetaDataOnCreate"] is True
+    # Every overlay's trainer writes its checkpoints there (the PV mounts the file system root).
+    for overlay in render.OVERLAYS:
+        (job,) = [
+            o
+            for o in render.job_objects(overlay=overlay, namespace="training", image="i:1")
+            if o["kind"] == "Job"
+        ]
+        args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+        (ckpt,) = [a for a in args if a.startswith("--checkpoint.dir=")]
+        assert ckpt.split("=", 1)[1].startswith(render.FSX_MOUNT + CHECKPOINTS_PATH + "/")
+
+
+def test_flow_logs_encrypted_with_the_stacks_key(default_template: Template) -> None:
+    (group,) = resources(default_template, "AWS::Logs::LogGroup").values()
+    key_id = group["Properties"]["KmsKeyId"]["Fn::GetAtt"][0]
+    flow_log = one(default_template, "AWS::EC2::FlowLog")
+    assert flow_log["LogGroupName"] == {"Ref": logical_id_of(default_template, group)}
+    statements = default_template["Resources"][key_id]["Properties"]["KeyPolicy"]["Statement"]
+    (logs,) = [s for s in statements if s.get("Sid") == "CloudWatchLogsUseOfTheKey"]
+    assert logs["Principal"]["Service"] == {
+        "Fn::Join": ["", ["logs.", {"Ref": "AWS::Region"}, ".amazonaws.com"]]
+    }
+    assert "kms:GenerateDataKey*" in logs["Action"]
+    assert "kms:EncryptionContext:aws:logs:arn" in logs["Condition"]["ArnLike"]
+
+
+def logical_id_of(template: Template, resource: dict[str, Any]) -> str:
+    (found,) = [k for k, r in template["Resources"].items() if r is resource]
+    return found
