@@ -402,5 +402,8 @@ def run_job(
             if failures > spec["backoffLimit"]:
                 return fail("BackoffLimitExceeded")
             start(index, len(codes[index]))
-        time.sleep(0.2)
+        if delete is not None:
+            delete.wait(0.2)  # returns at once when set
+        else:
+            time.sleep(0.2)
     return JobResult(status="Complete", reason="", exit_codes=codes)

@@ -108,10 +108,15 @@ def _run_dir(root: Path, job: dict) -> Path:
 
 
 def _metrics(root: Path, job: dict) -> list[dict]:
+    """Rank 0's step records so far (a line being appended right now is left for later)."""
     path = _run_dir(root, job) / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [
+        json.loads(line)
+        for line in path.read_text().splitlines(keepends=True)
+        if line.endswith("\n") and line.strip()
+    ]
 
 
 def _events(root: Path, job: dict) -> list[dict]:
@@ -258,7 +263,12 @@ def test_sigterm_to_every_pod_drains_then_a_resubmission_resumes(
     exits 143; a new Job of the same overlay (a fresh uid: a fresh rendezvous) resumes from it."""
     delete = threading.Event()
     result, job = _run(
-        tmp_path, TWO_NODES, restart="injob", env=TWO_PODS, when_step=(6, lambda _: delete.set())
+        tmp_path,
+        TWO_NODES,
+        restart="injob",
+        env=TWO_PODS,
+        when_step=(3, lambda _: delete.set()),
+        delete=delete,
     )
     assert result.status == "Deleted"
     assert result.exit_codes == {0: [exits.PREEMPTED], 1: [exits.PREEMPTED]}, _logs(tmp_path)
