@@ -28,6 +28,15 @@ TINY_MODEL = (
 )
 
 
+def free_port() -> int:
+    """A TCP port free right now on this host (for a test's own store)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def write_learnable_text(path: Path, *, lines: int = 1500, seed: int = 0) -> None:
     """Eight words in cyclic order, starting at a random word: easy to learn, not trivial."""
     rng = random.Random(seed)

@@ -9,8 +9,6 @@ the loop itself only exposes hooks (``StepHooks``) so it stays the same under ev
 from __future__ import annotations
 
 import math
-import signal
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +31,10 @@ from training.metrics import EventLog, StepLogger, peak_flops_for
 from training.model import Transformer, flops_per_token
 from training.parallel import DistEnv, build_sharded_model, set_cpu_threads
 from training.phases import CHECKPOINT_LOADED, FIRST_STEP, emit_phase
+from training.stop import StopRequest
 
-EXIT_PREEMPTED = 143  # 128 + SIGTERM: "stopped on request after a final checkpoint"
+STOP_GRACE_FLOOR_S = 2.0
+"""On SIGTERM, the least time a rank gets to reach its next step boundary (see fit)."""
 
 
 class StepHooks:
@@ -66,23 +66,6 @@ class TrainResult:
     final_step: int
     final_loss: float | None
     preempted: bool
-
-
-class SigtermFlag:
-    """SIGTERM (node drain, eviction, spot) sets a flag; the loop checkpoints and exits."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self._previous = None
-
-    def install(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, lambda *_: self.event.set())
-
-    def uninstall(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
 
 
 class Trainer:
@@ -217,10 +200,13 @@ class Trainer:
     # -- the loop --------------------------------------------------------------------------------
     def fit(self, *, checkpoints: CheckpointManager) -> TrainResult:
         c = self.config
-        sigterm = SigtermFlag()
-        sigterm.install()
+        slowest_iteration_s = 0.0
+        # On SIGTERM the loop has this long to reach a step boundary (where it takes the final
+        # checkpoint); a rank stuck in a collective exits 143 instead (training/stop.py).
+        stop = StopRequest(grace_s=lambda: max(STOP_GRACE_FLOOR_S, 2.0 * slowest_iteration_s))
         logger = None
         try:
+            stop.install()
             with self.hooks.section("checkpoint_load"):
                 checkpoints.load_latest(self)
             mode = c.resilience.restart
@@ -237,12 +223,13 @@ class Trainer:
                 )
             loss = None
             while self.step < c.train.steps:
+                iteration_started = time.perf_counter()
                 next_step = self.step + 1
                 self.hooks.before_step(next_step)
                 self.faults.before_step(next_step)
                 started = time.perf_counter()
-                loss, stop = self.reduce_step_stats(
-                    self.train_step(), stop_requested=sigterm.event.is_set()
+                loss, stop_now = self.reduce_step_stats(
+                    self.train_step(), stop_requested=stop.requested
                 )
                 self.step = next_step
                 elapsed = time.perf_counter() - started
@@ -261,7 +248,8 @@ class Trainer:
                     )
                 self.hooks.after_step(self.step)
                 checkpoints.poll()
-                if stop:
+                if stop_now:
+                    stop.saving()
                     with self.hooks.section("checkpoint_save"):
                         checkpoints.save(self, step=self.step, blocking=True)
                     self.events.emit(
@@ -282,12 +270,16 @@ class Trainer:
                 elif local_due and self.step < c.train.steps:
                     with self.hooks.section("checkpoint_save"):
                         checkpoints.save_local(self, step=self.step)
+                slowest_iteration_s = max(
+                    slowest_iteration_s, time.perf_counter() - iteration_started
+                )
+            stop.saving()  # the run is over: the last save and the commit wait have no deadline
             if c.checkpoint.save_final and checkpoints.latest_step() != self.step:
                 with self.hooks.section("checkpoint_save"):
                     checkpoints.save(self, step=self.step, blocking=True)
             checkpoints.wait()
             return TrainResult(final_step=self.step, final_loss=loss, preempted=False)
         finally:
-            sigterm.uninstall()
+            stop.uninstall()
             if logger is not None:
                 logger.close()

@@ -262,9 +262,12 @@ def cluster(root: Path) -> Iterator[Cluster]:
         name = line.split(": ")[1].split("@")[0]
         if name.startswith(("fsdpv", BRIDGE)):
             subprocess.run(["ip", "link", "del", name], capture_output=True)
-    for i in range(8):
-        subprocess.run(["ip", "netns", "del", f"fsdp-pod{i}"], capture_output=True)
-    subprocess.run(["ip", "netns", "del", "fsdp-store"], capture_output=True)
+    for name in [f"fsdp-pod{i}" for i in range(8)] + ["fsdp-store"]:
+        pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
+        for pid in pids.stdout.split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
     _sh("ip", "link", "add", BRIDGE, "type", "bridge")
     _sh("ip", "addr", "add", f"{SUBNET}.1/24", "dev", BRIDGE)
     _sh("ip", "link", "set", BRIDGE, "up")
