@@ -7,6 +7,12 @@
   found exactly those acknowledged in CHECKOV_KUBECTL_PROVIDER, after CKV_AWS_136 (ECR
   encryption) was fixed in infra/image.py;
 - our own checks for what cdk-nag does not look at on aws_eks_v2 clusters.
+
+checkov is not a project dependency (it pins its own versions of common packages); run it from
+its own environment, offline (it warns that it cannot fetch guidelines, and scans anyway):
+
+    python3 -m venv /tmp/checkov && /tmp/checkov/bin/pip install checkov==3.3.30
+    make synth && /tmp/checkov/bin/checkov -d cdk.out --framework cloudformation --compact
 """
 
 from __future__ import annotations

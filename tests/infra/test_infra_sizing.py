@@ -85,3 +85,33 @@ def test_sized_for_a_smaller_overlay() -> None:
 def test_synth_refuses_a_file_system_too_small(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not fit overlay 16node"):
         synth({"fsxStorageCapacityGiB": 1200}, outdir=tmp_path)
+
+
+def test_app_exits_with_the_sizing_message(tmp_path: Path) -> None:
+    """app.py as the CDK CLI runs it: a file system too small stops synth, no traceback."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from infra_synth import REPO_ROOT
+
+    env = {
+        **os.environ,
+        "CDK_CONTEXT_JSON": json.dumps({**CDK_JSON_CONTEXT, "fsxStorageCapacityGiB": 2400}),
+        "CDK_OUTDIR": str(tmp_path),
+        "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
+    }
+    result = subprocess.run(
+        [sys.executable, "app.py"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode != 0
+    assert "Configuration error: context 'fsxStorageCapacityGiB': 2400 GiB" in result.stderr
+    assert "4800 GiB at 250" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not list(tmp_path.glob("*.template.json"))
