@@ -96,6 +96,9 @@ class GpuNodesConfig:
     """Interface type on network cards 1..31: `efa-only` (no IP address used) or `efa`."""
     root_volume_gib: int
     """Size of the gp3 root volume (container images for CUDA + PyTorch are large)."""
+    capacity_block_active: bool = False
+    """The Capacity Block has started (`-c capacityBlockActive=true`): only then may a
+    capacity-block group have nodes (before its start EC2 cannot launch them)."""
     reservation_placement_group: str | None = None
     """Name of the cluster placement group a capacity reservation was created in (EC2: such a
     reservation is only usable by instances launched in that group). None: no group. On-demand
@@ -200,6 +203,16 @@ def _int(get: Getter, key: str, *, minimum: int, fix: str) -> int:
     if value < minimum:
         raise ConfigError(key, f"must be >= {minimum}, got {value}", fix)
     return value
+
+
+def _bool(get: Getter, key: str, *, fix: str) -> bool:
+    """true/false from cdk.json, or the strings "true"/"false" from `-c`; missing is false."""
+    value = get(key)
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ConfigError(key, f"must be true or false, got {value!r}", fix)
 
 
 def _list(get: Getter, key: str, *, fix: str) -> tuple[str, ...]:
@@ -348,13 +361,23 @@ def _gpu(get: Getter) -> GpuNodesConfig:
                 f"{reservation!r} is not a capacity reservation id",
                 "ids look like cr-0123456789abcdef0",
             )
-    if capacity == "capacity-block" and desired != 0:
+    block_active = _bool(
+        get, "capacityBlockActive", fix="-c capacityBlockActive=true once the block has started"
+    )
+    if block_active and capacity != "capacity-block":
+        raise ConfigError(
+            "capacityBlockActive",
+            f"is set but capacityType is {capacity}",
+            "only a capacity-block node group needs it; drop it",
+        )
+    if capacity == "capacity-block" and desired != 0 and not block_active:
         # EKS docs (capacity blocks for managed node groups): create the group with desired 0
         # and scale it up once the block is active; instances before the start cannot launch.
         raise ConfigError(
             "gpuNodesDesired",
             f"is {desired} but a capacity-block node group must start at 0",
-            "deploy with -c gpuNodesDesired=0 and scale up when the block starts",
+            "deploy with -c gpuNodesDesired=0, and once the block has started scale up with "
+            f"-c gpuNodesDesired={desired} -c capacityBlockActive=true",
         )
     group = _optional_str(get, "capacityReservationPlacementGroup")
     if group is not None and capacity != "capacity-reservation":
@@ -380,6 +403,7 @@ def _gpu(get: Getter) -> GpuNodesConfig:
         efa_secondary_interface_type=efa,
         root_volume_gib=root,
         reservation_placement_group=group,
+        capacity_block_active=block_active,
     )
 
 

@@ -104,6 +104,17 @@ BAD_VALUES = [
         "gpuNodesDesired",
         "must start at 0",
     ),
+    (
+        {
+            "capacityType": "capacity-block",
+            "capacityReservationId": "cr-0123456789abcdef0",
+            "gpuNodesDesired": 2,
+        },
+        "gpuNodesDesired",
+        "-c gpuNodesDesired=2 -c capacityBlockActive=true",
+    ),
+    ({"capacityBlockActive": "true"}, "capacityBlockActive", "capacityType is on-demand"),
+    ({"capacityBlockActive": "yes"}, "capacityBlockActive", "must be true or false"),
     ({"capacityReservationPlacementGroup": "pg-a"}, "capacityReservationPlacementGroup", "is set"),
     ({"fsxStorageCapacityGiB": 3600}, "fsxStorageCapacityGiB", "e.g. 4800"),
     ({"fsxRemovalPolicy": "snapshot"}, "fsxRemovalPolicy", "not supported"),
@@ -162,3 +173,14 @@ def test_app_exits_non_zero_with_the_message(tmp_path: Path) -> None:
     assert "Configuration error: context 'capacityReservationId': is required" in result.stderr
     assert "Traceback" not in result.stderr
     assert not list(tmp_path.glob("*.template.json"))
+
+
+def test_a_started_capacity_block_takes_nodes() -> None:
+    """Once the block has started, the deploy itself scales the group (no out-of-band count)."""
+    config = load(
+        capacityType="capacity-block",
+        capacityReservationId="cr-0123456789abcdef0",
+        gpuNodesDesired="2",
+        capacityBlockActive="true",
+    )
+    assert (config.gpu.desired_size, config.gpu.capacity_block_active) == (2, True)
