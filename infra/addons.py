@@ -27,31 +27,32 @@ class Chart:
     """Namespace of the release."""
 
 
-# The one place chart versions live. Check for newer ones before a deploy with
-# `helm search repo <repo>/<chart> --versions`.
+# The one place chart versions live: the newest version in each chart repository's index
+# (its gh-pages branch, index.yaml) as of the dates below. Check for newer ones before a deploy
+# with `helm search repo <repo>/<chart> --versions`.
 NVIDIA_DEVICE_PLUGIN = Chart(
     repository="https://nvidia.github.io/k8s-device-plugin",
     name="nvidia-device-plugin",
-    # v0.19.2: NVIDIA/k8s-device-plugin PR #1814 "[release-0.19] Bump k8s-device-plugin
-    # version to v0.19.2" (2026-05-26); the chart version equals the release.
-    version="0.19.2",
+    # NVIDIA/k8s-device-plugin gh-pages index.yaml (2026-08-20): 0.20.0, tag v0.20.0.
+    version="0.20.0",
     namespace="kube-system",
 )
 EFA_DEVICE_PLUGIN = Chart(
     repository="https://aws.github.io/eks-charts",
     name="aws-efa-k8s-device-plugin",
-    # eks-charts release v0.0.244 (2026-09-10): "bump aws-efa-k8s-device-plugin to
-    # v0.5.21-eksbuild.13" (aws/eks-charts PR #1366); the chart versions follow the plugin's.
-    version="v0.5.21",
+    # aws/eks-charts gh-pages index.yaml (2026-08-03): v0.5.30 (plugin v0.5.20,
+    # stable/aws-efa-k8s-device-plugin/Chart.yaml).
+    version="v0.5.30",
     namespace="kube-system",
 )
 DCGM_EXPORTER = Chart(
     repository="https://nvidia.github.io/dcgm-exporter/helm-charts",
     name="dcgm-exporter",
-    # 4.8.3 (DCGM 4.6.0): DCGM Exporter release notes, "4.6.0-4.8.3, released 2026-07-15"
-    # (https://docs.nvidia.com/datacenter/dcgm/latest/release-notes/dcgm-exporter.html); the
-    # chart version is the exporter's.
-    version="4.8.3",
+    # NVIDIA/dcgm-exporter gh-pages helm-charts/index.yaml: 4.8.2 (exporter 4.8.2, DCGM
+    # 4.5.3). The release notes list 4.6.0-4.8.3 (2026-07-15,
+    # https://docs.nvidia.com/datacenter/dcgm/latest/release-notes/dcgm-exporter.html); pin it
+    # once its chart is in the index.
+    version="4.8.2",
     namespace="kube-system",
 )
 CHARTS: tuple[Chart, ...] = (NVIDIA_DEVICE_PLUGIN, EFA_DEVICE_PLUGIN, DCGM_EXPORTER)
