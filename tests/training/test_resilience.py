@@ -28,6 +28,8 @@ from support import (
     tail,
 )
 
+from training import exits
+
 STEPS = 24
 COMMON = (
     *TINY_MODEL,
@@ -204,3 +206,28 @@ def test_four_rank_checkpoint_resumes_on_two_ranks(tmp_path: Path, corpus: Path)
     assert model_keys
     for key in model_keys:
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(200)
+def test_inprocess_alone_names_a_frozen_rank_and_exits_for_a_replacement(
+    tmp_path: Path, corpus: Path
+) -> None:
+    """In-process restart cannot bring back a frozen (SIGSTOPped) rank: NVRx terminates it after
+    the hard timeout and the world shrinks below the fixed size. The run must say so and exit 1
+    (retryable: the Job replaces the pod), not 4 (the restart cap, which fails the Job)."""
+    run_dir = tmp_path / "run"
+    proc = launch(
+        run_dir,
+        corpus,
+        "--restart=inprocess",
+        "--faults=sigstop@1:6",
+        "--resilience.hard_timeout_s=12",
+        "--resilience.max_restarts=3",
+    )
+    assert proc.returncode == exits.FAILED, tail(proc.log)
+    verdict = json.loads((run_dir / "verdict.json").read_text())
+    assert verdict["code"] == exits.FAILED
+    assert "1 of 2 rank(s) died or stopped responding" in verdict["cause"]
+    ends = [e for e in events(run_dir) if e["kind"] == "run_end"]
+    assert ends and all("gave up after" not in e["cause"] for e in ends)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -49,6 +50,38 @@ class PingHooks(StepHooks):
 
     def after_step(self, step: int) -> None:
         self.call_wrapper.ping()
+
+
+def give_up_cause(
+    err: BaseException, *, attempts: int, max_restarts: int, world_size: int
+) -> tuple[int, str]:
+    """Why NVRx's wrapper stopped restarting, and the exit code that fits.
+
+    Its ``RetryController`` raises ``RestartAbort`` both at the restart cap and when the world
+    has shrunk below ``min_world_size`` (we require the full world: the global batch, and so the
+    result, must not change). The second is a rank that died or froze (NVRx's monitor process
+    terminated it after the hard timeout): in-process restart cannot bring a rank back, but a
+    replacement pod can, so that exit is retryable. The cap is not."""
+    detail = f"{type(err).__name__}: {err}".strip()
+    if type(err).__name__ == "RankDiscarded":  # this rank is the lost one (resumed, or late)
+        return exits.FAILED, (
+            f"this rank was discarded by NVRx's in-process restart (it stopped responding "
+            f"past resilience.hard_timeout_s); the pod exits for a replacement. NVRx: {detail}"
+        )
+    shrunk = re.search(r"state\.world_size=(\d+)", str(err))
+    left = int(shrunk.group(1)) if shrunk else world_size
+    if left < world_size:
+        lost = world_size - left
+        return exits.FAILED, (
+            f"{lost} of {world_size} rank(s) died or stopped responding (killed, or frozen past "
+            f"resilience.hard_timeout_s) after {attempts} in-process restart(s); in-process "
+            f"restart cannot replace a lost rank, so the pod exits for a replacement "
+            f"(or use --restart=nested). NVRx: {detail}"
+        )
+    return exits.RESTARTS_EXHAUSTED, (
+        f"in-process restart gave up after {max_restarts} restart(s) "
+        f"(resilience.max_restarts): {detail}"
+    )
 
 
 def store_ports() -> set[int]:
@@ -127,25 +160,21 @@ def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
     )
     try:
         result = wrapped()
-    except BaseException as err:  # RestartAbort is a BaseException: the cap was reached
-        cause = (
-            f"in-process restart gave up after {r.max_restarts} restart(s) "
-            f"(resilience.max_restarts): {type(err).__name__}: {err}"
+    except BaseException as err:  # RestartAbort is a BaseException
+        code, cause = give_up_cause(
+            err, attempts=len(restart_started), max_restarts=r.max_restarts, world_size=world_size
         )
         if nested:
             # The in-job layer takes over: ft_launcher respawns the worker group.
             print(f"error: {cause}; handing over to the in-job restart", file=sys.stderr)
             return exits.FAILED
-        if rank == 0:
-            events.emit("run_end", status="failed", cause=cause[:500])
-            write_verdict(
-                run_dir=Path(config.run_dir),
-                code=exits.RESTARTS_EXHAUSTED,
-                cause=cause[:500],
-                run_id=current_run_id(),
-            )
+        # Any surviving rank records it (rank 0 may be the one that was lost).
+        events.emit("run_end", status="failed", cause=cause[:500])
+        write_verdict(
+            run_dir=Path(config.run_dir), code=code, cause=cause[:500], run_id=current_run_id()
+        )
         print(f"error: {cause}", file=sys.stderr, flush=True)
-        return exits.RESTARTS_EXHAUSTED
+        return code
     finally:
         if monitor is not None:
             monitor.shutdown_workload_monitoring()
