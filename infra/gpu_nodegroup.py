@@ -68,10 +68,11 @@ def node_user_data(*, hugepages: int) -> str:
       reboots). cloud-init runs it in cloud-final; nodeadm-run.service, which starts the
       kubelet, is ordered `After=... cloud-final.service` (amazon-eks-ami
       templates/al2023/runtime/rootfs/etc/systemd/system/nodeadm-run.service), so the kubelet
-      sees the pages when it starts. The AL2023 NVIDIA AMI reserves none by itself: its
-      sysctl.conf sets no `vm.nr_hugepages` and it runs the EFA installer with `--minimal`
-      (amazon-eks-ami templates/al2023/runtime/rootfs/etc/sysctl.conf,
-      templates/al2023/provisioners/install-efa.sh). Early in boot memory is unfragmented, so
+      sees the pages when it starts. The AL2023 NVIDIA AMI reserves none by itself: its sources
+      (amazon-eks-ami, templates/ and nodeadm/, 2026-07-23) set no `vm.nr_hugepages` (its
+      templates/al2023/runtime/rootfs/etc/sysctl.conf has none) and run the EFA installer with
+      `--minimal` (templates/al2023/provisioners/install-efa.sh); the script only raises the
+      count, so pages anything else reserved are kept. Early in boot memory is unfragmented, so
       the allocation succeeds; the script logs a shortfall instead of failing the boot.
     """
     return f"""MIME-Version: 1.0
@@ -92,13 +93,18 @@ spec:
 Content-Type: text/x-shellscript; charset="us-ascii"
 
 #!/bin/bash
-# 2 MiB huge pages for the EFA provider (libfabric), before the kubelet starts.
+# 2 MiB huge pages for the EFA provider (libfabric), before the kubelet starts. Only raises the
+# count: pages something else reserved are kept.
 set -euo pipefail
-echo "vm.nr_hugepages = {hugepages}" > /etc/sysctl.d/90-hugepages.conf
-sysctl -w vm.nr_hugepages={hugepages}
+want={hugepages}
+have=$(cat /proc/sys/vm/nr_hugepages)
+if [ "$have" -lt "$want" ]; then
+  echo "vm.nr_hugepages = $want" > /etc/sysctl.d/90-hugepages.conf
+  sysctl -w vm.nr_hugepages="$want"
+fi
 got=$(cat /proc/sys/vm/nr_hugepages)
-if [ "$got" -lt {hugepages} ]; then
-  echo "only $got of {hugepages} 2 MiB huge pages allocated" >&2
+if [ "$got" -lt "$want" ]; then
+  echo "only $got of $want 2 MiB huge pages allocated" >&2
 fi
 
 --==NODEADM==--

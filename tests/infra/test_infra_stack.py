@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from typing import Any
 
 import pytest
@@ -492,8 +493,12 @@ def test_hugepages_allocated_at_boot_for_what_the_pods_request(
     assert parts[-1].strip() == "--"  # closed multi-part document
     (script,) = [p for p in parts if "Content-Type: text/x-shellscript" in p]
     pages = hugepages_2mi_count()
-    assert f"sysctl -w vm.nr_hugepages={pages}" in script
-    assert f"vm.nr_hugepages = {pages}" in script  # persisted for reboots
+    assert f"\nwant={pages}\n" in script
+    assert 'sysctl -w vm.nr_hugepages="$want"' in script
+    assert '"vm.nr_hugepages = $want" > /etc/sysctl.d/' in script  # persisted for reboots
+    body = script.split("\n\n", 1)[1]  # after the part's headers
+    checked = subprocess.run(["bash", "-n"], input=body, text=True, capture_output=True)
+    assert checked.returncode == 0, checked.stderr
     # At least what every overlay's trainer pod requests (one pod per node), in 2 MiB pages.
     for overlay in render.OVERLAYS:
         for obj in render.job_objects(overlay=overlay, namespace="training", image="i:1"):
@@ -569,3 +574,22 @@ def test_checkov_findings_are_acknowledged_on_their_resources(default_template: 
         k for k, r in default_template["Resources"].items() if "checkov" in r.get("Metadata", {})
     ]
     assert set(skipped) == set(functions)
+
+
+@pytest.mark.parametrize(("before", "after"), [(0, None), (4096, 4096)])
+def test_hugepage_script_raises_the_count_never_lowers_it(
+    default_template: Template, tmp_path: Any, before: int, after: int | None
+) -> None:
+    """The user data's script run against a stand-in /proc and /etc (sysctl stubbed)."""
+    (script,) = [p for p in user_data(default_template).split("--==NODEADM==") if "#!/bin" in p]
+    body = script.split("\n\n", 1)[1]
+    nr, etc = tmp_path / "nr_hugepages", tmp_path / "sysctl.d"
+    etc.mkdir()
+    nr.write_text(f"{before}\n")
+    stub = f'sysctl() {{ echo "${{2#*=}}" > {nr}; }}\n'
+    body = body.replace("/proc/sys/vm/nr_hugepages", str(nr)).replace("/etc/sysctl.d/", f"{etc}/")
+    subprocess.run(["bash", "-c", stub + body], check=True, capture_output=True, text=True)
+    want = hugepages_2mi_count()
+    assert int(nr.read_text()) == (after or want)
+    persisted = list(etc.iterdir())
+    assert [p.read_text() for p in persisted] == ([] if after else [f"vm.nr_hugepages = {want}\n"])
