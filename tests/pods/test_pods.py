@@ -43,6 +43,10 @@ STEPS = 12
 TWO_NODES = "2node"
 FAST = [
     *TINY_MODEL,
+    # debug_cpu's own head counts, spelled out: the renderer validates the args against each
+    # overlay's GPU recipe too, and 64 / 64 heads (p5_70b) would leave an odd head dim.
+    "--model.n_heads=4",
+    "--model.n_kv_heads=2",
     f"--train.steps={STEPS}",
     "--train.log_every=1",
     "--checkpoint.interval=4",

@@ -109,3 +109,36 @@ def test_socket_shutdown_releases_peers_but_spares_the_store() -> None:
     finally:
         for sock in (store_listener, peer_listener, to_store, store_side, to_peer, peer_side):
             sock.close()
+
+
+class _CountingWrapper:
+    """Stands in for NVRx's CallWrapper: only ``ping`` is used by PingHooks."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def ping(self) -> None:
+        import time
+
+        self.times.append(time.monotonic())
+
+
+def test_long_checkpoint_io_keeps_pinging_within_its_budget() -> None:
+    """A slow checkpoint load must not look like a hang to the soft timeout; a stuck one must."""
+    import time
+
+    from training.resilience.inprocess import PingHooks
+
+    wrapper = _CountingWrapper()
+    hooks = PingHooks(wrapper, io_budget_s=60, interval_s=0.2)
+    with hooks.section("checkpoint_load"):
+        time.sleep(1.5)  # slow I/O
+    gaps = [b - a for a, b in itertools.pairwise(wrapper.times)]
+    assert len(wrapper.times) >= 6 and max(gaps) < 0.6, gaps
+
+    stuck_io = _CountingWrapper()
+    hooks = PingHooks(stuck_io, io_budget_s=0.5, interval_s=0.1)
+    with hooks.section("checkpoint_load"):
+        time.sleep(1.5)  # past the budget: the pings stop, so the watchdog can fire
+    inside = stuck_io.times[1:-1]
+    assert inside and inside[-1] - stuck_io.times[0] < 0.8

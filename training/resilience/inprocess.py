@@ -14,11 +14,14 @@ iteration uses its own prefix of it).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import re
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -37,19 +40,49 @@ PG_STORE_PORT_OFFSET = 2
 class PingHooks(StepHooks):
     """Report forward progress to the wrapper's progress watchdog once per step; nested under
     ft_launcher, also a heartbeat to the rank monitor (no sections: an in-process restart would
-    leave one open)."""
+    leave one open).
 
-    def __init__(self, call_wrapper, *, monitor=None) -> None:
+    Checkpoint loads and blocking saves can take minutes on a big model (bytes / FSx
+    throughput), longer than a soft timeout sized for a step: around them a thread keeps
+    pinging, so the timeouts measure a hang, not I/O. It pings for at most
+    ``io_budget_s`` (``resilience.checkpoint_section_timeout_s``, the in-job layer's budget for
+    the same I/O), so that a checkpoint read stuck on a dead file system is still detected."""
+
+    def __init__(self, call_wrapper, *, monitor=None, io_budget_s: float, interval_s: float = 1.0):
         self.call_wrapper = call_wrapper
         self.monitor = monitor
+        self.io_budget_s = io_budget_s
+        self.interval_s = interval_s
 
-    def before_step(self, step: int) -> None:
+    def _report(self) -> None:
         self.call_wrapper.ping()
         if self.monitor is not None:
             self.monitor.send_heartbeat()
 
+    def before_step(self, step: int) -> None:
+        self._report()
+
     def after_step(self, step: int) -> None:
         self.call_wrapper.ping()
+
+    @contextlib.contextmanager
+    def section(self, name: str) -> Iterator[None]:
+        done = threading.Event()
+
+        def keep_reporting() -> None:
+            deadline = time.monotonic() + self.io_budget_s
+            while not done.wait(self.interval_s) and time.monotonic() < deadline:
+                self._report()  # multiprocessing queue / socket: safe from a second thread
+
+        self._report()
+        pinger = threading.Thread(target=keep_reporting, name=f"ping-{name}", daemon=True)
+        pinger.start()
+        try:
+            yield
+        finally:
+            done.set()
+            pinger.join(timeout=self.interval_s + 1)
+            self._report()
 
 
 def give_up_cause(
@@ -132,7 +165,9 @@ def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
         try:
             return run_training(
                 config,
-                hooks=PingHooks(call_wrapper, monitor=monitor),
+                hooks=PingHooks(
+                    call_wrapper, monitor=monitor, io_budget_s=r.checkpoint_section_timeout_s
+                ),
                 attempt=iteration,
                 store=store,
                 rank=current_rank,
