@@ -113,7 +113,8 @@ def test_size_invariants(overlay):
 
     assert spec["completionMode"] == "Indexed"
     assert spec["parallelism"] == spec["completions"] == size.nodes
-    assert f"--nnodes={size.nodes}" in container["args"]
+    assert int(env["NNODES"]) == size.nodes
+    assert "--nnodes=$(NNODES)" in container["args"]
     assert int(env["NPROC_PER_NODE"]) == gpus == 8  # p5.48xlarge
     assert "--nproc-per-node=$(NPROC_PER_NODE)" in container["args"]
     assert int(res["limits"]["vpc.amazonaws.com/efa"]) == 32  # p5's network cards
