@@ -57,9 +57,12 @@ class OverlaySize:
     recipe: str
     """Trainer recipe (`python -m training train --recipe NAME`)."""
     node_type: NodeType = P5_48XLARGE
-    restart: str = "injob"
-    """Default restart layer: `injob` (ft_launcher), `inprocess` (torchrun, static ranks) or
-    `nested` (in-process restarts inside ft_launcher)."""
+    restart: str = "nested"
+    """Default restart layer: `nested` (in-process restarts inside ft_launcher: exceptions and
+    soft hangs recover in the same processes, in seconds; dead or frozen ranks and lost pods are
+    respawned by ft_launcher), `injob` (ft_launcher alone: every fault restarts the workers) or
+    `inprocess` (torchrun, static ranks: a lost rank fails the pod). Nested is the default
+    because it passed every fault of tests/training/test_resilience.py and tests/pods."""
     backoff_limit: int = 3
     """Pod failures (node loss, crash) the Job absorbs before it is marked failed."""
     grace_seconds: int = 600

@@ -220,12 +220,15 @@ def _kill_pod(index: int, record: dict) -> Callable[[emulator.Cluster], None]:
     return act
 
 
-# name: (trainer faults, or a pod to kill at step 6). NPROC_PER_NODE=1: rank i is pod i.
+# name: (restart mode, trainer faults, or a pod to kill at step 6). NPROC_PER_NODE=1: rank i
+# is pod i. Nested mode (the EKS default) meets the faults only its in-job layer can mend.
 TWO_POD_FAULTS = {
-    "sigkill-rank": ("sigkill@1:6", None),
-    "sigstop-rank": ("sigstop@1:6", None),
-    "kill-pod-1": ("", 1),
-    "kill-pod-0": ("", 0),
+    "injob-sigkill-rank": ("injob", "sigkill@1:6", None),
+    "injob-sigstop-rank": ("injob", "sigstop@1:6", None),
+    "injob-kill-pod-1": ("injob", "", 1),
+    "injob-kill-pod-0": ("injob", "", 0),
+    "nested-sigstop-rank": ("nested", "sigstop@1:6", None),
+    "nested-kill-pod-0": ("nested", "", 0),
 }
 
 
@@ -233,12 +236,12 @@ TWO_POD_FAULTS = {
 def test_two_pods_survive_the_loss_of_any_rank_or_pod(
     tmp_path: Path, reference: dict, name: str
 ) -> None:
-    faults, pod = TWO_POD_FAULTS[name]
+    restart, faults, pod = TWO_POD_FAULTS[name]
     record: dict = {}
     result, job = _run(
         tmp_path,
         TWO_NODES,
-        restart="injob",
+        restart=restart,
         env=TWO_PODS,
         extra=(f"--faults={faults}",) if faults else (),
         when_step=(6, _kill_pod(pod, record)) if pod is not None else None,

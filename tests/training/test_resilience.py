@@ -89,6 +89,13 @@ FAULT_RUNS = {
         "exception@0:4;hang@1:11;ckpt_crash@0:16:staged",
         (),
     ),
+    # nested: in-process restart inside ft_launcher. Exceptions and hangs recover in the same
+    # processes; a killed or frozen rank is respawned by the in-job layer.
+    "nested-exception-hang-sigkill-sigstop": (
+        "nested",
+        "exception@1:4;hang@0:9;sigkill@1:14;sigstop@0:19",
+        (),
+    ),
     "injob-crash-before-commit-damaged-sigterm": (
         "injob",
         "ckpt_crash@1:8:written;ckpt_crash@0:12:commit;corrupt_shard@1:19;sigterm@0:22",

@@ -449,7 +449,7 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--context", help="kubeconfig context (default: the current one)")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("submit", parents=[common], help="apply the job (idempotent)")
-    s.add_argument("--restart", choices=("injob", "inprocess"), help="default: the overlay's")
+    s.add_argument("--restart", choices=render.RESTART_MODES, help="default: the overlay's")
     s.add_argument("--follow", action="store_true", help="wait, stream rank 0, report the end")
     s.add_argument("--timeout", type=float, help="seconds --follow waits before giving up")
     sub.add_parser("status", parents=[common], help="the job's pods, restarts and completion")
