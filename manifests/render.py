@@ -335,6 +335,9 @@ def _env(*, size: OverlaySize) -> list[dict]:
         # The launcher's node count, equal to the Job's completions (both from sizes.py).
         "NNODES": str(size.nodes),
         "NPROC_PER_NODE": str(size.nproc_per_node),
+        # training.startup_check: a multi-node job without the EFA provider would fall back to
+        # TCP sockets and run at a fraction of its speed, so the pod refuses to start.
+        "REQUIRE_EFA": "1" if size.nodes > 1 and size.node_type.efa > 0 else "0",
         "RECIPE": size.recipe,
         "DATA_DIR": DATA_DIR,
         "TMPDIR": SCRATCH,

@@ -1,6 +1,6 @@
 """Pod start-up check, run before rendezvous: does this machine fit the job?
 
-Run: ``python -m training.startup_check [--expect-device cuda|cpu]``. Reads ``NPROC_PER_NODE``
+Run: ``python -m training.startup_check [--expect-device cuda|cpu|auto]``. Reads ``NPROC_PER_NODE``
 (ranks this node will start; default 1) and ``EXPECT_DEVICE`` (default ``cuda``; the flag wins).
 Prints one JSON line (torch, CUDA, driver, NCCL versions, GPU count, libfabric EFA provider) and
 exits 0, or prints one ``startup_check: <field>: <problem>; <fix>`` line per misfit to stderr and
@@ -170,12 +170,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.startup_check")
     parser.add_argument(
         "--expect-device",
-        choices=("cuda", "cpu"),
+        choices=("cuda", "cpu", "auto"),
         default=os.environ.get("EXPECT_DEVICE", "cuda"),
+        help="auto (the run's parallel.device default): cuda when torch sees a GPU, else cpu",
     )
     args = parser.parse_args(argv)
+    expect = args.expect_device
+    if expect == "auto":
+        import torch
+
+        expect = "cuda" if torch.cuda.is_available() else "cpu"
     report = gather(
-        expect_device=args.expect_device,
+        expect_device=expect,
         nproc_per_node=os.environ.get("NPROC_PER_NODE", "1"),
         require_efa=os.environ.get("REQUIRE_EFA", "0") == "1",
     )

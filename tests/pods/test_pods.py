@@ -315,3 +315,25 @@ def test_the_kubelet_reports_a_signal_as_128_plus_its_number() -> None:
     assert emulator.container_exit_code(-signal.SIGKILL) == 137
     assert emulator.container_exit_code(-signal.SIGTERM) == exits.PREEMPTED
     assert emulator.container_exit_code(3) == 3
+
+
+def test_a_pod_on_a_node_that_does_not_fit_fails_the_job_at_once(tmp_path: Path) -> None:
+    """The overlay's own GPU recipe on this GPU-less machine: the pod's start-up check refuses
+    (exit 5, the pod failure policy fails the Job) before any launcher or rendezvous."""
+    with emulator.cluster(tmp_path) as pods:
+        _prepare_data(tmp_path)
+        shared, job, config_map = _objects("smoke", restart="nested", train_args=FAST)
+        pods.start_store(shared=shared)
+        result = emulator.run_job(
+            pods,
+            job=job,
+            config_map=config_map,
+            job_uid=emulator.new_job_uid(),
+            env_overrides={"NPROC_PER_NODE": "2"},  # RECIPE stays p5_smoke: CUDA expected
+            timeout_s=120,
+        )
+        log = _logs(tmp_path)
+    assert result.status == "Failed", log
+    assert result.reason == f"PodFailurePolicy: exit {exits.ENVIRONMENT}", log
+    assert "startup_check: cuda" in log
+    assert "[ft_launcher" not in log, "no launcher may start on a node that does not fit"

@@ -4,7 +4,9 @@ CMD is the node's launcher command, rendered by `manifests/render.py` from
 `training.launch.command` (so the flags come from the run's config). Before starting it:
 - the trainer's arguments are validated (a bad flag exits `exits.USAGE` at once, and the pod
   failure policy fails the Job instead of retrying);
-- the rendezvous host must resolve (the Service's DNS name appears shortly after the pod).
+- the node must fit the run (`training.startup_check`: torch, CUDA, driver, NCCL, GPU count,
+  EFA; a misfit exits `exits.ENVIRONMENT`, which fails the Job), checked while waiting for
+- the rendezvous host to resolve (the Service's DNS name appears shortly after the pod).
 Then the launcher runs as a child; SIGTERM and SIGINT (the kubelet's stop) are passed on to it,
 and its exit code is translated: a verdict left by a rank (`training.verdict`) wins, a stop on
 request is `exits.PREEMPTED`, anything else stays a retryable failure.
@@ -44,17 +46,31 @@ def wait_for_host(host: str, *, timeout_s: float, poll_s: float = 2.0) -> bool:
             time.sleep(poll_s)
 
 
+def start_startup_check(*, device: str) -> subprocess.Popen:
+    """`python -m training.startup_check` for the run's device, in its own process (its torch
+    import then costs the supervisor no memory for the rest of the job). NPROC_PER_NODE and
+    REQUIRE_EFA come from the pod's environment, as the Job sets them."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "training.startup_check", f"--expect-device={device}"]
+    )
+
+
 def supervise(command: Sequence[str]) -> int:
     try:
         config, _ = build_config(trainer_args_of(command))
     except (ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return exits.USAGE
+    check = start_startup_check(device=config.parallel.device)
     endpoint = _flag(command, "rdzv-endpoint")
     host = endpoint.rsplit(":", 1)[0]
     if host and not wait_for_host(host, timeout_s=config.resilience.join_timeout_s):
+        check.kill()
         print(f"error: rendezvous host {host} never resolved", file=sys.stderr, flush=True)
         return exits.FAILED
+    if check.wait() != exits.OK:
+        print("error: this node does not fit the run (startup_check above)", file=sys.stderr)
+        return exits.ENVIRONMENT
     stopping: list[int] = []
     child = subprocess.Popen(list(command))
 
