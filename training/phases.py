@@ -44,11 +44,37 @@ class _Emitter(Protocol):
     def emit(self, kind: str, *, step: int | None = None, **extra: Any) -> None: ...
 
 
-def emit_phase(events: _Emitter, *, phase: str, attempt: int, mode: str | None = None) -> None:
-    """Write one ``restart_phase`` event; ``attempt`` is the attempt the restart leads to."""
+def emit_phase(
+    events: _Emitter,
+    *,
+    phase: str,
+    attempt: int,
+    mode: str | None = None,
+    at: float | None = None,
+) -> None:
+    """Write one ``restart_phase`` event; ``attempt`` is the attempt the restart leads to; `at`
+    (Unix time) when the phase was reached earlier than now (e.g. the process's start)."""
     if phase not in PHASES:
         raise ValueError(f"restart phase {phase!r} is not one of {PHASES}")
     extra: dict[str, Any] = {"phase": phase, "attempt": attempt}
     if mode is not None:
         extra["mode"] = mode
+    if at is not None:
+        extra["time"] = at  # EventLog.emit lets extra fields override its own
     events.emit(RESTART_PHASE, **extra)
+
+
+def process_start_time(pid: int | None = None) -> float | None:
+    """Unix time at which process `pid` (default: this one) started, from /proc (Linux; to the
+    kernel's clock tick, 10 ms): its age is the uptime minus its start in ticks since boot."""
+    import os
+    import time
+
+    try:
+        with open(f"/proc/{pid or os.getpid()}/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))

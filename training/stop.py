@@ -36,8 +36,17 @@ log = logging.getLogger(__name__)
 class StopRequest:
     """Install with ``with StopRequest(grace_s=...) as stop:``; ``stop.requested`` is the flag."""
 
-    def __init__(self, *, grace_s: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        *,
+        grace_s: Callable[[], float],
+        on_signal: Callable[[], None] = lambda: None,
+        on_forced_exit: Callable[[], None] = lambda: None,
+    ) -> None:
+        """`on_signal` and `on_forced_exit` run on the watcher thread (record restart phases)."""
         self._grace_s = grace_s
+        self._on_signal = on_signal
+        self._on_forced_exit = on_forced_exit
         self._event = threading.Event()
         self._saving = threading.Event()
         self._done = threading.Event()
@@ -101,8 +110,16 @@ class StopRequest:
                 return
             if signal.SIGTERM in received:
                 self._event.set()
+                self._call(self._on_signal)
                 self._enforce()
                 return
+
+    @staticmethod
+    def _call(callback: Callable[[], None]) -> None:
+        try:
+            callback()
+        except Exception:  # a record must never stop the stop
+            log.exception("stop-request callback failed")
 
     def _enforce(self) -> None:
         grace = self._grace_s()
@@ -119,4 +136,5 @@ class StopRequest:
         )
         log.warning(message)
         print(message, file=sys.stderr, flush=True)
+        self._call(self._on_forced_exit)
         os._exit(exits.PREEMPTED)

@@ -30,7 +30,13 @@ from training.faults import FaultInjector
 from training.metrics import EventLog, StepLogger, peak_flops_for
 from training.model import Transformer, flops_per_token
 from training.parallel import DistEnv, build_sharded_model, set_cpu_threads
-from training.phases import CHECKPOINT_LOADED, FIRST_STEP, emit_phase
+from training.phases import (
+    CHECKPOINT_LOADED,
+    DETECTED,
+    FIRST_STEP,
+    SURVIVORS_STOPPED,
+    emit_phase,
+)
 from training.stop import StopRequest
 
 STOP_GRACE_FLOOR_S = 2.0
@@ -203,13 +209,23 @@ class Trainer:
         slowest_iteration_s = 0.0
         # On SIGTERM the loop has this long to reach a step boundary (where it takes the final
         # checkpoint); a rank stuck in a collective exits 143 instead (training/stop.py).
-        stop = StopRequest(grace_s=lambda: max(STOP_GRACE_FLOOR_S, 2.0 * slowest_iteration_s))
+        mode = c.resilience.restart
+        stop = StopRequest(
+            grace_s=lambda: max(STOP_GRACE_FLOOR_S, 2.0 * slowest_iteration_s),
+            # SIGTERM: a launcher saw a fault elsewhere (or a drain began); a forced exit is
+            # this survivor leaving its stuck step.
+            on_signal=lambda: emit_phase(
+                self.events, phase=DETECTED, attempt=self.attempt + 1, mode=mode
+            ),
+            on_forced_exit=lambda: emit_phase(
+                self.events, phase=SURVIVORS_STOPPED, attempt=self.attempt + 1, mode=mode
+            ),
+        )
         logger = None
         try:
             stop.install()
             with self.hooks.section("checkpoint_load"):
                 checkpoints.load_latest(self)
-            mode = c.resilience.restart
             emit_phase(self.events, phase=CHECKPOINT_LOADED, attempt=self.attempt, mode=mode)
             start_step = self.step
             if self.env.rank == 0:

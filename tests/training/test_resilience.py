@@ -130,6 +130,15 @@ def test_fault_matrix_ends_bit_identical(
     assert len(summary["restarts"]) >= 1
     steps = [m["step"] for m in read_metrics(run_dir)]
     assert max(steps) == STEPS and set(steps) == set(range(1, STEPS + 1))
+    # Every restart layer records the phases it passes through (training/phases.py).
+    phases = {e["phase"] for e in events(run_dir) if e["kind"] == "restart_phase"}
+    expected = {"detected", "rendezvous_done", "process_group_up", "model_built"}
+    expected |= {"checkpoint_loaded", "first_step"}
+    if layer != "inprocess":
+        expected.add("processes_up")
+    if layer == "injob":
+        expected.add("survivors_stopped")
+    assert expected <= phases, f"missing phases: {expected - phases}"
     if "corrupt_shard" in faults or "truncate_shard" in faults:
         rejected = [e for e in events(run_dir) if e["kind"] == "checkpoint_rejected"]
         assert rejected, "the damaged newest checkpoint must be rejected"

@@ -27,6 +27,14 @@ from pathlib import Path
 from training import exits
 from training.config import JobConfig
 from training.metrics import EventLog
+from training.phases import (
+    DETECTED,
+    PROCESSES_UP,
+    RENDEZVOUS_DONE,
+    SURVIVORS_STOPPED,
+    emit_phase,
+    process_start_time,
+)
 from training.resilience.sections import CHECKPOINT, STEP
 from training.trainer import StepHooks
 from training.verdict import current_run_id, write_verdict
@@ -162,8 +170,13 @@ def run_injob(config: JobConfig) -> int:
     attempt = attempt_number()
     rank = int(os.environ.get("RANK", "0"))
     events = EventLog(run_dir=Path(config.run_dir), rank=rank)
+    mode = config.resilience.restart
     if attempt > 0:
         events.emit("restart_end", mode="injob", attempt=attempt)
+    # ft_launcher spawns the workers as soon as its rendezvous round completes, so this
+    # process's start time marks the rendezvous; now, with torch and NVRx imported, it is up.
+    emit_phase(events, phase=RENDEZVOUS_DONE, attempt=attempt, mode=mode, at=process_start_time())
+    emit_phase(events, phase=PROCESSES_UP, attempt=attempt, mode=mode)
     client = rank_monitor_client()
     try:
         if rank == 0:
@@ -174,7 +187,11 @@ def run_injob(config: JobConfig) -> int:
         try:
             result = run_training(config, hooks=hooks, attempt=attempt)
         except BaseException:
+            # This rank saw the fault (its own, or a collective that failed with a dead peer)
+            # and leaves now; the launcher restarts the workers.
             events.emit("restart_begin", mode="injob", attempt=attempt)
+            emit_phase(events, phase=DETECTED, attempt=attempt + 1, mode=mode)
+            emit_phase(events, phase=SURVIVORS_STOPPED, attempt=attempt + 1, mode=mode)
             raise
     finally:
         client.shutdown_workload_monitoring()

@@ -30,6 +30,13 @@ import torch.distributed as dist
 from training import exits
 from training.config import JobConfig
 from training.metrics import EventLog
+from training.phases import (
+    DETECTED,
+    PROCESSES_UP,
+    RENDEZVOUS_DONE,
+    emit_phase,
+    process_start_time,
+)
 from training.trainer import StepHooks
 from training.verdict import current_run_id, write_verdict
 
@@ -126,7 +133,7 @@ def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
     """In-process restarts; with `nested`, inside ft_launcher (which respawns dead or frozen
     ranks and enforces the job-wide restart cap, see `training.resilience.injob`)."""
     from training.nvrx import inprocess_wrapper, rank_monitor_client
-    from training.resilience.injob import check_attempt
+    from training.resilience.injob import attempt_number, check_attempt
     from training.run import release_leftovers, run_training
 
     rank = int(os.environ.get("RANK", "0"))
@@ -136,6 +143,12 @@ def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
     events = EventLog(run_dir=Path(config.run_dir), rank=rank)
     r = config.resilience
     monitor = rank_monitor_client() if nested else None
+    if nested:  # a fresh process of the in-job layer (see run_injob)
+        attempt = attempt_number()
+        emit_phase(
+            events, phase=RENDEZVOUS_DONE, attempt=attempt, mode="nested", at=process_start_time()
+        )
+        emit_phase(events, phase=PROCESSES_UP, attempt=attempt, mode="nested")
     if monitor is not None and rank == 0:
         code = check_attempt(config, client=monitor, events=events)
         if code is not None:
@@ -159,6 +172,9 @@ def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
         if iteration > 0:
             seconds = time.time() - restart_started[-1] if restart_started else None
             events.emit("restart_end", mode="inprocess", attempt=iteration, seconds=seconds)
+            # The wrapper aborted, health-checked and passed its rank-assignment barrier (its
+            # rendezvous); the same processes go on.
+            emit_phase(events, phase=RENDEZVOUS_DONE, attempt=iteration, mode="inprocess")
         current_rank = int(os.environ["RANK"])
         current_world = int(os.environ["WORLD_SIZE"])
         store = dist.PrefixStore(f"pg_{iteration}", base_store)
@@ -181,6 +197,8 @@ def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
                 attempt=iteration,
                 error=f"{type(err).__name__}: {err}"[:300],
             )
+            # An exception, or NVRx's monitor interrupting a hang: the wrapper takes over.
+            emit_phase(events, phase=DETECTED, attempt=iteration + 1, mode="inprocess")
             raise
 
     wrapped = inprocess_wrapper(
