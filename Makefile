@@ -23,7 +23,7 @@ ARGS    ?=
 OVERLAY ?= smoke
 DATA    := data/stdlib
 
-.PHONY: help setup train test test-fast lint format clean synth diff deploy destroy bench report planner data eks-status eks-logs eks-stop eks-preflight
+.PHONY: help setup train test test-fast lint format clean synth diff deploy gpu-nodes destroy bench report planner data eks-status eks-logs eks-stop eks-preflight
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -90,11 +90,22 @@ synth: setup ## Synthesize the CloudFormation templates offline
 diff: setup ## Compare the deployed stack with the local one
 	$(CDK) diff --no-notices $(ARGS)
 
-deploy: setup ## Deploy the stack (needs AWS credentials); writes cdk-outputs.json
-	$(CDK) deploy --no-notices --outputs-file cdk-outputs.json $(ARGS)
+# The GPU node count the last `make gpu-nodes` asked for: every deploy passes it on, so a plain
+# `make deploy` (say, to change a setting) never scales running nodes back to cdk.json's 0.
+GPU_NODES_FILE := .gpu-nodes
 
-destroy: setup ## Tear the stack down (FSx data is deleted with it unless retained)
+deploy: setup ## Deploy the stack (needs AWS credentials); writes cdk-outputs.json
+	$(CDK) deploy --no-notices --outputs-file cdk-outputs.json \
+	  $(if $(wildcard $(GPU_NODES_FILE)),-c gpuNodesDesired=$(shell cat $(GPU_NODES_FILE))) $(ARGS)
+
+gpu-nodes: ## Set the GPU node count, kept for later deploys: make gpu-nodes NODES=2
+	@[[ "$(NODES)" =~ ^[0-9]+$$ ]] || { echo "NODES: give the GPU node count, e.g. make gpu-nodes NODES=2" >&2; exit 2; }
+	echo $(NODES) > $(GPU_NODES_FILE)
+	$(MAKE) --no-print-directory deploy
+
+destroy: setup ## Tear the stack down (the FSx file system is kept unless fsxRemovalPolicy says otherwise)
 	$(CDK) destroy --no-notices $(ARGS)
+	rm -f $(GPU_NODES_FILE)
 
 # --- quality --------------------------------------------------------------------------------
 lint: $(VENV)/.stamp ## ruff lint + format check
