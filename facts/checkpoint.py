@@ -6,7 +6,7 @@ The trainer checkpoints FSDP2's sharded state through ``torch.distributed.checkp
 to bf16 only for compute, the sharded master copy stays fp32) and AdamW's two moments
 (``exp_avg``, ``exp_avg_sq``), fp32 each; gradients are not saved. That is 4 + 4 + 4 = 12 bytes
 per parameter, plus per-tensor scalars (AdamW's ``step``) and the data-loader position, which are
-negligible at any real size. ``tests/training/test_checkpoint_bytes.py`` builds each recipe's
+negligible at any real size. ``tests/facts/test_recipes_table.py`` builds each recipe's
 model on the meta device and checks this against the state dict's real tensors.
 
 A framework that also keeps bf16 parameters or fp32 gradients in the checkpoint stores 14-18 B;
