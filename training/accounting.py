@@ -17,9 +17,11 @@ import bisect
 import json
 import statistics
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from training.phases import DETECTED, PHASES, RESTART_PHASE
 
 METRICS_FILE = "metrics.jsonl"
 EVENTS_FILE = "events.jsonl"
@@ -27,6 +29,10 @@ EVENTS_FILE = "events.jsonl"
 # Events that belong to a restart incident. Everything logged between a fault and the first step
 # completed after it (by any rank, in any order) is one incident.
 _INCIDENT_KINDS = frozenset({"fault", "restart_begin", "restart_end", "attempt_start"})
+
+
+# Clock skew allowed between hosts when a phase event is matched to the restart it belongs to.
+_PHASE_SKEW_S = 1.0
 
 
 class RunDirError(Exception):
@@ -51,6 +57,51 @@ class Step:
     """Throughput of the step."""
     mfu: float | None
     """Model FLOPs utilisation of the step, when the trainer knows the peak FLOPs."""
+
+
+@dataclass(frozen=True)
+class PhaseMark:
+    """One restart phase (``training/phases.py``) as the whole job reached it.
+
+    A phase counts as reached when the *last* rank reports it (the job cannot go on before), except
+    ``detected``, which is reached when the *first* rank sees the fault.
+    """
+
+    phase: str
+    """One of ``training.phases.PHASES``."""
+    offset_s: float
+    """Seconds from the restart's begin (``Restart.begin_s``; run start for start-up)."""
+    duration_s: float
+    """Seconds since the phase reached just before it in time (the begin, for the first one):
+    what this phase added to the restart. Phases are ordered by time, not by ``PHASES``, since
+    the layers do not all pass them in the same order."""
+    ranks: int
+    """How many ranks reported the phase."""
+
+
+def _phase_marks(events: list[dict[str, Any]], *, origin: float) -> tuple[PhaseMark, ...]:
+    """The `PhaseMark`s of one restart (or the start-up) from its restart_phase events."""
+    times: dict[str, list[float]] = {}
+    ranks: dict[str, set[Any]] = {}
+    for e in events:
+        times.setdefault(str(e["phase"]), []).append(float(e["time"]))
+        ranks.setdefault(str(e["phase"]), set()).add(e.get("rank"))
+    reached = {p: (min(ts) if p == DETECTED else max(ts)) for p, ts in times.items()}
+    order = sorted(reached, key=lambda p: (reached[p], PHASES.index(p)))
+    marks: list[PhaseMark] = []
+    prev = origin
+    for p in order:
+        t = reached[p]
+        marks.append(
+            PhaseMark(
+                phase=p,
+                offset_s=t - origin,
+                duration_s=max(0.0, t - prev),  # a phase logged before the begin added nothing
+                ranks=len(ranks[p]),
+            )
+        )
+        prev = max(prev, t)
+    return tuple(marks)
 
 
 @dataclass(frozen=True)
@@ -89,11 +140,25 @@ class Restart:
     """How many step numbers were completed before the incident and repeated after it."""
     restart_s: float | None
     """The longest ``seconds`` reported by this incident's restart_end events, if any."""
+    phases: tuple[PhaseMark, ...] = ()
+    """The restart phases recorded for this incident, in the order they were reached (any phase
+    may be missing: a layer that does not see it does not log it)."""
 
     @property
     def lost_s(self) -> float:
         """Total time lost to this incident: downtime plus recomputed work."""
         return self.downtime_s + self.recompute_s
+
+    @property
+    def costliest_phase(self) -> str | None:
+        """The phase with the longest duration (None when no phase was recorded)."""
+        if not self.phases:
+            return None
+        return max(self.phases, key=lambda m: m.duration_s).phase
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict, with lost_s and costliest_phase spelled out."""
+        return {**asdict(self), "lost_s": self.lost_s, "costliest_phase": self.costliest_phase}
 
 
 @dataclass(frozen=True)
@@ -140,11 +205,24 @@ class RunSummary:
     """JSONL lines that could not be parsed (e.g. a truncated last line) and were ignored."""
     start_time: float
     """Unix time the wall clock starts from (x = 0 on the timeline)."""
+    startup_phases: tuple[PhaseMark, ...] = ()
+    """Phases of the first attempt's start (offsets from the run start)."""
+
+    @property
+    def phase_totals_s(self) -> dict[str, float]:
+        """Seconds each phase took summed over every restart, in ``PHASES`` order."""
+        totals: dict[str, float] = {}
+        for p in PHASES:
+            durations = [m.duration_s for r in self.restarts for m in r.phases if m.phase == p]
+            if durations:
+                totals[p] = sum(durations)
+        return totals
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (restarts as a list of dicts, with lost_s spelled out)."""
-        out = {k: v for k, v in self.__dict__.items() if k != "restarts"}
-        out["restarts"] = [{**r.__dict__, "lost_s": r.lost_s} for r in self.restarts]
+        out = asdict(self)
+        out["restarts"] = [r.to_json() for r in self.restarts]
+        out["phase_totals_s"] = self.phase_totals_s
         return out
 
 
@@ -265,6 +343,41 @@ def _incidents(
     return merged
 
 
+def _assign_phases(
+    events: tuple[dict[str, Any], ...], restarts: list[Restart], *, t0: float
+) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """Split the restart_phase events into one list per restart and the start-up's list.
+
+    By time: an event belongs to the last restart that began before it (within the clock skew
+    allowed between hosts; inside that margin the event's attempt decides). Time, not only the
+    attempt number, because a failed recovery spans several attempts in one incident and cold
+    relaunches renumber attempts.
+    """
+    per_restart: list[list[dict[str, Any]]] = [[] for _ in restarts]
+    startup: list[dict[str, Any]] = []
+    begins = [t0 + r.begin_s for r in restarts]
+    for e in events:
+        if e["kind"] != RESTART_PHASE or e.get("phase") not in PHASES:
+            continue
+        t = float(e["time"])
+        n = bisect.bisect_right(begins, t + _PHASE_SKEW_S)  # restarts begun by t (+ skew)
+        if n == 0:
+            startup.append(e)
+            continue
+        i = n - 1
+        attempt = e.get("attempt")
+        # Near a boundary, an attempt that names the previous restart (or start-up) wins.
+        if begins[i] > t and attempt != restarts[i].attempt:
+            if i == 0:
+                if not attempt:
+                    startup.append(e)
+                    continue
+            elif attempt == restarts[i - 1].attempt:
+                i -= 1
+        per_restart[i].append(e)
+    return per_restart, startup
+
+
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
@@ -349,6 +462,12 @@ def summarize(*, run_dir: Path) -> RunSummary:
             )
         )
 
+    per_restart, startup = _assign_phases(events, restarts, t0=t0)
+    restarts = [
+        replace(r, phases=_phase_marks(ev, origin=t0 + r.begin_s))
+        for r, ev in zip(restarts, per_restart, strict=True)
+    ]
+
     committed: set[Any] = set()
     for e in events:
         if e["kind"] == "checkpoint_committed":
@@ -390,4 +509,5 @@ def summarize(*, run_dir: Path) -> RunSummary:
         final_loss=final.loss if final else None,
         skipped_lines=logs.skipped_lines,
         start_time=t0,
+        startup_phases=_phase_marks(startup, origin=t0),
     )

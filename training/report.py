@@ -16,17 +16,21 @@ from pathlib import Path
 from training.accounting import (
     EVENTS_FILE,
     METRICS_FILE,
+    PhaseMark,
     Restart,
     RunDirError,
     RunSummary,
     load_run,
     summarize,
 )
+from training.phases import PHASES
 
 __all__ = [
+    "PhaseMark",
     "Restart",
     "RunDirError",
     "RunSummary",
+    "format_phases",
     "format_summary",
     "main",
     "plot_timeline",
@@ -47,6 +51,53 @@ def _fmt_s(seconds: float | None) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.2f} h"
+
+
+# Column headings of the phase table (the full names are in summary.json).
+PHASE_SHORT: dict[str, str] = {
+    "detected": "detect",
+    "survivors_stopped": "stop",
+    "processes_up": "procs",
+    "rendezvous_done": "rdzv",
+    "process_group_up": "pg",
+    "model_built": "model",
+    "checkpoint_loaded": "ckpt",
+    "first_step": "step1",
+}
+
+
+def _fmt_num(seconds: float) -> str:
+    return f"{seconds:.2f}" if seconds < 100 else f"{seconds:.0f}"
+
+
+def format_phases(summary: RunSummary) -> list[str]:
+    """The phase table: seconds each phase added, one row per restart (and the start-up).
+
+    Empty when no restart_phase events were recorded. Columns follow ``PHASES``; a row's phases
+    were reached in time order, which may differ (see `training.accounting.PhaseMark`).
+    """
+    rows: list[tuple[str, tuple[PhaseMark, ...], str]] = []
+    if summary.startup_phases:
+        rows.append(("start", summary.startup_phases, ""))
+    for n, r in enumerate(summary.restarts, 1):
+        if r.phases:
+            rows.append((str(n), r.phases, r.costliest_phase or ""))
+    if not rows:
+        return []
+    present = {m.phase for _, marks, _ in rows for m in marks}
+    cols = [p for p in PHASES if p in present]
+    widths = [max(len(PHASE_SHORT.get(p, p)), 6) for p in cols]
+    head = " ".join(f"{PHASE_SHORT.get(p, p):>{w}}" for p, w in zip(cols, widths, strict=True))
+    lines = ["restart phases (s each added; restarts from the fault, start from run start)"]
+    lines.append(f"{'#':>5} {head}  costliest")
+    for label, marks, worst in rows:
+        by_phase = {m.phase: m for m in marks}
+        cells = " ".join(
+            f"{_fmt_num(by_phase[p].duration_s) if p in by_phase else '-':>{w}}"
+            for p, w in zip(cols, widths, strict=True)
+        )
+        lines.append(f"{label:>5} {cells}  {worst}")
+    return lines
 
 
 def format_summary(summary: RunSummary) -> str:
@@ -88,7 +139,66 @@ def format_summary(summary: RunSummary) -> str:
                 f"{n:>2} {r.mode:<9} {(r.fault or '-'):<13} {_fmt_s(r.begin_s):>9} "
                 f"{_fmt_s(r.downtime_s):>9} {_fmt_s(r.recompute_s):>9} {_fmt_s(r.lost_s):>9}"
             )
+    phase_lines = format_phases(summary)
+    if phase_lines:
+        lines.append("")
+        lines.extend(phase_lines)
     return "\n".join(lines)
+
+
+def _plot_phases(ax, summary: RunSummary) -> None:
+    """One horizontal stacked bar per restart: each phase's span, from the restart's begin."""
+    import matplotlib.pyplot as plt
+
+    cmap = plt.get_cmap("tab10")
+    colors = {p: cmap(k % 10) for k, p in enumerate(PHASES)}
+    labelled: set[str] = set()
+    rows = [(n, r) for n, r in enumerate(summary.restarts, 1) if r.phases]
+    for y, (_, r) in enumerate(rows):
+        for m in r.phases:
+            if m.duration_s <= 0:
+                continue
+            ax.barh(
+                y,
+                m.duration_s,
+                left=m.offset_s - m.duration_s,
+                height=0.6,
+                color=colors.get(m.phase, "grey"),
+                label=m.phase if m.phase not in labelled else None,
+            )
+            labelled.add(m.phase)
+        worst = max(r.phases, key=lambda m: m.duration_s)
+        ax.text(
+            worst.offset_s - worst.duration_s / 2,
+            y,
+            f"{worst.phase} {worst.duration_s:.1f} s",
+            ha="center",
+            va="center",
+            fontsize=7,
+            color="white",
+            clip_on=True,
+        )
+        # Where the downtime ends (the first step after the restart starts).
+        ax.plot([r.downtime_s] * 2, [y - 0.4, y + 0.4], color="black", lw=1)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"#{n}" for n, _ in rows], fontsize=7)  # the restart table's numbers
+    ax.invert_yaxis()  # restart 1 on top
+    ax.set_title("restart phases", loc="left", fontsize=8)
+    ax.set_xlim(left=0)
+    ax.set_xlabel("seconds since the restart began (| = downtime ends)", fontsize=8)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.grid(alpha=0.3, axis="x")
+    if labelled:
+        # In PHASES order, whatever order the bars were drawn in.
+        handles, labels = ax.get_legend_handles_labels()
+        pairs = sorted(zip(labels, handles, strict=True), key=lambda x: PHASES.index(x[0]))
+        ax.legend(
+            [h for _, h in pairs],
+            [lbl for lbl, _ in pairs],
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            fontsize=7,
+        )
 
 
 def plot_timeline(*, run_dir: Path, summary: RunSummary, out: Path) -> Path:
@@ -100,8 +210,14 @@ def plot_timeline(*, run_dir: Path, summary: RunSummary, out: Path) -> Path:
 
     logs = load_run(run_dir=run_dir)
     t0 = summary.start_time
-    fig = plt.figure(figsize=(13, 5), dpi=100)
-    ax = fig.add_axes((0.06, 0.12, 0.58, 0.78))
+    with_phases = any(r.phases for r in summary.restarts)
+    if with_phases:  # room below the step plot for the phase bars
+        fig = plt.figure(figsize=(13, 7.5), dpi=100)
+        ax = fig.add_axes((0.06, 0.42, 0.58, 0.52))
+        _plot_phases(fig.add_axes((0.06, 0.07, 0.58, 0.25)), summary)
+    else:
+        fig = plt.figure(figsize=(13, 5), dpi=100)
+        ax = fig.add_axes((0.06, 0.12, 0.58, 0.78))
     # One line per attempt, so the repeated steps after a restart show as a step back.
     attempts = sorted({s.attempt for s in logs.steps})
     cmap = plt.get_cmap("tab10")
@@ -159,7 +275,14 @@ def plot_timeline(*, run_dir: Path, summary: RunSummary, out: Path) -> Path:
     ax.set_title(f"{Path(summary.run_dir).name}: ETTR {summary.ettr:.1%}", loc="left")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=7)
-    fig.text(0.66, 0.9, format_summary(summary), family="monospace", fontsize=7, va="top")
+    fig.text(
+        0.66,
+        0.94 if with_phases else 0.9,
+        format_summary(summary),
+        family="monospace",
+        fontsize=6 if with_phases else 7,
+        va="top",
+    )
     fig.savefig(out)
     plt.close(fig)
     return out

@@ -236,3 +236,170 @@ def test_cli_as_module(one_restart: Path, tmp_path: Path) -> None:
     )
     assert bad.returncode == 2
     assert "does not exist" in bad.stderr
+
+
+def _ph(t: float, phase: str, attempt: int, rank: int = 0, mode: str = "inprocess") -> dict:
+    return _ev(t, "restart_phase", rank, phase=phase, attempt=attempt, mode=mode)
+
+
+@pytest.fixture
+def with_phases(one_restart: Path) -> Path:
+    """`one_restart` plus the phases of the start-up and of the in-process restart (fault at
+    T0+12.5), two ranks each, logged in no fixed order."""
+    rows = [
+        _ph(T0 + 0.6, "process_group_up", 0, 0),
+        _ph(T0 + 0.7, "process_group_up", 0, 1),
+        _ph(T0 + 1.8, "model_built", 0, 1),
+        _ph(T0 + 1.5, "model_built", 0, 0),
+        _ph(T0 + 2.0, "checkpoint_loaded", 0, 0),
+        _ph(T0 + 1.9, "checkpoint_loaded", 0, 1),
+        _ph(T0 + 3.0, "first_step", 0, 0),
+        _ph(T0 + 3.1, "first_step", 0, 1),
+        # The restart: rank 1 detects first; no survivors_stopped or processes_up (in-process).
+        _ph(T0 + 13.05, "detected", 1, 0),
+        _ph(T0 + 12.9, "detected", 1, 1),
+        _ph(T0 + 19.3, "rendezvous_done", 1, 1),
+        _ph(T0 + 19.0, "rendezvous_done", 1, 0),
+        _ph(T0 + 19.6, "process_group_up", 1, 0),
+        _ph(T0 + 19.5, "process_group_up", 1, 1),
+        _ph(T0 + 19.9, "model_built", 1, 0),
+        _ph(T0 + 20.0, "model_built", 1, 1),
+        _ph(T0 + 20.9, "checkpoint_loaded", 1, 0),
+        _ph(T0 + 20.9, "checkpoint_loaded", 1, 1),
+        _ph(T0 + 21.6, "first_step", 1, 1),
+        _ph(T0 + 21.5, "first_step", 1, 0),
+    ]
+    with (one_restart / "events.jsonl").open("a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    return one_restart
+
+
+def _marks(marks) -> list[tuple[str, float, float, int]]:
+    return [(m.phase, round(m.offset_s, 6), round(m.duration_s, 6), m.ranks) for m in marks]
+
+
+def test_restart_phases_offsets_and_durations(with_phases: Path) -> None:
+    s = summarize(run_dir=with_phases)
+    (r,) = s.restarts
+    # From the fault (T0+12.5): detected by the first rank, every other phase by the last.
+    assert _marks(r.phases) == [
+        ("detected", 0.4, 0.4, 2),
+        ("rendezvous_done", 6.8, 6.4, 2),
+        ("process_group_up", 7.1, 0.3, 2),
+        ("model_built", 7.5, 0.4, 2),
+        ("checkpoint_loaded", 8.4, 0.9, 2),
+        ("first_step", 9.1, 0.7, 2),
+    ]
+    assert r.costliest_phase == "rendezvous_done"
+    assert sum(m.duration_s for m in r.phases) == pytest.approx(r.phases[-1].offset_s)
+    # first_step is the slowest rank finishing the first step after the restart (rank 0's
+    # metrics line for it came 0.1 s earlier); the downtime ends at that step's start.
+    assert r.phases[-1].offset_s == pytest.approx(r.resumed_s - r.begin_s + 0.1)
+    assert r.downtime_s == pytest.approx(8.5)
+    # Start-up: from the run start (T0), attempt 0's events only.
+    assert _marks(s.startup_phases) == [
+        ("process_group_up", 0.7, 0.7, 2),
+        ("model_built", 1.8, 1.1, 2),
+        ("checkpoint_loaded", 2.0, 0.2, 2),
+        ("first_step", 3.1, 1.1, 2),
+    ]
+    assert s.phase_totals_s == pytest.approx(
+        {
+            "detected": 0.4,
+            "rendezvous_done": 6.4,
+            "process_group_up": 0.3,
+            "model_built": 0.4,
+            "checkpoint_loaded": 0.9,
+            "first_step": 0.7,
+        }
+    )
+    assert list(s.phase_totals_s) == [
+        "detected",
+        "rendezvous_done",
+        "process_group_up",
+        "model_built",
+        "checkpoint_loaded",
+        "first_step",
+    ]
+
+
+def test_phases_without_events_are_empty(one_restart: Path) -> None:
+    s = summarize(run_dir=one_restart)
+    assert s.restarts[0].phases == () and s.restarts[0].costliest_phase is None
+    assert s.startup_phases == () and s.phase_totals_s == {}
+    assert "restart phases" not in format_summary(s)
+
+
+def test_phases_of_a_failed_recovery_in_time_order(tmp_path: Path) -> None:
+    """An in-job restart whose first recovery dies too (one incident, attempts 1 and 2): phases
+    ordered by time (rendezvous_done is the worker's start, before processes_up), the last
+    attempt's times count, the first detection starts it; an attempt-0 event just before the
+    fault (another host's clock) stays with the start-up."""
+    m = [_step(k, T0 + k, 1.0, 0) for k in range(1, 5)]  # steps 1-4 end T0+1..T0+4
+    m += [_step(3, T0 + 18.5, 1.0, 2), _step(4, T0 + 19.5, 1.0, 2)]
+    _write(tmp_path / "metrics.jsonl", m)
+    events = [
+        _ev(T0, "run_start", 0, world_size=2, restart_mode="injob"),
+        _ph(T0 + 1.0, "first_step", 0, 0, "injob"),
+        _ph(T0 + 4.0, "first_step", 0, 1, "injob"),  # 0.5 s before the fault: start-up's
+        _ev(T0 + 4.5, "fault", 1, 4, fault="sigkill"),
+        _ph(T0 + 5.0, "detected", 1, 0, "injob"),
+        _ev(T0 + 5.0, "restart_begin", 0, mode="injob", attempt=0),
+        _ph(T0 + 6.0, "survivors_stopped", 1, 0, "injob"),
+        _ph(T0 + 8.0, "rendezvous_done", 1, 0, "injob"),
+        _ph(T0 + 8.2, "rendezvous_done", 1, 1, "injob"),
+        _ph(T0 + 10.0, "processes_up", 1, 0, "injob"),
+        _ph(T0 + 10.5, "processes_up", 1, 1, "injob"),
+        _ev(T0 + 11.0, "fault", 0, fault="exception"),
+        _ph(T0 + 11.2, "detected", 2, 1, "injob"),
+        _ph(T0 + 13.0, "rendezvous_done", 2, 0, "injob"),
+        _ph(T0 + 15.0, "processes_up", 2, 0, "injob"),
+        _ph(T0 + 15.5, "process_group_up", 2, 0, "injob"),
+        _ph(T0 + 16.0, "model_built", 2, 0, "injob"),
+        _ph(T0 + 17.0, "checkpoint_loaded", 2, 0, "injob"),
+        _ph(T0 + 18.6, "first_step", 2, 0, "injob"),
+        _ev(T0 + 20.0, "run_end", 0, 4, status="completed"),
+    ]
+    _write(tmp_path / "events.jsonl", events)
+    s = summarize(run_dir=tmp_path)
+    (r,) = s.restarts
+    assert (r.mode, r.fault, r.attempt) == ("injob", "sigkill", 2)
+    assert r.downtime_s == pytest.approx(17.5 - 4.5)
+    assert _marks(r.phases) == [
+        ("detected", 0.5, 0.5, 2),
+        ("survivors_stopped", 1.5, 1.0, 1),
+        ("rendezvous_done", 8.5, 7.0, 2),
+        ("processes_up", 10.5, 2.0, 2),
+        ("process_group_up", 11.0, 0.5, 1),
+        ("model_built", 11.5, 0.5, 1),
+        ("checkpoint_loaded", 12.5, 1.0, 1),
+        ("first_step", 14.1, 1.6, 1),
+    ]
+    assert r.costliest_phase == "rendezvous_done"
+    assert _marks(s.startup_phases) == [("first_step", 4.0, 4.0, 2)]
+
+
+def test_phases_in_summary_json_table_and_timeline(with_phases: Path) -> None:
+    s = write_report(run_dir=with_phases)
+    saved = json.loads((with_phases / "summary.json").read_text())
+    r = saved["restarts"][0]
+    assert r["costliest_phase"] == "rendezvous_done"
+    assert [p["phase"] for p in r["phases"]][:2] == ["detected", "rendezvous_done"]
+    assert r["phases"][1]["offset_s"] == pytest.approx(6.8)
+    assert r["phases"][1]["duration_s"] == pytest.approx(6.4)
+    assert saved["startup_phases"][0] == {
+        "phase": "process_group_up",
+        "offset_s": pytest.approx(0.7),
+        "duration_s": pytest.approx(0.7),
+        "ranks": 2,
+    }
+    assert saved["phase_totals_s"]["rendezvous_done"] == pytest.approx(6.4)
+    text = format_summary(s)
+    table = text[text.index("restart phases") :].splitlines()
+    assert table[1].split() == ["#", "detect", "rdzv", "pg", "model", "ckpt", "step1", "costliest"]
+    assert table[2].split() == ["start", "-", "-", "0.70", "1.10", "0.20", "1.10"]
+    row = ["1", "0.40", "6.40", "0.30", "0.40", "0.90", "0.70", "rendezvous_done"]
+    assert table[3].split() == row
+    w, h = _png_size(with_phases / "timeline.png")
+    assert (w, h) == (1300, 750)  # the taller layout with the phase bars
+    assert (with_phases / "timeline.png").stat().st_size > 10_000
