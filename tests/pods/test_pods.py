@@ -26,8 +26,7 @@ from pathlib import Path
 
 import emulator
 import pytest
-import torch
-from support import TINY_MODEL, flatten
+from support import TINY_MODEL, assert_identical, final_state
 
 from manifests import render, sizes
 from training import exits
@@ -88,23 +87,12 @@ def _prepare_data(root: Path) -> None:
 
 def _final_state(root: Path, job: dict) -> dict:
     """The newest committed checkpoint on the emulated FSx, as one flat dict."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
     name = job["metadata"]["name"]
-    committed = sorted((root / "fsx" / "checkpoints" / name).glob("step_*/commit.json"))
-    assert committed, f"no committed checkpoint for {name}"
-    out = root / f"{name}-final.pt"
-    dcp_to_torch_save(committed[-1].parent, out)
-    return flatten(torch.load(out, weights_only=False))
+    return final_state(_run_dir(root, job), checkpoint_root=root / "fsx" / "checkpoints" / name)
 
 
 def _assert_identical(state: dict, reference: dict) -> None:
-    assert state.keys() == reference.keys()
-    tensors = [k for k, v in reference.items() if isinstance(v, torch.Tensor)]
-    assert any(".optim." in k for k in tensors), "optimizer state must be part of the check"
-    different = [k for k in tensors if not torch.equal(state[k], reference[k])]
-    assert different == [], f"{len(different)} tensors differ, e.g. {different[:3]}"
-    assert state["trainer.step"] == reference["trainer.step"] == STEPS
+    assert_identical(state, reference, steps=STEPS)
 
 
 def _run_dir(root: Path, job: dict) -> Path:
@@ -143,6 +131,7 @@ def _run(
     extra: tuple[str, ...] = (),
     when_step: tuple[int, Callable[[emulator.Cluster], None]] | None = None,
     delete: threading.Event | None = None,
+    mutate_job: Callable[[dict], None] | None = None,
     timeout_s: float = 300,
 ):
     """One emulated Job on a fresh cluster under `root`; `when_step=(k, act)` calls act(cluster)
@@ -153,6 +142,8 @@ def _run(
         shared, job, config_map = _objects(overlay, restart=restart, train_args=[*FAST, *extra])
         if nodes is not None:
             job = emulator.scaled(job, nodes=nodes)
+        if mutate_job is not None:
+            mutate_job(job)
         pods.start_store(shared=shared)
         watcher = None
         if when_step is not None:
@@ -294,19 +285,12 @@ def test_sigterm_to_every_pod_drains_then_a_resubmission_resumes(
 
 
 def test_a_bad_trainer_flag_fails_the_job_at_once(tmp_path: Path) -> None:
-    with emulator.cluster(tmp_path) as pods:
-        _prepare_data(tmp_path)
-        shared, job, config_map = _objects("smoke", restart="injob", train_args=FAST)
+    def add_bad_flag(job: dict) -> None:
         job["spec"]["template"]["spec"]["containers"][0]["args"].append("--train.stepz=5")
-        pods.start_store(shared=shared)
-        result = emulator.run_job(
-            pods,
-            job=job,
-            config_map=config_map,
-            job_uid=emulator.new_job_uid(),
-            env_overrides=ONE_POD,
-            timeout_s=120,
-        )
+
+    result, _ = _run(
+        tmp_path, "smoke", restart="nested", env=ONE_POD, mutate_job=add_bad_flag, timeout_s=120
+    )
     assert result.status == "Failed" and result.reason == f"PodFailurePolicy: exit {exits.USAGE}"
     assert result.exit_codes == {0: [exits.USAGE]}
 
@@ -320,19 +304,11 @@ def test_the_kubelet_reports_a_signal_as_128_plus_its_number() -> None:
 def test_a_pod_on_a_node_that_does_not_fit_fails_the_job_at_once(tmp_path: Path) -> None:
     """The overlay's own GPU recipe on this GPU-less machine: the pod's start-up check refuses
     (exit 5, the pod failure policy fails the Job) before any launcher or rendezvous."""
-    with emulator.cluster(tmp_path) as pods:
-        _prepare_data(tmp_path)
-        shared, job, config_map = _objects("smoke", restart="nested", train_args=FAST)
-        pods.start_store(shared=shared)
-        result = emulator.run_job(
-            pods,
-            job=job,
-            config_map=config_map,
-            job_uid=emulator.new_job_uid(),
-            env_overrides={"NPROC_PER_NODE": "2"},  # RECIPE stays p5_smoke: CUDA expected
-            timeout_s=120,
-        )
-        log = _logs(tmp_path)
+    # RECIPE stays p5_smoke: CUDA expected.
+    result, _ = _run(
+        tmp_path, "smoke", restart="nested", env={"NPROC_PER_NODE": "2"}, timeout_s=120
+    )
+    log = _logs(tmp_path)
     assert result.status == "Failed", log
     assert result.reason == f"PodFailurePolicy: exit {exits.ENVIRONMENT}", log
     assert "startup_check: cuda" in log

@@ -27,6 +27,9 @@ from support import (
     read_metrics,
     tail,
 )
+from support import (
+    assert_identical as support_assert_identical,
+)
 
 from training import exits
 
@@ -51,12 +54,7 @@ def launch(run_dir: Path, corpus: Path, *args: str, nproc: int = 2, timeout: flo
 
 
 def assert_identical(state: dict, reference: dict) -> None:
-    assert state.keys() == reference.keys()
-    tensors = [k for k, v in reference.items() if isinstance(v, torch.Tensor)]
-    assert any(".optim." in k for k in tensors), "optimizer state must be part of the check"
-    different = [k for k in tensors if not torch.equal(state[k], reference[k])]
-    assert different == [], f"{len(different)} tensors differ, e.g. {different[:3]}"
-    assert state["trainer.step"] == reference["trainer.step"] == STEPS
+    support_assert_identical(state, reference, steps=STEPS)
 
 
 @pytest.fixture(scope="module")
