@@ -76,18 +76,9 @@ EFA_NCCL_ENV = {
 
 # Data shards on FSx, prepared once: index 0 builds them in a temporary directory and renames it
 # into place (atomic on Lustre); the other pods wait for meta.json.
-PREPARE_SCRIPT = r"""set -euo pipefail
-if [ -f "$DATA_DIR/meta.json" ]; then echo "data ready in $DATA_DIR"; exit 0; fi
-if [ "$JOB_COMPLETION_INDEX" = 0 ]; then
-  TMP="$DATA_DIR.tmp.$HOSTNAME"
-  rm -rf "$TMP"
-  python -m training prepare --stdlib --out "$TMP"
-  mkdir -p "${DATA_DIR%/*}"
-  mv -T "$TMP" "$DATA_DIR" 2>/dev/null || rm -rf "$TMP"  # another job won the race: fine
-fi
-for _ in {1..360}; do [ -f "$DATA_DIR/meta.json" ] && exit 0; sleep 5; done
-echo "no $DATA_DIR/meta.json after 30 min" >&2; exit 1
-"""
+SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
+PREPARE_SCRIPT = (SCRIPTS_DIR / "prepare-data.sh").read_text()
+"""The init container's script (a real shell file, so shellcheck can read it)."""
 
 
 def _labels(component: str) -> dict[str, str]:
@@ -461,109 +452,6 @@ def placeholder_objects(*, overlay: str) -> list[dict]:
     ]
 
 
-def json_patch(*, old: Any, new: Any, path: str = "") -> list[dict]:
-    """RFC 6902 operations turning `old` into `new` (lists of equal length are patched by index)."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        ops: list[dict] = []
-        for key in old:
-            sub = f"{path}/{_escape(key)}"
-            if key not in new:
-                ops.append({"op": "remove", "path": sub})
-            else:
-                ops += json_patch(old=old[key], new=new[key], path=sub)
-        ops += [
-            {"op": "add", "path": f"{path}/{_escape(k)}", "value": v}
-            for k, v in new.items()
-            if k not in old
-        ]
-        return ops
-    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        ops = []
-        for i, (a, b) in enumerate(zip(old, new, strict=True)):
-            sub = json_patch(old=a, new=b, path=f"{path}/{i}")
-            if sub and isinstance(a, dict) and "name" in a and a.get("name") == b.get("name"):
-                # Guard a patch by index with the item's name (env vars, containers): it fails
-                # loudly instead of patching the wrong item if someone reorders the base.
-                sub.insert(0, {"op": "test", "path": f"{path}/{i}/name", "value": a["name"]})
-            ops += sub
-        return ops
-    return [] if old == new else [{"op": "replace", "path": path, "value": new}]
-
-
-def _escape(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
-
-
-def kustomize_tree() -> dict[str, Any]:
-    """Every generated file under manifests/, relative path -> YAML document(s)."""
-    base_objects = shared_objects(
-        namespace=DEFAULT_NAMESPACE, image=IMAGE_NAME, **PLACEHOLDER_FSX
-    ) + job_objects(overlay=BASE_OVERLAY, namespace=DEFAULT_NAMESPACE, image=IMAGE_NAME)
-    files: dict[str, Any] = {}
-    resources = []
-    for obj in base_objects:
-        name = f"{obj['kind'].lower()}.yaml"
-        if f"base/{name}" in files:  # a second object of the kind: name it
-            name = f"{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
-        files[f"base/{name}"] = obj
-        resources.append(name)
-    pv_fields = {
-        "FSX_FILE_SYSTEM_ID": "spec.csi.volumeHandle",
-        "FSX_DNS_NAME": "spec.csi.volumeAttributes.dnsname",
-        "FSX_MOUNT_NAME": "spec.csi.volumeAttributes.mountname",
-        "FSX_STORAGE_CAPACITY": "spec.capacity.storage",
-    }
-    files["base/kustomization.yaml"] = {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-        "kind": "Kustomization",
-        "namespace": DEFAULT_NAMESPACE,
-        "resources": resources,
-        # Set your stack's image here (ImageUri from cdk-outputs.json) ...
-        "images": [
-            {"name": IMAGE_NAME, "newName": PLACEHOLDER_IMAGE_REPO, "newTag": PLACEHOLDER_IMAGE_TAG}
-        ],
-        # ... and your FSx ids in configmap.yaml: they are copied into the PersistentVolume.
-        "replacements": [
-            {
-                "source": {"kind": "ConfigMap", "name": CONFIG_MAP, "fieldPath": f"data.{key}"},
-                "targets": [{"select": {"kind": "PersistentVolume"}, "fieldPaths": [field]}],
-            }
-            for key, field in pv_fields.items()
-        ],
-    }
-    base_job = job_objects(overlay=BASE_OVERLAY, namespace=DEFAULT_NAMESPACE, image=IMAGE_NAME)
-    for overlay in OVERLAYS:
-        patches = []
-        new = job_objects(overlay=overlay, namespace=DEFAULT_NAMESPACE, image=IMAGE_NAME)
-        for old_obj, new_obj in zip(base_job, new, strict=True):
-            ops = json_patch(old=old_obj, new=new_obj)
-            if ops:
-                file = f"{old_obj['kind'].lower()}-patch.yaml"
-                files[f"overlays/{overlay}/{file}"] = ops
-                target = {"kind": old_obj["kind"], "name": old_obj["metadata"]["name"]}
-                patches.append({"path": file, "target": target})
-        files[f"overlays/{overlay}/kustomization.yaml"] = {
-            "apiVersion": "kustomize.config.k8s.io/v1beta1",
-            "kind": "Kustomization",
-            "resources": ["../../base"],
-            **({"patches": patches} if patches else {}),
-        }
-    return files
-
-
-def _header(rel: str) -> str:
-    overlay = rel.split("/")[1] if rel.startswith("overlays/") else BASE_OVERLAY
-    return (
-        "# GENERATED by `python -m manifests.render write` from manifests/sizes.py and\n"
-        "# manifests/render.py: edit those, then regenerate.\n"
-        f"#   apply:    kubectl apply -k manifests/overlays/{overlay}\n"
-        f"#   watch:    kubectl -n {DEFAULT_NAMESPACE} get pods -l "
-        f"batch.kubernetes.io/job-name=fsdp-{overlay} -w\n"
-        f"#   clean up: kubectl -n {DEFAULT_NAMESPACE} delete job fsdp-{overlay}"
-        "  (keeps the FSx data)\n"
-    )
-
-
 def to_yaml(doc: Any) -> str:
     import yaml
 
@@ -578,21 +466,6 @@ def to_yaml(doc: Any) -> str:
     return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=100)
 
 
-def generated_files() -> dict[str, str]:
-    """Relative path -> file text of every generated YAML file."""
-    return {rel: _header(rel) + to_yaml(doc) for rel, doc in kustomize_tree().items()}
-
-
-def write(root: Path = MANIFESTS_DIR) -> list[Path]:
-    written = []
-    for rel, text in generated_files().items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        written.append(path)
-    return written
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m manifests.render", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -601,7 +474,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     show.add_argument("overlay", choices=OVERLAYS)
     ns = parser.parse_args(argv)
     if ns.cmd == "write":
-        for path in write():
+        from manifests import kustomize  # dev-time only: needs jsonpatch
+
+        for path in kustomize.write():
             print(path.relative_to(MANIFESTS_DIR.parent))
     else:
         print("---\n".join(to_yaml(o) for o in placeholder_objects(overlay=ns.overlay)), end="")

@@ -13,13 +13,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
 
-from manifests import render
+from manifests import kustomize, render
 from manifests.sizes import SIZES
 
 ROOT = Path(render.__file__).resolve().parent
@@ -60,12 +61,12 @@ def test_overlays_constant_names_every_sizes_row():
 
 def test_committed_yaml_is_what_the_generator_writes():
     """The YAML is generated from sizes.py: fails when someone edits one without the other."""
-    for rel, text in render.generated_files().items():
+    for rel, text in kustomize.generated_files().items():
         path = ROOT / rel
         assert path.exists(), f"{rel} missing: run python -m manifests.render write"
         assert path.read_text() == text, f"{rel} is stale: run python -m manifests.render write"
     committed = {str(p.relative_to(ROOT)) for p in ROOT.rglob("*.yaml")}
-    assert committed == set(render.generated_files()), "stray YAML under manifests/"
+    assert committed == set(kustomize.generated_files()), "stray YAML under manifests/"
 
 
 @needs_kubectl
@@ -240,17 +241,26 @@ def test_restart_and_train_args_overrides():
     args = _expand(container, POD_VALUES)
     assert args[0] == "torchrun"
     assert "--restart=inprocess" in args and args[-1] == "--train.steps=5"
-    with pytest.raises(ValueError, match="restart must be one of injob, inprocess"):
+    with pytest.raises(ValueError, match="restart must be one of injob, inprocess, nested"):
         render.job_objects(overlay="smoke", namespace="ns", image="img", restart="both")
 
 
-def test_json_patch_round_trip():
-    old = {"a": 1, "b": [{"name": "X", "value": "1"}], "c/d": 2}
-    new = {"a": 2, "b": [{"name": "X", "value": "3"}], "e": 4}
-    ops = render.json_patch(old=old, new=new)
-    assert {"op": "test", "path": "/b/0/name", "value": "X"} in ops
-    assert {"op": "remove", "path": "/c~1d"} in ops
-    assert {"op": "add", "path": "/e", "value": 4} in ops
+def test_each_overlay_patch_turns_the_base_into_its_objects():
+    """The committed patches, applied to the base Job and Service, give each overlay's objects
+    (without kubectl: the patch files themselves, through jsonpatch)."""
+    import jsonpatch
+
+    tree = kustomize.kustomize_tree()
+    base = render.job_objects(
+        overlay=render.BASE_OVERLAY, namespace=render.DEFAULT_NAMESPACE, image=render.IMAGE_NAME
+    )
+    for overlay in render.OVERLAYS:
+        want = render.job_objects(
+            overlay=overlay, namespace=render.DEFAULT_NAMESPACE, image=render.IMAGE_NAME
+        )
+        for old, new in zip(base, want, strict=True):
+            ops = tree.get(f"overlays/{overlay}/{old['kind'].lower()}-patch.yaml", [])
+            assert jsonpatch.apply_patch(old, ops) == new, (overlay, old["kind"])
 
 
 @pytest.mark.parametrize("restart", ["injob", "nested"])
@@ -390,3 +400,15 @@ def test_render_cli_show(capsys):
     assert render.main(["show", "smoke"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [d["kind"] for d in docs][-2:] == ["Service", "Job"]
+
+
+def test_the_pods_shell_scripts_pass_shellcheck():
+    """The scripts a pod runs are real files (manifests/scripts/), linted as such."""
+    shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+    scripts = sorted((ROOT / "scripts").glob("*.sh"))
+    assert scripts
+    proc = subprocess.run([shellcheck, *map(str, scripts)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+    job = render.job_objects(overlay="smoke", namespace="ns", image="img")[1]
+    (init,) = job["spec"]["template"]["spec"]["initContainers"]
+    assert init["command"] == ["bash", "-c", (ROOT / "scripts" / "prepare-data.sh").read_text()]
