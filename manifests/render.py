@@ -27,7 +27,8 @@ from training.overrides import build_config
 PROJECT = "eks-fsdp-resilient"
 """Part-of label and the server-side apply field manager."""
 KUBERNETES_VERSION = "1.35.0"
-"""The cluster's Kubernetes version; manifests are validated against its schema."""
+"""The Kubernetes API schema the objects are validated against (kubernetes-validate's newest);
+not the cluster's version, which is infra/config.py's `kubernetesVersion`."""
 OVERLAYS: tuple[str, ...] = tuple(SIZES)
 
 SERVICE_ACCOUNT = "fsdp-trainer"

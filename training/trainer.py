@@ -1,9 +1,10 @@
 """The training loop: AdamW, warm-up + cosine, clipping, accumulation, checkpoints, metrics.
 
 ``Trainer`` is ``Stateful``: its ``state_dict`` is the whole resumable state (model and optimizer
-shards, LR schedule, sampler position, RNG, step), saved and loaded by torch.distributed.checkpoint
-through training/checkpoint.py. Resilience layers (training/resilience/) wrap ``run_training``;
-the loop itself only exposes hooks (``StepHooks``) so it stays the same under every layer.
+shards, sampler position, RNG, step; the LR schedule is a function of the step), saved and
+loaded by torch.distributed.checkpoint through training/checkpoint.py. Resilience layers
+(training/resilience/) wrap ``run_training``; the loop itself only exposes hooks
+(``StepHooks``) so it stays the same under every layer.
 """
 
 from __future__ import annotations
@@ -144,7 +145,6 @@ class Trainer:
         return {
             "model": model_sd,
             "optim": optim_sd,
-            "schedule": {"step": self.step},
             "sampler": self.sampler.state_dict(),
             "step": self.step,
             # Same on every rank (same seed, no per-rank randomness), so saved once, replicated.

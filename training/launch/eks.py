@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from manifests import render
+from training import exits
 
-EXIT_USAGE = 2
 APPLY_PATCH = "application/apply-patch+yaml"
 DEFAULT_OUTPUTS = Path("cdk-outputs.json")
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
@@ -150,10 +150,6 @@ def _call(fn: Callable[..., Any], *args: Any, fix: str, **kwargs: Any) -> Any:
     except urllib3.exceptions.HTTPError as e:
         raise UsageError(f"cannot reach the cluster ({type(e).__name__}): {fix}") from e
     return json.loads(resp.data or b"{}")
-
-
-def _status_of(e: BaseException) -> int | None:
-    return getattr(e, "status", None)
 
 
 def preflight(cluster: Cluster, target: Target) -> None:
@@ -503,7 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(sys.argv[1:] if argv is None else argv)
     except (UsageError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return exits.USAGE
     except Exception as e:
         from kubernetes.client.exceptions import ApiException
 
