@@ -16,6 +16,7 @@ from training.config import JobConfig
 from training.metrics import EventLog
 from training.parallel import dist_env_from_environment, init_process_group
 from training.phases import MODEL_BUILT, PROCESS_GROUP_UP, emit_phase
+from training.tensorboard import start_tailer
 from training.trainer import StepHooks, Trainer, TrainResult
 
 COLD_RESTARTS_ENV = "TRAINING_COLD_RESTARTS"
@@ -55,6 +56,7 @@ def run_training(
         )
     run_dir = Path(config.run_dir)
     events = EventLog(run_dir=run_dir, rank=env.rank)
+    start_tailer(run_dir=run_dir, rank=env.rank)  # TensorBoard scalars: rank 0, when installed
     owns_process_group = not dist.is_initialized()
     if owns_process_group:
         init_process_group(env, timeout_s=config.parallel.pg_timeout_s, store=store)
