@@ -9,11 +9,26 @@ NVRx 0.4.1's async checkpointing assumes CUDA in two places we reach:
    call return ``"cpu"`` for the duration of our own finalize call only, so the all-reduce runs
    on gloo. Nothing is patched outside that ``with`` block, and nothing when CUDA is available.
 2. ``FileSystemWriterAsync.preload_tensors`` (run in the persistent worker) ends with
-   ``torch.cuda.synchronize()``. On CPU we pass our own preload function instead
-   (:func:`stage_by_clone`): the request's CPU tensors reach the worker through shared memory
-   (live, not copies), so the worker clones them while the trainer waits on NVRx's preload
-   queue. That clone is the staging copy that the D2H copy is on GPU, and it makes the
-   checkpoint an exact snapshot of the step it was taken at.
+   ``torch.cuda.synchronize()``. We pass our own preload function instead (:func:`stage`), on
+   CPU and GPU: CPU tensors reach the worker through shared memory (live, not copies), so the
+   worker clones them while the trainer waits on NVRx's preload queue; CUDA tensors (IPC
+   handles) are copied to pinned host memory and waited for on *their own* device.
+
+GPU path (NVRx 0.4.1 ``core.py:PersistentAsyncCaller``): the worker is spawned with no CUDA
+device set, and NVRx's preload ends with a bare ``torch.cuda.synchronize()``, i.e. on device 0:
+on local ranks 1-7 the D2H copies were not waited for before the writer read them (a checkpoint
+whose CRC certifies the wrong bytes), and seven extra CUDA contexts landed on GPU 0. The
+worker's first request (:func:`_bind_worker`) now sets its device to the rank's GPU
+(``LOCAL_RANK``) before any CUDA call, and :func:`stage` synchronizes each device it copied
+from before the trainer's save returns (NVRx's preload queue is joined on that). The worker
+drops its references to the request's tensors as soon as they are staged and written, so that
+a worker reused across an in-process restart pins none of the previous iteration's memory
+(NVRx async usage guide, PR #106: "dereference of GPU tensors should be done promptly inside
+of preload_fn"; NVIDIA-NeMo/RL#3322: retained IPC handles kept ~19 GiB per rank alive).
+Stopping a worker is graceful first (:func:`stop_worker`): SIGKILL only after a clean stop and
+a stop signal have both timed out (torch's multiprocessing notes: a consumer that dies from a
+fatal signal leaves shared CUDA tensors pinned in the producer; NVRx PR #373 sends SIGTERM
+before SIGKILL for the same reason).
 
 Process lifetime (CPU and GPU): NVRx's writer returns its results through a queue served by a
 ``multiprocessing`` Manager process that NVRx starts lazily, inside the first save's plan, and
@@ -30,6 +45,8 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import signal
+import sys
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
@@ -68,13 +85,32 @@ def cpu_collectives() -> Iterator[None]:
         torch.cuda.current_device = original  # type: ignore[assignment]
 
 
-def stage_by_clone(write_buckets: list) -> list:
-    """Preload function for CPU tensors (runs in the persistent worker): copy every tensor so
-    the write sees the state at the save step, not what training does afterwards."""
+def stage(write_buckets: list) -> list:
+    """Preload function (runs in the persistent worker, while the trainer's save waits on NVRx's
+    preload queue): a host copy of every tensor, complete when this returns.
+
+    CPU tensors are cloned (they arrive live, through shared memory). CUDA tensors are copied
+    to pinned host memory with ``non_blocking=True`` and then every device copied from is
+    synchronized by index: a bare ``torch.cuda.synchronize()`` (NVRx 0.4.1
+    ``filesystem_async.py:preload_tensors``) waits on the *current* device only, which in an
+    unbound worker is GPU 0. The incoming list is emptied in place afterwards: it is the same
+    object as the request's ``async_fn_args[1]``, which the worker's loop keeps referenced until
+    its next request arrives; emptied, the worker holds no CUDA IPC handle past staging.
+    """
     staged = []
+    devices: set[torch.device] = set()
     for file_name, storage_key, (bytes_data, tensor_data) in write_buckets:
-        tensors = [(item, tensor.detach().clone()) for item, tensor in tensor_data]
+        tensors = []
+        for item, tensor in tensor_data:
+            if tensor.device.type == "cuda":
+                devices.add(tensor.device)
+                tensors.append((item, tensor.detach().to("cpu", non_blocking=True)))
+            else:
+                tensors.append((item, tensor.detach().clone()))
         staged.append((file_name, storage_key, (bytes_data, tensors)))
+    for device in sorted(devices, key=lambda d: d.index or 0):
+        torch.cuda.synchronize(device)
+    write_buckets.clear()
     return staged
 
 
@@ -100,17 +136,85 @@ def start_write_results_queue() -> None:
     filesystem_async._results_queue = manager.Queue()
 
 
-def _bind_worker(parent_pid: int) -> None:
+def worker_device(env: dict[str, str] | None = None) -> int | None:
+    """The CUDA device index the rank's checkpoint worker binds to: ``LOCAL_RANK`` (set by
+    torchrun / ft_launcher; ``training.parallel.init_process_group`` binds the rank itself to
+    the same index), or None without CUDA."""
+    if not cuda_usable():
+        return None
+    env = os.environ if env is None else env
+    return int(env.get("LOCAL_RANK", "0"))
+
+
+def _stop_on_signal(signum: int, frame: Any) -> None:
+    # Unwinds the worker's loop like a normal exit: its frames (and so any CUDA IPC tensor they
+    # hold) are released, which a fatal signal would not do.
+    sys.exit(0)
+
+
+def _bind_worker(parent_pid: int, device: int | None = None) -> None:
     """The worker's first request. Defined here, not in ``training.lifetime``, on purpose:
     unpickling it makes the worker import this module (torch, DCP, NVRx) at start-up, which the
-    first save would otherwise wait for (measured: 1.4 s instead of 0.3 s of blocking)."""
+    first save would otherwise wait for (measured: 1.4 s instead of 0.3 s of blocking).
+
+    Binds the worker to its rank's GPU before any CUDA call (nothing in NVRx's loop touches
+    CUDA before the first request; unpickling a later request's IPC tensors does), and arms
+    :data:`WORKER_STOP_SIGNAL` for a clean stop. SIGTERM stays ignored (``die_with_parent``):
+    a launcher's ``killpg`` must not cut the rank's final save short."""
     die_with_parent(parent_pid)
+    signal.signal(WORKER_STOP_SIGNAL, _stop_on_signal)
+    if device is not None:
+        torch.cuda.set_device(device)
 
 
 def _write_then(write_fn: Callable, after_write: Callable, *args: Any) -> None:
-    """Runs in the persistent worker: NVRx's write (files fsynced), then our per-rank manifest."""
-    write_fn(*args)
+    """Runs in the persistent worker: NVRx's write (files fsynced), then our per-rank manifest.
+    The staged host copies are released right after (the worker's loop would keep them until
+    its next request)."""
+    try:
+        write_fn(*args)
+    finally:
+        if len(args) > 1 and isinstance(args[1], list):
+            args[1].clear()
     after_write()
+
+
+# The stop signal our worker handles by exiting cleanly (SIGTERM is ignored on purpose).
+WORKER_STOP_SIGNAL = signal.SIGUSR2
+
+
+def stop_worker(
+    caller: Any, *, clean_timeout_s: float = 30.0, signal_timeout_s: float = 10.0
+) -> str:
+    """Stop NVRx's persistent worker of ``caller`` without leaving CUDA IPC memory pinned.
+
+    In order: ask it to stop (NVRx's own ``'DONE'`` message, served after any write in
+    flight), join with a timeout; send :data:`WORKER_STOP_SIGNAL` (a clean ``sys.exit`` in the
+    worker), join again; only then SIGKILL. Never blocks without a bound (NVRx's
+    ``PersistentAsyncCaller.close`` joins its queue and process with none). Returns how the
+    worker ended: ``"none"``, ``"clean"``, ``"signal"`` or ``"killed"``.
+    """
+    process = getattr(caller, "process", None)
+    if caller is not None:
+        # Cleared first: the caller's __del__ (run by a later gc) would otherwise wait forever
+        # on a queue that nobody serves any more.
+        caller.process = None
+    if process is None or not process.is_alive():
+        return "none"
+    with contextlib.suppress(Exception):
+        caller.queue.put("DONE")
+    process.join(timeout=clean_timeout_s)
+    if not process.is_alive():
+        return "clean"
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(process.pid, WORKER_STOP_SIGNAL)
+    process.join(timeout=signal_timeout_s)
+    if not process.is_alive():
+        return "signal"
+    log.warning("checkpoint worker %s ignored a clean stop; killing it", process.pid)
+    process.kill()
+    process.join(timeout=10)
+    return "killed"
 
 
 # The persistent worker outlives one ``AsyncCheckpointQueue``: an in-process restart creates a
@@ -124,12 +228,7 @@ def stop_shared_worker() -> None:
     non-daemon worker that nobody tells to stop."""
     global _SHARED_CALLER
     caller, _SHARED_CALLER = _SHARED_CALLER, None
-    process = getattr(caller, "process", None)
-    if caller is not None:
-        caller.process = None
-    if process is not None and process.is_alive():
-        process.kill()
-        process.join(timeout=10)
+    stop_worker(caller)
 
 
 atexit.register(stop_shared_worker)
@@ -154,7 +253,7 @@ class AsyncCheckpointQueue:
         if caller is None or caller.process is None:
             # NVRx's worker waits on a queue whose pipe it holds both ends of: without this
             # binding, a SIGKILLed rank would leave it orphaned, holding its host memory, for good.
-            first = AsyncRequest(partial(_bind_worker, os.getpid()), (), [])
+            first = AsyncRequest(partial(_bind_worker, os.getpid(), worker_device()), (), [])
             self._queue.schedule_async_request(first)
         self.poll(blocking=True)
         _SHARED_CALLER = self._queue.persistent_caller
@@ -176,8 +275,14 @@ class AsyncCheckpointQueue:
         with cpu_collectives():
             writer, metadata, dist_wrapper = save_state_dict_async_plan(state_dict, writer)
         save_fn, preload_fn, save_args = writer.get_save_function_and_args()
-        if not cuda_usable() and preload_fn is not None:
-            preload_fn = partial(stage_by_clone, writer.write_buckets)
+        if preload_fn is not None:
+            # Ours, not NVRx's: it synchronizes the right device (see :func:`stage`).
+            preload_fn = partial(stage, writer.write_buckets)
+        if cuda_usable():
+            # The worker's copies run on its own stream in its own context: the kernels that
+            # produced these tensors (the optimizer step) must be complete first. CUDA IPC's
+            # event covers the stream current at pickling only, so wait for the whole device.
+            torch.cuda.synchronize()
         # With nothing to write on this rank (tiny models on many ranks) the worker still runs
         # ``after_write`` so that the rank takes part in ordering and finalize collectives.
         async_fn = partial(_write_then, save_fn, after_write) if save_fn else after_write
@@ -208,13 +313,18 @@ class AsyncCheckpointQueue:
         """Finish pending saves and stop the worker (collective)."""
         global _SHARED_CALLER
         with cpu_collectives():
-            self._queue.close()
+            self._queue.maybe_finalize_async_calls(blocking=True)
+        # Every write is finalized: the worker is idle and stops at once on 'DONE'. Bounded,
+        # unlike NVRx's ``PersistentAsyncCaller.close`` (queue and process joins without limit).
+        stop_worker(self._queue.persistent_caller)
+        self._queue.persistent_caller = None
         _SHARED_CALLER = None
 
-    def abandon(self) -> None:
+    def abandon(self, *, stop_timeout_s: float = 5.0) -> None:
         """After a fault, without any collective (peers may be gone). An idle worker is kept for
-        the next attempt; one with a request in flight is killed: that write is cut off, its
-        checkpoint stays uncommitted and is never loaded."""
+        the next attempt (it holds no tensor of this attempt: :func:`stage`, :func:`_write_then`);
+        one with a request in flight is stopped (:func:`stop_worker`; killed only if it will not
+        stop): that write is cut off, its checkpoint stays uncommitted and is never loaded."""
         global _SHARED_CALLER
         caller = self._queue.persistent_caller
         in_flight = bool(self._queue.async_calls)
@@ -225,14 +335,8 @@ class AsyncCheckpointQueue:
             caller.cur_item = None
             _SHARED_CALLER = caller
             return
-        process = caller.process
-        # Cleared first: the caller's __del__ (run by a later gc) would otherwise wait forever
-        # on a queue that nobody serves any more.
-        caller.process = None
         _SHARED_CALLER = None
-        if process is not None and process.is_alive():
-            process.kill()
-            process.join(timeout=10)
+        stop_worker(caller, clean_timeout_s=stop_timeout_s, signal_timeout_s=stop_timeout_s)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,199 @@
+"""NVRx's persistent checkpoint worker: device binding, staging on the right device, release of
+the request's tensors, and a graceful stop (training/nvrx.py).
+
+Run: ``.venv/bin/pytest tests/training/test_nvrx_worker.py`` (CPU; the CUDA calls are recorded
+through fakes, the stop sequence runs on real spawned workers of a 1-rank gloo group).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import signal
+import time
+import weakref
+from functools import partial
+
+import pytest
+import torch
+import torch.distributed as dist
+from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
+
+from training import nvrx
+
+
+def test_worker_device_is_the_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nvrx, "cuda_usable", lambda: True)
+    assert nvrx.worker_device({"LOCAL_RANK": "5"}) == 5
+    assert nvrx.worker_device({}) == 0
+    monkeypatch.setattr(nvrx, "cuda_usable", lambda: False)
+    assert nvrx.worker_device({"LOCAL_RANK": "5"}) is None
+
+
+def test_bind_worker_sets_the_device_before_anything_else_touches_cuda(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[tuple] = []
+    monkeypatch.setattr(nvrx, "die_with_parent", lambda pid: calls.append(("parent", pid)))
+    monkeypatch.setattr(nvrx.signal, "signal", lambda sig, fn: calls.append(("signal", sig)))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", d)))
+    nvrx._bind_worker(123, 3)
+    assert calls == [
+        ("parent", 123),
+        ("signal", nvrx.WORKER_STOP_SIGNAL),
+        ("set_device", 3),
+    ]
+    calls.clear()
+    nvrx._bind_worker(123, None)  # CPU: no CUDA call at all
+    assert ("set_device", 3) not in calls and len(calls) == 2
+
+
+class _FakeCudaTensor:
+    """Stands in for a CUDA tensor received through IPC: records the D2H copy."""
+
+    def __init__(self, index: int, log: list) -> None:
+        self.device = torch.device("cuda", index)
+        self._log = log
+
+    def detach(self) -> _FakeCudaTensor:
+        return self
+
+    def to(self, device: str, *, non_blocking: bool) -> torch.Tensor:
+        self._log.append(("copy", self.device.index, device, non_blocking))
+        return torch.zeros(2)
+
+
+def test_stage_synchronizes_each_source_device_after_the_copies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NVRx 0.4.1's preload synchronizes the current device only (GPU 0 in an unbound worker):
+    ours waits on every device it copied from, after issuing all copies."""
+    log: list = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: log.append(("sync", d)))
+    cpu = torch.arange(4.0)
+    buckets = [
+        ("f0", "k0", ([], [("a", _FakeCudaTensor(3, log)), ("b", _FakeCudaTensor(3, log))])),
+        ("f1", "k1", ([], [("c", cpu)])),
+    ]
+    staged = nvrx.stage(buckets)
+    assert log == [
+        ("copy", 3, "cpu", True),
+        ("copy", 3, "cpu", True),
+        ("sync", torch.device("cuda", 3)),
+    ]
+    staged_cpu = staged[1][2][1][0][1]
+    assert torch.equal(staged_cpu, cpu) and staged_cpu.data_ptr() != cpu.data_ptr()
+    assert buckets == [], "the worker must drop the IPC tensors once staged"
+
+
+def test_worker_keeps_no_tensor_of_a_finished_request() -> None:
+    """Replays NVRx's ``async_loop`` on an unpickled request: after preload and write, while the
+    loop still holds ``item`` and ``async_fn_args`` (until its next request), no tensor of the
+    request is alive in the worker (after an in-process restart the reused worker would
+    otherwise pin the previous iteration's memory)."""
+    source = [("f", "k", ([], [("w", torch.ones(8)), ("b", torch.zeros(3))]))]
+    request = AsyncRequest(
+        async_fn=partial(nvrx._write_then, _CountTensors([]), _noop),
+        async_fn_args=(0, source, None),
+        finalize_fns=[],
+        preload_fn=partial(nvrx.stage, source),
+    )
+    item = pickle.loads(pickle.dumps(request))  # as the worker receives it
+    received = item.async_fn_args[1]
+    assert received is item.preload_fn.args[0], "one list object after unpickling"
+    refs = [weakref.ref(t) for _, _, (_, data) in received for _, t in data]
+    async_fn_args = list(item.async_fn_args)
+    async_fn_args[1] = item.preload_fn()
+    staged_refs = [weakref.ref(t) for _, _, (_, data) in async_fn_args[1] for _, t in data]
+    item.async_fn(*async_fn_args)
+    gc.collect()
+    assert item.async_fn.args[0].out == [2], "the write saw both staged tensors"
+    assert all(r() is None for r in refs + staged_refs)
+
+
+class _CountTensors:
+    def __init__(self, out: list[int]) -> None:
+        self.out = out
+
+    def __call__(self, rank: int, buckets: list, results_queue: object) -> None:
+        self.out.append(sum(len(data) for _, _, (_, data) in buckets))
+
+
+def _noop() -> None:
+    pass
+
+
+# --- the stop sequence, on real spawned workers ---------------------------------------------
+
+
+@pytest.fixture
+def one_rank_group():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        nvrx.stop_shared_worker()
+        dist.destroy_process_group()
+
+
+def _started_queue() -> nvrx.AsyncCheckpointQueue:
+    queue = nvrx.AsyncCheckpointQueue()
+    queue.start_worker()
+    caller = queue._queue.persistent_caller
+    assert caller.process is not None and caller.process.is_alive()
+    return queue
+
+
+def _busy(queue: nvrx.AsyncCheckpointQueue, *requests: AsyncRequest) -> int:
+    caller = queue._queue.persistent_caller
+    for request in requests:
+        queue.schedule_request(request)
+    time.sleep(1.0)  # the worker is inside the last request
+    return caller.process.pid
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_stop_is_clean_then_signal_then_kill(one_rank_group) -> None:
+    """Idle: 'DONE' stops it. Stuck in a write: the stop signal (a clean exit). Deaf to that
+    too: only then SIGKILL."""
+    queue = _started_queue()
+    caller = queue._queue.persistent_caller
+    assert nvrx.stop_worker(caller, clean_timeout_s=30) == "clean"
+    assert caller.process is None
+
+    queue = _started_queue()
+    caller = queue._queue.persistent_caller
+    _busy(queue, AsyncRequest(partial(time.sleep, 120), (), []))
+    assert nvrx.stop_worker(caller, clean_timeout_s=0.5, signal_timeout_s=30) == "signal"
+
+    queue = _started_queue()
+    caller = queue._queue.persistent_caller
+    deaf = partial(signal.signal, nvrx.WORKER_STOP_SIGNAL, signal.SIG_IGN)
+    pid = _busy(
+        queue,
+        AsyncRequest(deaf, (), []),
+        AsyncRequest(partial(time.sleep, 120), (), []),
+    )
+    started = time.monotonic()
+    assert nvrx.stop_worker(caller, clean_timeout_s=0.5, signal_timeout_s=0.5) == "killed"
+    assert time.monotonic() - started < 15
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_abandon_keeps_an_idle_worker_and_stops_a_busy_one(one_rank_group) -> None:
+    queue = _started_queue()
+    caller = queue._queue.persistent_caller
+    queue.abandon()
+    assert nvrx._SHARED_CALLER is caller and caller.process.is_alive()
+    reused = nvrx.AsyncCheckpointQueue()
+    assert reused._queue.persistent_caller is caller
+    pid = _busy(reused, AsyncRequest(partial(time.sleep, 120), (), []))
+    reused.abandon(stop_timeout_s=0.5)
+    assert nvrx._SHARED_CALLER is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
