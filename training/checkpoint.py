@@ -347,7 +347,9 @@ class CheckpointManager:
             head = self._pending[0]
             if blocking:
                 head.future.result()
-            done = torch.tensor([1 if head.future.done() else 0], dtype=torch.int32)
+            done = torch.tensor(
+                [1 if head.future.done() else 0], dtype=torch.int32, device=collective_device()
+            )
             dist.all_reduce(done, op=dist.ReduceOp.MIN)
             if not done.item():
                 return
@@ -446,6 +448,18 @@ class CheckpointManager:
         dist.all_gather_object(gathered, problem)
         problems = [p for p in gathered if p]
         return problems[0] if problems else None
+
+
+def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where a tensor for a collective on ``group`` must live: the rank's current CUDA device
+    when the group's backend is NCCL (NCCL takes CUDA tensors only: ``ProcessGroupNCCL`` rejects
+    a CPU tensor with "Tensors must be CUDA and dense"), the CPU otherwise (gloo). Mixed
+    backends ("cpu:gloo,cuda:nccl") take CPU tensors on gloo, so only a pure NCCL group needs
+    the device."""
+    backend = str(dist.get_backend(group)).lower()
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _snapshot(state: Any) -> Any:

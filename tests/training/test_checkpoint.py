@@ -19,6 +19,7 @@ from support import REPO_ROOT, TINY_MODEL, VENV_BIN, subprocess_env
 from training.checkpoint import (
     COMMIT,
     CheckpointError,
+    collective_device,
     commit,
     committed_steps,
     retention_victims,
@@ -27,6 +28,26 @@ from training.checkpoint import (
     write_json_atomic,
     write_rank_manifest,
 )
+
+
+def test_collective_device_follows_the_group_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch_async's commit all-reduce: CPU on gloo, the rank's GPU on NCCL (which rejects CPU
+    tensors). The gloo answer comes from a real group; the NCCL one from its backend name."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert collective_device() == torch.device("cpu")
+        done = torch.tensor([1], dtype=torch.int32, device=collective_device())
+        dist.all_reduce(done, op=dist.ReduceOp.MIN)
+        assert done.item() == 1
+        monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+        assert collective_device() == torch.device("cuda", 3)
+    finally:
+        monkeypatch.undo()
+        dist.destroy_process_group()
 
 
 def fake_checkpoint(root: Path, step: int, *, world_size: int = 2) -> Path:
