@@ -206,7 +206,8 @@ class RunSummary:
     start_time: float
     """Unix time the wall clock starts from (x = 0 on the timeline)."""
     startup_phases: tuple[PhaseMark, ...] = ()
-    """Phases of the first attempt's start (offsets from the run start)."""
+    """Phases of the first attempt's start: offsets from the run start, or from the first phase
+    when it came earlier (in-job workers log their start and imports before run_start)."""
 
     @property
     def phase_totals_s(self) -> dict[str, float]:
@@ -509,5 +510,7 @@ def summarize(*, run_dir: Path) -> RunSummary:
         final_loss=final.loss if final else None,
         skipped_lines=logs.skipped_lines,
         start_time=t0,
-        startup_phases=_phase_marks(startup, origin=t0),
+        startup_phases=_phase_marks(
+            startup, origin=min([t0, *(float(e["time"]) for e in startup)])
+        ),
     )

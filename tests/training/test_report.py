@@ -403,3 +403,26 @@ def test_phases_in_summary_json_table_and_timeline(with_phases: Path) -> None:
     w, h = _png_size(with_phases / "timeline.png")
     assert (w, h) == (1300, 750)  # the taller layout with the phase bars
     assert (with_phases / "timeline.png").stat().st_size > 10_000
+
+
+def test_startup_phases_before_run_start_count_from_the_first(tmp_path: Path) -> None:
+    """In-job workers log rendezvous_done (their start) and processes_up (imports done) before
+    rank 0 logs run_start: the start-up is measured from the earliest of them."""
+    _write(tmp_path / "metrics.jsonl", [_step(1, T0 + 3.0, 1.0, 0)])
+    events = [
+        _ph(T0 - 9.0, "rendezvous_done", 0, 0, "injob"),
+        _ph(T0 - 8.9, "rendezvous_done", 0, 1, "injob"),
+        _ph(T0 - 0.5, "processes_up", 0, 0, "injob"),
+        _ev(T0, "run_start", 0, world_size=2, restart_mode="injob"),
+        _ph(T0 + 0.1, "process_group_up", 0, 0, "injob"),
+        _ph(T0 + 3.0, "first_step", 0, 0, "injob"),
+    ]
+    _write(tmp_path / "events.jsonl", events)
+    s = summarize(run_dir=tmp_path)
+    assert _marks(s.startup_phases) == [
+        ("rendezvous_done", 0.1, 0.1, 2),  # from the first worker's start to the last one's
+        ("processes_up", 8.5, 8.4, 1),
+        ("process_group_up", 9.1, 0.6, 1),
+        ("first_step", 12.0, 2.9, 1),
+    ]
+    assert s.wall_s == pytest.approx(3.0)  # the wall clock still starts at run_start
