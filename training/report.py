@@ -88,7 +88,7 @@ def format_phases(summary: RunSummary) -> list[str]:
     cols = [p for p in PHASES if p in present]
     widths = [max(len(PHASE_SHORT.get(p, p)), 6) for p in cols]
     head = " ".join(f"{PHASE_SHORT.get(p, p):>{w}}" for p, w in zip(cols, widths, strict=True))
-    lines = ["restart phases (s each added; restarts from the fault, start from run start)"]
+    lines = ["restart phases (s since the phase reached before it; restarts from the fault)"]
     lines.append(f"{'#':>5} {head}  costliest")
     for label, marks, worst in rows:
         by_phase = {m.phase: m for m in marks}

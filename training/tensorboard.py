@@ -4,7 +4,7 @@
     tensorboard --logdir /fsx/runs                 # every run's <run_dir>/tensorboard/
 
 During training, rank 0 runs a `Tailer` (``start_tailer``, called from ``training/run.py``): a
-daemon thread that reads the new lines of ``metrics.jsonl`` and ``events.jsonl`` every few
+daemon thread that reads the new lines of ``metrics.jsonl`` and ``events.jsonl`` every 5
 seconds and writes them as scalars into ``<run_dir>/tensorboard/``, and flushes at exit. The JSONL
 files stay the source of truth; this is a view of them.
 
@@ -188,7 +188,7 @@ class Tailer:
         *,
         run_dir: Path,
         writer_factory: Callable[..., _Writer],
-        poll_s: float = 2.0,
+        poll_s: float = 5.0,
         settle_s: float = 5.0,
     ) -> None:
         self.run_dir = Path(run_dir)
@@ -377,7 +377,7 @@ _ACTIVE: dict[str, Tailer] = {}
 _SAID_MISSING: set[str] = set()  # the "not installed" line, once per process and run
 
 
-def start_tailer(*, run_dir: Path, rank: int, poll_s: float = 2.0) -> Tailer | None:
+def start_tailer(*, run_dir: Path, rank: int, poll_s: float = 5.0) -> Tailer | None:
     """Rank 0: start (once per process and run directory) the tailer in a daemon thread.
 
     Returns None on other ranks, when ``TRAINING_TENSORBOARD=0``, or when tensorboard is not
