@@ -18,7 +18,7 @@ them alike; every save is waited for and must be committed (checked at the end).
     python -m bench.checkpoint --quick       # smoke: ~20 MB, 2 rounds
 
 Writes bench/results/checkpoint.json; ``nvrx_async_blocking_s`` (median warm, slowest rank) is
-what ``training.planner`` reads.
+what the planner (``python -m planner --costs measured-cpu``, planner/measured.py) reads.
 """
 
 from __future__ import annotations

@@ -72,9 +72,39 @@ def machine() -> str:
     )
 
 
-def call_logged(command: Sequence[str], *, log_path: Path, timeout_s: float) -> int:
-    """Run ``command`` in its own session, output to ``log_path``; on timeout kill the whole
-    session (launchers leave workers and checkpoint writers behind) and return 124."""
+def kill_tree(pid: int, *, marker: str = "") -> None:
+    """SIGKILL a launcher, everything under it and every process whose command line holds
+    ``marker`` (the run directory): the launchers start each rank in a session of its own, so
+    killing the launcher's process group alone leaves the ranks (and their checkpoint workers)
+    running. Everything is SIGSTOPped first so that no launcher respawns a rank meanwhile."""
+    import psutil
+
+    procs: dict[int, psutil.Process] = {}
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        procs[root.pid] = root
+        procs.update((c.pid, c) for c in root.children(recursive=True))
+    if marker:
+        for proc in psutil.process_iter(["cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                if marker in " ".join(proc.info["cmdline"] or ()):
+                    procs[proc.pid] = proc
+                    procs.update((c.pid, c) for c in proc.children(recursive=True))
+    procs.pop(os.getpid(), None)
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for proc in procs.values():
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(sig)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    psutil.wait_procs(list(procs.values()), timeout=10)
+
+
+def call_logged(
+    command: Sequence[str], *, log_path: Path, timeout_s: float, marker: str = ""
+) -> int:
+    """Run ``command`` in its own session, output to ``log_path``; on timeout kill it and every
+    process under it or naming ``marker`` (`kill_tree`) and return 124."""
     with open(log_path, "w") as log:
         log.write("+ " + " ".join(command) + "\n")
         log.flush()
@@ -89,8 +119,7 @@ def call_logged(command: Sequence[str], *, log_path: Path, timeout_s: float) -> 
         try:
             return proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid, marker=marker)
             proc.wait()
             return 124
 
@@ -102,6 +131,32 @@ class LocalRun:
     run_dir: Path
     returncode: int
     wall_s: float
+
+
+def local_command(
+    *,
+    run_dir: Path,
+    nproc: int,
+    restart: str = "none",
+    faults: str = "",
+    cold_restarts: int = 0,
+    overrides: Sequence[str] = (),
+) -> list[str]:
+    """The ``python -m training.launch.local`` command line of one benchmark run."""
+    return [
+        sys.executable,
+        "-m",
+        "training.launch.local",
+        f"--nproc={nproc}",
+        f"--cold-restarts={cold_restarts}",
+        "--no-report",
+        "--recipe=debug_cpu",
+        f"--run-dir={run_dir}",
+        f"--restart={restart}",
+        *([f"--faults={faults}"] if faults else []),
+        "--train.log_every=1000",
+        *overrides,
+    ]
 
 
 def run_local(
@@ -117,22 +172,18 @@ def run_local(
     """Run ``python -m training.launch.local`` into a fresh ``run_dir`` (log: launcher.log)."""
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    command = [
-        sys.executable,
-        "-m",
-        "training.launch.local",
-        f"--nproc={nproc}",
-        f"--cold-restarts={cold_restarts}",
-        "--no-report",
-        "--recipe=debug_cpu",
-        f"--run-dir={run_dir}",
-        f"--restart={restart}",
-        *([f"--faults={faults}"] if faults else []),
-        "--train.log_every=1000",
-        *overrides,
-    ]
+    command = local_command(
+        run_dir=run_dir,
+        nproc=nproc,
+        restart=restart,
+        faults=faults,
+        cold_restarts=cold_restarts,
+        overrides=overrides,
+    )
     started = time.monotonic()
-    code = call_logged(command, log_path=run_dir / "launcher.log", timeout_s=timeout_s)
+    code = call_logged(
+        command, log_path=run_dir / "launcher.log", timeout_s=timeout_s, marker=str(run_dir)
+    )
     return LocalRun(run_dir=run_dir, returncode=code, wall_s=time.monotonic() - started)
 
 

@@ -1,77 +1,276 @@
-"""Goodput benchmark: ETTR of one fixed faulty run under each restart strategy, side by side.
+"""Goodput benchmark: ETTR in steady state, every restart strategy under the same fault rate.
 
-The same job (4 CPU ranks, gloo, a tiny model, a checkpoint every 25 steps) with the same
-fault schedule of mixed kinds that every strategy can recover from: an ``exception``, then a
-``hang``, one every ``FAULT_EVERY`` = 100 steps (with the restarts, about one fault per 45-60 s
-of wall on a 2-core machine), run three times:
+Each mode trains the same job (``NPROC`` = 2 CPU ranks, gloo, the tiny model, a checkpoint
+every ``CKPT_EVERY`` steps) for a fixed window of ``WINDOW_S`` = 300 s of wall time counted from
+the end of its first step, with faults of mixed kinds about every 60 s: the first at step
+``FIRST_FAULT``, then one every ``FAULT_EVERY`` steps (at the ~40-50 ms steps of this job on
+2 cores that is ~30 s, then ~60 s of training apart, so ~5 faults fall in a window; the faults
+are placed by step, so a mode that loses more time sees them further apart in wall time, and
+the table shows their mean spacing). At the end of the window the run is killed (`kill_tree`).
+2 ranks, not 4: on a 2-core machine 4 ranks plus their NVRx checkpoint workers, rank monitors
+and launchers oversubscribe the cores (see bench/overhead.py ``--diagnose``).
 
-- ``inprocess``: NVRx in-process restart, NVRx async checkpoints;
-- ``injob``: ft_launcher in-job restart, NVRx async checkpoints;
-- ``baseline``: plain torchrun, synchronous checkpoints, whole-job cold restart (relaunch and
-  resume from the last checkpoint); its hang detector is the collective timeout
-  (``parallel.pg_timeout_s`` = 20 s; the other two use the short timeouts of bench/restart.py).
+- ``baseline``: plain torchrun (``--restart=none``), synchronous DCP checkpoints, and a whole-job
+  cold restart by the local launcher (``--cold-restarts``) after any failure; its hang detector
+  is the collective timeout (``parallel.pg_timeout_s`` = ``BASELINE_PG_TIMEOUT_S``).
+- ``inprocess``: NVRx in-process restart (Wrapper), NVRx async checkpoints.
+- ``injob``: ft_launcher in-job restart (rank monitors, heartbeats, sections), NVRx async.
+- ``nested``: in-process restart inside ft_launcher, NVRx async.
 
-ETTR = productive step time / wall time (``training.report.summarize``: run start to run end, so
-start-up, checkpoint stalls, restarts and recomputed steps all count against it).
+Fault kinds, chosen per mode by what the mode can recover from (the schedule cycles through
+them in this order): the baseline, in-job and nested get ``exception``, ``hang`` and ``sigkill``;
+in-process alone gets ``exception`` and ``hang``, because a SIGKILLed rank cannot be brought
+back by the survivors (the run ends with the lost rank named, by design: a pod replacement is
+the next layer's job). The hang timeouts are ``HANG_TIMEOUTS``.
 
-    python -m bench.goodput            # 3 runs x ~2-2.5 min
-    python -m bench.goodput --quick    # 1 fault, 60 steps per run
+ETTR = productive step time in the window / window length, where productive = the step time
+of each step number's last occurrence completed in the window (steps thrown away by a restart
+do not count); the logs are read with ``training.accounting.load_run``. Start-up (launch to the
+end of the first step, and run_start to it) is reported separately, and so is the full-run ETTR
+of ``training.accounting.summarize`` (start-up and the killed tail included). Per fault: its
+cost = downtime (fault -> start of the first step of the next attempt) + the recomputed steps,
+from the step log (`fault_costs`).
 
-Writes bench/results/goodput.json (``ettr_inprocess``, ``ettr_injob``, ``ettr_baseline``).
+    python -m bench.goodput            # 4 modes x (start-up + 300 s), ~22 min
+    python -m bench.goodput --quick    # 40 s windows, one exception each (smoke)
+    python -m bench.goodput --only inprocess,injob
+
+Writes bench/results/goodput.json (``ettr_<mode>``, ``startup_<mode>_s``, targets).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import subprocess
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    REPO_ROOT,
     RUNS_DIR,
     TINY_MODEL,
+    bench_env,
+    ensure_corpus,
+    kill_tree,
+    local_command,
     machine,
+    median,
     ratio,
-    run_local,
     table,
     target,
     targets_table,
     write_result,
 )
-from bench.restart import TIMEOUTS
 
-NPROC = 4
-FAULT_EVERY = 100
-KINDS = ("exception", "hang")
+NPROC = 2
+WINDOW_S = 300.0
+QUICK_WINDOW_S = 40.0
+FIRST_FAULT = 600
+FAULT_EVERY = 1200
+CKPT_EVERY = 100
+BASELINE_PG_TIMEOUT_S = 20
+HANG_TIMEOUTS: tuple[str, ...] = (
+    "--resilience.soft_timeout_s=8",
+    "--resilience.hard_timeout_s=20",
+    "--resilience.heartbeat_timeout_s=10",
+    "--resilience.step_section_timeout_s=10",
+    "--resilience.checkpoint_section_timeout_s=30",
+    "--parallel.pg_timeout_s=60",
+)
+ALL_KINDS = ("exception", "hang", "sigkill")
 MODES: dict[str, dict[str, Any]] = {
-    "inprocess": {"restart": "inprocess", "engine": "nvrx", "cold": 0, "extra": ()},
-    "injob": {"restart": "injob", "engine": "nvrx", "cold": 0, "extra": ()},
     "baseline": {
         "restart": "none",
         "engine": "sync",
-        "cold": 6,
-        "extra": ("--parallel.pg_timeout_s=20",),
+        "cold": 20,
+        "kinds": ALL_KINDS,
+        "extra": (f"--parallel.pg_timeout_s={BASELINE_PG_TIMEOUT_S}",),
     },
+    "inprocess": {
+        "restart": "inprocess",
+        "engine": "nvrx",
+        "cold": 0,
+        "kinds": ("exception", "hang"),
+        "extra": (),
+    },
+    "injob": {"restart": "injob", "engine": "nvrx", "cold": 0, "kinds": ALL_KINDS, "extra": ()},
+    "nested": {"restart": "nested", "engine": "nvrx", "cold": 0, "kinds": ALL_KINDS, "extra": ()},
 }
+BEST_OF = ("inprocess", "injob", "nested")
 
 
-def fault_spec(*, faults: int) -> str:
+def fault_spec(*, kinds: tuple[str, ...], faults: int, first: int, every: int) -> str:
+    """Faults at ``first``, ``first + every``, ...; kinds in turn; ranks 1..NPROC-1 in turn."""
+    ranks = max(1, NPROC - 1)
     return ";".join(
-        f"{KINDS[i % len(KINDS)]}@{1 + i % (NPROC - 1)}:{FAULT_EVERY * (i + 1)}"
+        f"{kinds[i % len(kinds)]}@{(1 + i % ranks) % NPROC}:{first + every * i}"
         for i in range(faults)
     )
 
 
-def run(*, quick: bool = False) -> dict[str, Any]:
-    """Run the three strategies one after the other, print the table and write the JSON."""
-    from training.report import summarize
+def _first_step_time(metrics: Path) -> float | None:
+    """End time of the first step logged in metrics.jsonl, once there is one."""
+    if not metrics.is_file():
+        return None
+    with metrics.open(errors="replace") as handle:
+        for line in handle:
+            with contextlib.suppress(json.JSONDecodeError, KeyError, TypeError):
+                return float(json.loads(line)["time"])
+    return None
 
-    faults = 1 if quick else len(KINDS)
-    steps = 60 if quick else FAULT_EVERY * faults + 20
-    spec = fault_spec(faults=faults) if not quick else "exception@1:45"
+
+def run_window(
+    *, run_dir: Path, command: list[str], window_s: float, startup_limit_s: float = 240.0
+) -> dict[str, Any]:
+    """Launch, wait for the first step, let it train for ``window_s`` more, then kill it.
+
+    The whole session is killed (launchers, ranks, checkpoint workers); the run may also end
+    by itself before (it failed, or ran out of steps).
+    """
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    log_path = run_dir / "launcher.log"
+    launched = time.time()
+    first: float | None = None
+    with open(log_path, "w") as log:
+        log.write("+ " + " ".join(command) + "\n")
+        log.flush()
+        proc = subprocess.Popen(
+            command,
+            cwd=REPO_ROOT,
+            env=bench_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        while proc.poll() is None:
+            now = time.time()
+            if first is None:
+                first = _first_step_time(run_dir / "metrics.jsonl")
+                if first is None and now - launched > startup_limit_s:
+                    break
+            elif now >= first + window_s + 1.0:
+                break
+            time.sleep(0.25)
+        ended_by_itself = proc.poll() is not None
+        kill_tree(proc.pid, marker=f"--run-dir={run_dir}")
+        proc.wait()
+    if first is None:
+        first = _first_step_time(run_dir / "metrics.jsonl")
+    return {
+        "launched": launched,
+        "first_step_end": first,
+        "returncode": proc.returncode if ended_by_itself else None,
+        "ended_by_itself": ended_by_itself,
+    }
+
+
+def fault_costs(*, steps: list[Any], fault_times: list[tuple[float, str]]) -> list[dict]:
+    """The cost of each fault, from the step log alone.
+
+    The step that resumes training after a fault at ``tf`` is the first one completed after it
+    by a later attempt (a restart of any layer raises ``attempt``). downtime = its start - tf;
+    recompute = the step time of the occurrences completed before ``tf`` whose step numbers
+    are done again from there on (work since the last checkpoint, thrown away).
+    """
+    costs = []
+    for tf, kind in fault_times:
+        before = [s for s in steps if s.time <= tf]
+        attempt = before[-1].attempt if before else 0
+        resumed = next((s for s in steps if s.time > tf and s.attempt > attempt), None)
+        if resumed is None:
+            costs.append({"fault": kind, "time": tf, "resumed": False})
+            continue
+        latest: dict[int, Any] = {}
+        for s in before:
+            latest[s.step] = s
+        redone = [s for n, s in latest.items() if n >= resumed.step]
+        downtime = max(0.0, resumed.time - resumed.step_time_s - tf)
+        recompute = sum(s.step_time_s for s in redone)
+        costs.append(
+            {
+                "fault": kind,
+                "time": tf,
+                "resumed": True,
+                "resumed_at_s": resumed.time - tf,
+                "downtime_s": downtime,
+                "recompute_s": recompute,
+                "recomputed_steps": len(redone),
+                "lost_s": downtime + recompute,
+            }
+        )
+    return costs
+
+
+def window_stats(*, run_dir: Path, t_first: float, window_s: float) -> dict[str, Any]:
+    """ETTR over (t_first, t_first + window_s] and the cost of each fault that fired in it."""
+    from training.accounting import load_run, summarize
+
+    logs = load_run(run_dir=run_dir)
+    t_cut = t_first + window_s
+    last: dict[int, Any] = {}
+    for step in logs.steps:  # sorted by time: the last occurrence wins
+        if step.time <= t_cut:
+            last[step.step] = step
+    productive = sum(s.step_time_s for s in last.values() if s.time > t_first)
+    in_window = [s for s in logs.steps if t_first < s.time <= t_cut]
+    steps = [s for s in logs.steps if s.time <= t_cut]
+    fault_times = sorted(
+        (float(e["time"]), str(e.get("fault")))
+        for e in logs.events
+        if e["kind"] == "fault" and t_first < float(e["time"]) <= t_cut
+    )
+    costs = fault_costs(steps=steps, fault_times=fault_times)
+    for cost in costs:
+        cost["time"] -= t_first
+    spacing = [b[0] - a[0] for a, b in itertools.pairwise(fault_times)]
+    per_kind: dict[str, list[float]] = {}
+    for cost in costs:
+        if cost["resumed"]:
+            per_kind.setdefault(cost["fault"], []).append(cost["lost_s"])
+    summary = summarize(run_dir=run_dir)
+    return {
+        "ettr": productive / window_s,
+        "productive_s": productive,
+        "steps_in_window": len({s.step for s in in_window}),
+        "final_step": max(last) if last else None,
+        "step_time_median_s": median(s.step_time_s for s in in_window),
+        "faults_in_window": len(fault_times),
+        "fault_spacing_mean_s": sum(spacing) / len(spacing) if spacing else None,
+        "fault_costs": costs,
+        "lost_s_by_kind": {
+            kind: {"n": len(v), "median": median(v), "max": max(v)} for kind, v in per_kind.items()
+        },
+        "lost_s_in_window": sum(c.get("lost_s", 0.0) for c in costs),
+        "unrecovered": sum(not c["resumed"] for c in costs),
+        "run_start_to_first_step_s": t_first - summary.start_time,
+        "full_run_ettr": summary.ettr,
+        "ckpt_blocking_median_s": summary.ckpt_blocking_median_s,
+        "checkpoints_committed": summary.checkpoints_committed,
+    }
+
+
+def run(*, quick: bool = False, only: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Run the modes one after the other, print the tables and write the JSON."""
+    ensure_corpus()
+    window_s = QUICK_WINDOW_S if quick else WINDOW_S
+    names = [n for n in MODES if not only or n in only]
     modes: dict[str, dict[str, Any]] = {}
-    for name, mode in MODES.items():
+    for name in names:
+        mode = MODES[name]
+        if quick:
+            spec = fault_spec(kinds=("exception",), faults=1, first=60, every=1)
+        else:
+            spec = fault_spec(kinds=mode["kinds"], faults=12, first=FIRST_FAULT, every=FAULT_EVERY)
         run_dir = RUNS_DIR / "goodput" / name
-        done = run_local(
+        command = local_command(
             run_dir=run_dir,
             nproc=NPROC,
             restart=mode["restart"],
@@ -79,93 +278,122 @@ def run(*, quick: bool = False) -> dict[str, Any]:
             cold_restarts=mode["cold"],
             overrides=(
                 *TINY_MODEL,
-                f"--train.steps={steps}",
-                "--checkpoint.interval=25",
+                "--train.steps=100000",
+                f"--checkpoint.interval={CKPT_EVERY}",
                 f"--checkpoint.engine={mode['engine']}",
-                "--resilience.max_restarts=8",
-                *TIMEOUTS,
+                "--resilience.max_restarts=20",
+                *HANG_TIMEOUTS,
                 *mode["extra"],
             ),
-            timeout_s=600,
         )
-        summary = summarize(run_dir=run_dir)
-        modes[name] = {
-            "ettr": summary.ettr,
-            "wall_s": summary.wall_s,
-            "productive_s": summary.productive_s,
-            "lost_s": summary.lost_s,
-            "faults": summary.faults,
-            "restarts": len(summary.restarts),
-            "steps_completed": summary.steps_completed,
-            "status": summary.status,
-            "ckpt_blocking_median_s": summary.ckpt_blocking_median_s,
-            "returncode": done.returncode,
+        print(f"goodput: {name} ({window_s:.0f} s window) faults {spec}", flush=True)
+        done = run_window(run_dir=run_dir, command=command, window_s=window_s)
+        entry: dict[str, Any] = {
+            "restart": mode["restart"],
+            "engine": mode["engine"],
+            "kinds": list(mode["kinds"]),
+            "faults_spec": spec,
+            "returncode": done["returncode"],
+            "ended_by_itself": done["ended_by_itself"],
             "run_dir": str(run_dir),
         }
-    base = modes["baseline"]["ettr"]
-    best = max(modes["inprocess"]["ettr"], modes["injob"]["ettr"])
+        if done["first_step_end"] is None:
+            entry.update(ettr=0.0, startup_s=None, error="no step completed")
+        else:
+            entry["startup_s"] = done["first_step_end"] - done["launched"]
+            entry.update(
+                window_stats(run_dir=run_dir, t_first=done["first_step_end"], window_s=window_s)
+            )
+        modes[name] = entry
+
+    base = modes.get("baseline", {}).get("ettr")
+    best_name = max(
+        (n for n in BEST_OF if n in modes), key=lambda n: modes[n]["ettr"], default=None
+    )
+    best = modes[best_name]["ettr"] if best_name else None
     targets = [
-        target("ETTR in-process", modes["inprocess"]["ettr"], goal=0.9, higher_is_better=True),
-        target("ETTR in-job", modes["injob"]["ettr"], goal=0.9, higher_is_better=True),
+        target(f"best mode ETTR ({best_name})", best, goal=0.9, higher_is_better=True),
         target(
-            "ETTR in-process / baseline",
-            ratio(modes["inprocess"]["ettr"], base),
-            goal=1.3,
-            higher_is_better=True,
-        ),
-        target(
-            "ETTR in-job / baseline",
-            ratio(modes["injob"]["ettr"], base),
+            f"best mode ETTR / baseline ({best_name})",
+            ratio(best, base),
             goal=1.3,
             higher_is_better=True,
         ),
     ]
-    result = {
+    for name in BEST_OF:
+        if name in modes and base:
+            targets.append(
+                target(
+                    f"{name} ETTR / baseline",
+                    ratio(modes[name]["ettr"], base),
+                    goal=1.3,
+                    higher_is_better=True,
+                )
+            )
+    result: dict[str, Any] = {
         "machine": machine(),
+        "load_average_1m_at_end": os.getloadavg()[0],
         "quick": quick,
         "nproc": NPROC,
-        "steps": steps,
-        "faults": spec,
+        "window_s": window_s,
+        "fault_first_step": FIRST_FAULT,
+        "fault_every_steps": FAULT_EVERY,
+        "checkpoint_every_steps": CKPT_EVERY,
+        "hang_timeouts": list(HANG_TIMEOUTS),
+        "baseline_pg_timeout_s": BASELINE_PG_TIMEOUT_S,
         "modes": modes,
-        "ettr_inprocess": modes["inprocess"]["ettr"],
-        "ettr_injob": modes["injob"]["ettr"],
-        "ettr_baseline": base,
+        "best_mode": best_name,
         "best_vs_baseline": ratio(best, base),
         "targets": targets,
     }
+    for name, m in modes.items():
+        result[f"ettr_{name}"] = m["ettr"]
+        result[f"startup_{name}_s"] = m.get("startup_s")
     print(report(result), flush=True)
     write_result("goodput", result)
     return result
 
 
 def report(result: dict[str, Any]) -> str:
-    rows = [
-        (
-            name,
-            m["ettr"],
-            m["wall_s"],
-            m["productive_s"],
-            m["lost_s"],
-            f"{m['restarts']}/{m['faults']}",
-            m["ckpt_blocking_median_s"],
-            m["status"],
+    rows = []
+    for name, m in result["modes"].items():
+        kinds = m.get("lost_s_by_kind", {})
+        rows.append(
+            (
+                name,
+                "/".join(m["kinds"]),
+                m["ettr"],
+                m.get("startup_s"),
+                m.get("step_time_median_s"),
+                m.get("faults_in_window"),
+                m.get("fault_spacing_mean_s"),
+                m.get("lost_s_in_window"),
+                ", ".join(
+                    f"{k} {v['median']:.1f}" for k, v in sorted(kinds.items()) if v["median"]
+                ),
+                m.get("unrecovered"),
+                m.get("full_run_ettr"),
+            )
         )
-        for name, m in result["modes"].items()
-    ]
     return "\n".join(
         [
-            f"goodput: {result['nproc']} ranks, tiny model, {result['steps']} steps, "
-            f"faults {result['faults']}",
+            f"goodput: {result['nproc']} ranks, tiny model, {result['window_s']:.0f} s window "
+            f"after the first step, a fault at step {result['fault_first_step']} and every "
+            f"{result['fault_every_steps']} steps, checkpoint every "
+            f"{result['checkpoint_every_steps']} steps",
             table(
                 [
-                    "strategy",
+                    "mode",
+                    "fault kinds",
                     "ETTR",
-                    "wall s",
-                    "productive s",
+                    "start-up s",
+                    "step s",
+                    "faults",
+                    "apart s",
                     "lost s",
-                    "restarts/faults",
-                    "ckpt block s",
-                    "status",
+                    "lost s per fault (median)",
+                    "unrecovered",
+                    "full-run ETTR",
                 ],
                 rows,
             ),
@@ -177,9 +405,14 @@ def report(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.goodput", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="1 fault, 60 steps per run")
+    parser.add_argument("--quick", action="store_true", help="40 s windows, one exception each")
+    parser.add_argument("--only", default="", help=f"comma-separated subset of {list(MODES)}")
     args = parser.parse_args(argv)
-    run(quick=args.quick)
+    only = tuple(n.strip() for n in args.only.split(",") if n.strip())
+    unknown = [n for n in only if n not in MODES]
+    if unknown:
+        parser.error(f"unknown mode(s) {unknown}; choose from {list(MODES)}")
+    run(quick=args.quick, only=only)
     return 0
 
 

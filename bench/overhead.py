@@ -1,10 +1,10 @@
 """Overhead benchmark: steady-state step time with the resilience machinery on and off.
 
-Three fault-free local runs of the same job (2 CPU ranks, gloo, the debug model, checkpoints only
-at the end), one per restart layer: ``none`` (plain torchrun), ``inprocess`` (NVRx Wrapper with
-its monitor threads and per-step pings) and ``injob`` (ft_launcher, rank monitors, a heartbeat
-and a section per step). Per run: the median over steady-state steps (the first ``WARMUP`` steps
-excluded) of
+Fault-free local runs of the same job (CPU ranks, gloo, the debug model, checkpoints only at the
+end), one per restart layer: ``none`` (plain torchrun), ``inprocess`` (NVRx Wrapper with its
+monitor threads and per-step pings) and ``injob`` (ft_launcher, rank monitors, a heartbeat and
+a section per step), at 2 and at 4 ranks. Per run: the median over steady-state steps (the
+first ``WARMUP`` steps excluded) of
 
 - ``step_time_s`` as the trainer logs it (the step's compute and all-reduce), and
 - the interval between consecutive steps' end times, which also covers the per-step hooks
@@ -12,10 +12,18 @@ excluded) of
 
 The runs go one after the other, in rotating order when ``--rounds`` > 1 (medians over rounds).
 
-    python -m bench.overhead            # 1 round of 3 runs x 40 steps, ~2 min
-    python -m bench.overhead --quick    # 30 steps each
+``--diagnose`` (not part of ``make bench``) answers why the 4-rank in-job goodput steps looked
+slower than the baseline's: 4 ranks, the tiny model, a checkpoint every 25 steps, restart
+layer x checkpoint engine (the old goodput baseline used synchronous checkpoints, the other
+modes NVRx async ones), reporting the median and the mean step interval.
 
-Writes bench/results/overhead.json (``overhead_inprocess``, ``overhead_injob``: ratio - 1).
+    python -m bench.overhead              # 2 and 4 ranks x 3 layers x 40 steps, ~3-4 min
+    python -m bench.overhead --quick      # 30 steps each
+    python -m bench.overhead --nprocs 4   # one rank count
+    python -m bench.overhead --diagnose   # 5 runs x 100 steps, ~4 min
+
+Writes bench/results/overhead.json (``overhead_inprocess``, ``overhead_injob`` at 2 ranks;
+``overhead_<layer>_<n>ranks``: ratio - 1) and, with ``--diagnose``, overhead_diagnosis.json.
 """
 
 from __future__ import annotations
@@ -39,7 +47,17 @@ from bench.common import (
 )
 
 MODES = ("none", "inprocess", "injob")
+NPROCS = (2, 4)
 WARMUP = 10
+# The 4-rank diagnosis (``--diagnose``): the tiny model of the goodput runs, a checkpoint every
+# 25 steps, restart layer x checkpoint engine.
+DIAGNOSIS: tuple[tuple[str, str], ...] = (
+    ("none", "sync"),
+    ("none", "nvrx"),
+    ("injob", "sync"),
+    ("injob", "nvrx"),
+    ("inprocess", "nvrx"),
+)
 
 
 def steady_state(run_dir, *, warmup: int) -> dict[str, Any]:
@@ -51,91 +69,148 @@ def steady_state(run_dir, *, warmup: int) -> dict[str, Any]:
         "steps": len(metrics),
         "step_time_s": median(m["step_time_s"] for m in steady),
         "interval_s": median(intervals),
+        "interval_mean_s": sum(intervals) / len(intervals) if intervals else None,
     }
 
 
-def run(*, quick: bool = False, rounds: int = 1) -> dict[str, Any]:
-    """Run every mode ``rounds`` times, print the table and write the JSON."""
+def _one(*, nproc: int, mode: str, steps: int, run_dir, overrides=()) -> dict[str, Any]:
+    done = run_local(
+        run_dir=run_dir,
+        nproc=nproc,
+        restart=mode,
+        overrides=(
+            f"--train.steps={steps}",
+            "--checkpoint.interval=0",
+            "--resilience.heartbeat_timeout_s=60",
+            *overrides,
+        ),
+        timeout_s=300,
+    )
+    stats = steady_state(run_dir, warmup=min(WARMUP, steps // 3))
+    stats.update(returncode=done.returncode, wall_s=done.wall_s)
+    return stats
+
+
+def run(*, quick: bool = False, rounds: int = 1, nprocs: tuple[int, ...] = NPROCS) -> dict:
+    """Run every mode ``rounds`` times at each rank count, print the table, write the JSON."""
     steps = 30 if quick else 40
-    per_mode: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
-    for round_ in range(rounds):
-        order = MODES[round_ % 3 :] + MODES[: round_ % 3]
-        for mode in order:
-            run_dir = RUNS_DIR / "overhead" / f"{mode}_{round_}"
-            done = run_local(
-                run_dir=run_dir,
-                nproc=2,
-                restart=mode,
-                overrides=(
-                    f"--train.steps={steps}",
-                    "--checkpoint.interval=0",
-                    "--resilience.heartbeat_timeout_s=60",
-                ),
-                timeout_s=300,
+    by_nproc: dict[str, dict[str, Any]] = {}
+    targets = []
+    for nproc in nprocs:
+        per_mode: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+        for round_ in range(rounds):
+            order = MODES[round_ % 3 :] + MODES[: round_ % 3]
+            for mode in order:
+                run_dir = RUNS_DIR / "overhead" / f"{nproc}ranks_{mode}_{round_}"
+                per_mode[mode].append(_one(nproc=nproc, mode=mode, steps=steps, run_dir=run_dir))
+        modes: dict[str, dict[str, Any]] = {}
+        for mode, runs in per_mode.items():
+            modes[mode] = {
+                "step_time_s": median(r["step_time_s"] for r in runs),
+                "interval_s": median(r["interval_s"] for r in runs),
+                "runs": runs,
+            }
+        base = modes["none"]["interval_s"]
+        for mode in MODES:
+            modes[mode]["ratio"] = ratio(modes[mode]["interval_s"], base)
+            modes[mode]["step_time_ratio"] = ratio(
+                modes[mode]["step_time_s"], modes["none"]["step_time_s"]
             )
-            stats = steady_state(run_dir, warmup=min(WARMUP, steps // 3))
-            stats.update(returncode=done.returncode, wall_s=done.wall_s)
-            per_mode[mode].append(stats)
-    modes: dict[str, dict[str, Any]] = {}
-    for mode, runs in per_mode.items():
-        modes[mode] = {
-            "step_time_s": median(r["step_time_s"] for r in runs),
-            "interval_s": median(r["interval_s"] for r in runs),
-            "runs": runs,
-        }
-    base = modes["none"]["interval_s"]
-    for mode in MODES:
-        modes[mode]["ratio"] = ratio(modes[mode]["interval_s"], base)
-        modes[mode]["step_time_ratio"] = ratio(
-            modes[mode]["step_time_s"], modes["none"]["step_time_s"]
-        )
-    targets = [
-        target(
-            f"{mode} step interval / none - 1",
-            None if modes[mode]["ratio"] is None else modes[mode]["ratio"] - 1.0,
-            goal=0.03,
-            higher_is_better=False,
-        )
-        for mode in ("inprocess", "injob")
-    ]
-    result = {
+        for mode in ("inprocess", "injob"):
+            targets.append(
+                target(
+                    f"{nproc} ranks: {mode} step interval / none - 1",
+                    None if modes[mode]["ratio"] is None else modes[mode]["ratio"] - 1.0,
+                    goal=0.03,
+                    higher_is_better=False,
+                )
+            )
+        by_nproc[str(nproc)] = modes
+    result: dict[str, Any] = {
         "machine": machine(),
         "quick": quick,
         "steps": steps,
         "warmup_steps": WARMUP,
         "rounds": rounds,
-        "modes": modes,
-        "overhead_inprocess": targets[0]["value"],
-        "overhead_injob": targets[1]["value"],
+        "nprocs": list(nprocs),
+        "by_nproc": by_nproc,
         "targets": targets,
     }
+    if "2" in by_nproc:  # the keys the planner and run_all read (2 ranks, as before)
+        result["modes"] = by_nproc["2"]
+    for nproc, modes in by_nproc.items():
+        for mode in ("inprocess", "injob"):
+            value = None if modes[mode]["ratio"] is None else modes[mode]["ratio"] - 1.0
+            result[f"overhead_{mode}_{nproc}ranks"] = value
+            if nproc == "2":
+                result[f"overhead_{mode}"] = value
     print(report(result), flush=True)
     write_result("overhead", result)
     return result
 
 
+def diagnose(*, steps: int = 100) -> dict[str, Any]:
+    """Why 4-rank in-job goodput steps looked slower: restart layer x checkpoint engine."""
+    from bench.common import TINY_MODEL
+
+    rows = {}
+    for mode, engine in DIAGNOSIS:
+        run_dir = RUNS_DIR / "overhead" / f"diagnose_4ranks_{mode}_{engine}"
+        stats = _one(
+            nproc=4,
+            mode=mode,
+            steps=steps,
+            run_dir=run_dir,
+            overrides=(
+                *TINY_MODEL,
+                "--checkpoint.interval=25",
+                f"--checkpoint.engine={engine}",
+            ),
+        )
+        rows[f"{mode}+{engine}"] = stats
+    result = {"machine": machine(), "steps": steps, "nproc": 4, "runs": rows}
+    print(
+        table(
+            ["layer+engine", "step_time s (median)", "interval s (median)", "interval s (mean)"],
+            [(k, r["step_time_s"], r["interval_s"], r["interval_mean_s"]) for k, r in rows.items()],
+        )
+    )
+    write_result("overhead_diagnosis", result)
+    return result
+
+
 def report(result: dict[str, Any]) -> str:
-    rows = [
-        (mode, m["step_time_s"], m["step_time_ratio"], m["interval_s"], m["ratio"])
-        for mode, m in result["modes"].items()
-    ]
-    return "\n".join(
-        [
-            f"overhead: 2 ranks, debug model, {result['steps']} steps, no faults, "
+    lines = []
+    for nproc, modes in result["by_nproc"].items():
+        rows = [
+            (mode, m["step_time_s"], m["step_time_ratio"], m["interval_s"], m["ratio"])
+            for mode, m in modes.items()
+        ]
+        lines += [
+            f"overhead: {nproc} ranks, debug model, {result['steps']} steps, no faults, "
             f"medians after {result['warmup_steps']} warm-up steps",
             table(["layer", "step_time s", "x none", "step interval s", "x none"], rows),
             "",
-            targets_table(result["targets"]),
         ]
-    )
+    return "\n".join([*lines, targets_table(result["targets"])])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="30 steps per run")
     parser.add_argument("--rounds", type=int, default=1, help="runs per mode (rotating order)")
+    parser.add_argument("--nprocs", default="2,4", help="rank counts, comma-separated")
+    parser.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="4 ranks, tiny model, checkpoints every 25 steps: layer x engine (not in make bench)",
+    )
     args = parser.parse_args(argv)
-    run(quick=args.quick, rounds=max(1, args.rounds))
+    if args.diagnose:
+        diagnose()
+        return 0
+    nprocs = tuple(int(n) for n in args.nprocs.split(",") if n.strip())
+    run(quick=args.quick, rounds=max(1, args.rounds), nprocs=nprocs)
     return 0
 
 

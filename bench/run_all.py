@@ -1,13 +1,20 @@
-"""Run every benchmark one after the other and print one combined table (``make bench``).
+"""Run the benchmarks one after the other and print one combined table (``make bench``).
 
-    python -m bench.run_all                          # everything, < 20 min on 2 cores
-    python -m bench.run_all --quick                  # smoke sizes, ~3 min
+    python -m bench.run_all                          # checkpoint, overhead, goodput: ~24 min
+    python -m bench.run_all --with-restart           # + the restart benchmark (+~9 min)
+    python -m bench.run_all --quick                  # smoke sizes, ~5 min
     python -m bench.run_all --only checkpoint,restart
 
+The default set fits ``make bench`` in 25 minutes on a 2-core machine: the goodput benchmark
+alone trains each of its 4 modes for 5 minutes (~22 min with start-ups). The restart benchmark
+(~9 min) is left out by default: the goodput runs report the cost of every fault of each kind
+too, and ``bench/results/restart.json`` (which the planner reads) keeps its last full run.
+
 Each benchmark prints its own table and writes bench/results/<name>.json; this writes
-bench/results/summary.json (headline numbers and every target's verdict) and then re-runs the
-planner (``python -m training.planner``, docs/planner.png) so that its defaults come from these
-results. Targets are reported, never asserted: the exit status is 0 unless a benchmark crashed.
+bench/results/summary.json (headline numbers and every target's verdict) and then prints the
+planner's table from these results (``python -m planner --costs measured-cpu --no-plot``; no
+figure is written). Targets are reported, never asserted: the exit status is 0 unless a
+benchmark crashed.
 """
 
 from __future__ import annotations
@@ -40,13 +47,21 @@ HEADLINES: dict[str, tuple[str, ...]] = {
     ),
     "overhead": ("overhead_inprocess", "overhead_injob"),
     "restart": ("inprocess_p50_s", "injob_p50_s", "cold_p50_s"),
-    "goodput": ("ettr_inprocess", "ettr_injob", "ettr_baseline"),
+    "goodput": (
+        "ettr_baseline",
+        "ettr_inprocess",
+        "ettr_injob",
+        "ettr_nested",
+        "startup_baseline_s",
+        "startup_nested_s",
+    ),
 }
+DEFAULT = ("checkpoint", "overhead", "goodput")
 
 
 def run_planner() -> int:
-    """Re-run the planner; it reads bench/results/*.json for its defaults."""
-    command = [sys.executable, "-m", "training.planner", "--out", "docs/planner.png"]
+    """Print the planner's table from the measured CPU costs (bench/results/*.json); no plot."""
+    command = [sys.executable, "-m", "planner", "--costs", "measured-cpu", "--no-plot"]
     proc = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
     print(f"\n+ {' '.join(command[1:])} (exit {proc.returncode})")
     print("\n".join(proc.stdout.splitlines()[:12]))
@@ -61,9 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", default="", help=f"comma-separated subset of {', '.join(BENCHMARKS)}"
     )
-    parser.add_argument("--no-planner", action="store_true", help="skip the planner re-run")
+    parser.add_argument(
+        "--with-restart", action="store_true", help="also run the restart benchmark (~9 min)"
+    )
+    parser.add_argument("--no-planner", action="store_true", help="skip the planner table")
     args = parser.parse_args(argv)
-    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(BENCHMARKS)
+    default = list(BENCHMARKS) if args.with_restart else list(DEFAULT)
+    names = [n.strip() for n in args.only.split(",") if n.strip()] or default
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {list(BENCHMARKS)}")

@@ -256,8 +256,13 @@ class ResilienceConfig:
     checkpoint_section_timeout_s: float = 300.0
     """In-job: longest a checkpoint load or save staging may take."""
     calibrate_timeouts_after: int = 0
-    """In-job: after this many steps, replace the section and heartbeat timeouts by ones NVRx
-    computes from the observed timings (times its safety factor); 0 keeps the configured ones."""
+    """After this many steps of an attempt, calibrate hang detection from the observed step
+    times; 0 keeps the configured timeouts. In-job: NVRx computes the section and heartbeat
+    timeouts (observed maxima times its safety factor). In-process: a rank with no step boundary
+    for max(hang_floor_s, 5 x p99 step time) raises (training/resilience/hang.py); the
+    configured soft timeout stays as the backstop."""
+    hang_floor_s: float = 2.0
+    """In-process: the least calibrated hang timeout (seconds)."""
     stop_timeout_s: float = 10.0
     """A rank asked to stop (SIGTERM) that is still blocked (e.g. in a collective with a dead
     peer) after this long exits anyway; also ft_launcher's ``--workers-stop-timeout``."""
@@ -274,6 +279,7 @@ class ResilienceConfig:
         _require(self.max_restarts >= 0, s, "max_restarts", "must be >= 0")
         _require(self.calibrate_timeouts_after >= 0, s, "calibrate_timeouts_after", "must be >= 0")
         for name in (
+            "hang_floor_s",
             "soft_timeout_s",
             "hard_timeout_s",
             "heartbeat_timeout_s",

@@ -41,3 +41,40 @@ def test_quick_checkpoint_benchmark_writes_its_keys(tmp_path: Path) -> None:
     assert summary["failed"] == []
     assert "checkpoint.nvrx_async_blocking_s" in summary["headlines"]
     assert "=== summary" in proc.stdout
+
+
+def test_goodput_window_counts_only_the_last_occurrence_of_each_step(tmp_path: Path) -> None:
+    """Steady-state ETTR: steps after the first one, up to the cut, superseded ones excluded."""
+    from bench.goodput import fault_spec, window_stats
+
+    run = tmp_path / "run"
+    run.mkdir()
+    # Steps 1..50 end at t = 1..50; a fault at 50.5; steps 41.. are redone, ending at t = k + 20.
+    steps = [(k, float(k), 0) for k in range(1, 51)] + [(k, k + 20.0, 1) for k in range(41, 90)]
+    (run / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps({"time": t, "step": k, "step_time_s": 0.9, "attempt": a}) + "\n"
+            for k, t, a in steps
+        )
+    )
+    events = [
+        {"time": 0.0, "rank": 0, "kind": "run_start", "world_size": 2},
+        {"time": 50.5, "rank": 1, "kind": "fault", "step": 51, "fault": "exception"},
+        {"time": 51.0, "rank": 0, "kind": "restart_begin", "mode": "inprocess"},
+        {"time": 55.0, "rank": 0, "kind": "attempt_start", "attempt": 1},
+    ]
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    stats = window_stats(run_dir=run, t_first=1.0, window_s=100.0)
+    # last occurrences in (1, 101]: steps 2..40 and 41..81, 0.9 s each
+    assert stats["productive_s"] == pytest.approx(80 * 0.9)
+    assert stats["ettr"] == pytest.approx(0.72)
+    assert stats["faults_in_window"] == 1
+    (cost,) = stats["fault_costs"]
+    assert cost["fault"] == "exception" and cost["resumed"]
+    # resumed by step 41 (attempt 1) ending at 61: downtime 60.1 - 50.5; steps 41..50 redone
+    assert cost["downtime_s"] == pytest.approx(60.1 - 50.5)
+    assert cost["recompute_s"] == pytest.approx(10 * 0.9)
+    assert stats["unrecovered"] == 0
+    assert fault_spec(kinds=("exception", "hang"), faults=3, first=10, every=20) == (
+        "exception@1:10;hang@1:30;exception@1:50"
+    )
