@@ -174,6 +174,13 @@ class ParallelConfig:
     """FSDP2 MixedPrecisionPolicy: bf16 compute with fp32 reduce on CUDA, fp32 on CPU."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward to save memory."""
+    activation_checkpointing_mode: Literal["full", "selective"] = "full"
+    """With ``activation_checkpointing``: ``full`` recomputes the whole block in backward;
+    ``selective`` keeps matmul and attention outputs and recomputes the rest (norms, rotary,
+    pointwise), trading some memory for most of the recompute (training/parallel.py)."""
+    compile: bool = False
+    """``torch.compile`` each transformer block (in place, before FSDP; checkpoints unchanged).
+    CUDA only here: on CPU, inductor needs a C++ toolchain and the gain is small."""
     meta_init: bool = False
     """Build the model on the meta device and materialise only each rank's shard (large models)."""
     reshard_after_forward: bool = True
@@ -187,6 +194,18 @@ class ParallelConfig:
         s = "parallel"
         _require(self.cpu_threads >= 1, s, "cpu_threads", "must be >= 1")
         _require(self.pg_timeout_s > 0, s, "pg_timeout_s", "must be > 0")
+        _require(
+            self.activation_checkpointing_mode in ("full", "selective"),
+            s,
+            "activation_checkpointing_mode",
+            f"must be full or selective, got {self.activation_checkpointing_mode!r}",
+        )
+        _require(
+            not self.compile or self.device != "cpu",
+            s,
+            "compile",
+            "torch.compile per block is for CUDA; leave it off with parallel.device=cpu",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

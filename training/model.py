@@ -1,6 +1,7 @@
 """A Llama-style decoder: RMSNorm, rotary embeddings, SwiGLU MLP, grouped-query attention.
 
-Plain PyTorch modules, no custom kernels. Each ``Block`` is one FSDP2 unit (training/parallel.py).
+Plain PyTorch modules, no custom kernels. FSDP2 units (training/parallel.py): the token
+embeddings, each ``Block``, and the final norm with the output projection.
 ``init_weights`` re-initialises parameters in place, so a model built on the meta device can be
 materialised shard by shard after ``fully_shard``.
 """
@@ -149,6 +150,12 @@ class Transformer(nn.Module):
             layer.init_weights(std=std, out_std=out_std)
         self.norm.init_weights()
         nn.init.trunc_normal_(self.output.weight, mean=0.0, std=self.config.dim**-0.5)
+        self.init_buffers()
+
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        """Recompute the non-persistent buffers (the rotary table): no checkpoint holds them, so
+        a model that is loaded instead of initialised needs this (after ``to_empty``)."""
         self.rope = self._rope_table().to(self.rope.device)
 
 
@@ -161,7 +168,22 @@ def count_parameters(config: ModelConfig) -> int:
 
 
 def flops_per_token(config: ModelConfig, *, seq_len: int) -> float:
-    """Training FLOPs per token: 6 N for the matmuls plus causal attention's score/value work
-    (12 * layers * dim * seq, halved for causality is ignored, as in PaLM/MFU conventions)."""
-    n_non_embedding = count_parameters(config) - config.vocab_size * config.dim
-    return 6.0 * n_non_embedding + 12.0 * config.n_layers * config.dim * seq_len
+    """Training FLOPs per token (forward + backward), the PaLM / torchtitan MFU convention::
+
+        flops_per_token = 6 * N + 12 * L * H * Q * T
+
+    - ``N``: parameters taking part in matmuls: every parameter except the token embedding
+      (a lookup, no FLOPs); the output projection counts. 6 = 2 FLOPs per multiply-add x
+      (1 forward + 2 backward) matmuls.
+    - ``12 * L * H * Q * T``: causal self-attention's score (QK^T) and value (AV) matmuls, per
+      token, over ``L`` layers of ``H`` heads of ``Q = head_dim``, with ``T = seq_len``: 2
+      matmuls forward + 4 backward (6) x 2 FLOPs each. Following PaLM (Appendix B) and
+      torchtitan (``get_nparams_and_flops``), the causal mask's sparsity is not subtracted and
+      flash attention's backward recompute is not added, so MFU figures compare across
+      projects. GQA changes N (smaller wk, wv), not this term: every query head attends.
+
+    MFU = tokens/s x flops_per_token / (peak bf16 FLOP/s x GPUs) (training/metrics.py).
+    """
+    n_matmul = count_parameters(config) - config.vocab_size * config.dim
+    attention = 12.0 * config.n_layers * config.n_heads * config.head_dim * seq_len
+    return 6.0 * n_matmul + attention

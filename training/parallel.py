@@ -1,8 +1,15 @@
 """Device, backend and FSDP2 wrapping.
 
 ``auto`` picks CUDA + NCCL with a bf16 mixed-precision policy when a GPU is present, else CPU +
-gloo in fp32. FSDP2 (``fully_shard``) wraps each transformer block, then the root, so parameters
-are DTensors sharded on dim 0 across the data-parallel mesh. Any world size from 1 up works.
+gloo in fp32. FSDP2 (``fully_shard``) units, as torchtitan's ``apply_fsdp`` makes them: the token
+embeddings, each transformer block, and the final norm with the output projection; the root
+then holds no parameter of its own. (In the root unit, embeddings and output stayed unsharded
+for the whole step: 2 x 128,256 x 8,192 = 2.1B parameters for the 70B recipe.) Parameters are
+DTensors sharded on dim 0 across the data-parallel mesh. Any world size from 1 up works.
+
+Per block, optionally: activation checkpointing (full, or selective: matmul and attention
+outputs kept, the rest recomputed) and ``torch.compile`` (``Module.compile``: in place, so
+parameter names and checkpoints do not change).
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -19,6 +27,49 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from training.config import ConfigError, ParallelConfig
 from training.model import Transformer
+
+# Selective activation checkpointing: outputs of these ops are saved, everything else in a
+# block (norms, rotary, SwiGLU's pointwise ops) is recomputed in backward. torchtitan's
+# ``_save_list`` (torchtitan/models/llama3/infra/parallelize.py) keeps the same compute-bound
+# ops; unlike it we keep every matmul (simpler, a little more memory).
+_SAC_SAVE = {
+    getattr(torch.ops.aten, name).default
+    for name in (
+        "mm",
+        "addmm",
+        "bmm",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    )
+    if hasattr(torch.ops.aten, name)
+}
+
+
+def _sac_policy(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    if op in _SAC_SAVE:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def wrap_block(block: torch.nn.Module, *, config: ParallelConfig) -> torch.nn.Module:
+    """Activation checkpointing (``parallel.activation_checkpointing`` and its mode: full or
+    selective) and ``torch.compile`` (``parallel.compile``) for one block, before FSDP."""
+    if config.compile:
+        block.compile()  # in place: state-dict keys stay those of the plain block
+    mode = config.activation_checkpointing_mode if config.activation_checkpointing else "none"
+    if mode == "full":
+        return checkpoint_wrapper(block)
+    if mode == "selective":
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        return checkpoint_wrapper(
+            block, context_fn=partial(create_selective_checkpoint_contexts, _sac_policy)
+        )
+    return block
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,9 +132,20 @@ def mixed_precision_policy(config: ParallelConfig, env: DistEnv) -> MixedPrecisi
 
 
 def build_sharded_model(
-    model_factory, *, config: ParallelConfig, env: DistEnv, seed: int
+    model_factory,
+    *,
+    config: ParallelConfig,
+    env: DistEnv,
+    seed: int,
+    initialize: bool = True,
 ) -> tuple[Transformer, DeviceMesh]:
-    """Build the model, apply activation checkpointing and FSDP2, materialise it on the device."""
+    """Build the model, apply activation checkpointing / compile and FSDP2, materialise it on
+    the device.
+
+    ``initialize=False`` when a checkpoint will be loaded into it right away (resume): the
+    parameters are not initialised (a meta-built model's memory is left as allocated), only the
+    non-persistent buffers (the rotary table) are computed, since no checkpoint holds them.
+    """
     if config.meta_init and not env.is_cuda:
         # DTensor's RNG tracker only covers CUDA meshes: on CPU every rank would initialise its
         # shard with the same values (the halves of each weight would be identical).
@@ -97,25 +159,28 @@ def build_sharded_model(
         # Every rank builds the same full model from the same seed; fully_shard keeps its slice.
         # init_weights as on the meta path: the same init whichever way the model is built.
         model = model_factory()
-        model.init_weights()
-    if config.activation_checkpointing:
-        for index, block in enumerate(model.layers):
-            model.layers[index] = checkpoint_wrapper(block)
+        if initialize:
+            model.init_weights()
+    for index, block in enumerate(model.layers):
+        model.layers[index] = wrap_block(block, config=config)
     policy = mixed_precision_policy(config, env)
+    shard = partial(fully_shard, mesh=mesh, mp_policy=policy)
+    shard(model.tok_embeddings, reshard_after_forward=config.reshard_after_forward)
     for block in model.layers:
-        fully_shard(
-            block,
-            mesh=mesh,
-            mp_policy=policy,
-            reshard_after_forward=config.reshard_after_forward,
-        )
-    # The root holds embeddings, final norm and output; no resharding after forward for it
-    # since backward needs it right away.
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+        shard(block, reshard_after_forward=config.reshard_after_forward)
+    # Norm + output: the last forward and the first backward, so their gathered parameters are
+    # kept between the two (torchtitan does the same).
+    shard([model.norm, model.output], reshard_after_forward=False)
+    # The root owns no parameters now; it still drives the units' prefetch and the
+    # gradient-sync switch (``set_requires_gradient_sync``).
+    shard(model, reshard_after_forward=False)
     if config.meta_init:
         model.to_empty(device=env.device)
         torch.manual_seed(seed)
-        model.init_weights()
+        if initialize:
+            model.init_weights()
+        else:
+            model.init_buffers()
     elif env.is_cuda:
         model.to(env.device)
     return model, mesh

@@ -94,6 +94,7 @@ def _p5_recipe(
     log_every: int,
     interval: int,
     local_interval: int,
+    parallel: ParallelConfig = _GPU_PARALLEL,
 ) -> Recipe:
     """A p5.48xlarge recipe: data, runs and shared checkpoints on FSx under ``job``, local
     checkpoints on the node's NVMe (/scratch), bf16 FSDP2 with in-job restart."""
@@ -107,7 +108,7 @@ def _p5_recipe(
             data=DataConfig(path="/fsx/data/stdlib", seq_len=seq_len),
             train=TrainConfig(steps=steps, micro_batch_size=1, log_every=log_every),
             optim=OptimConfig(lr=lr, warmup_steps=warmup),
-            parallel=_GPU_PARALLEL,
+            parallel=parallel,
             checkpoint=CheckpointConfig(
                 dir=f"/fsx/checkpoints/{job}",
                 interval=interval,
@@ -145,6 +146,7 @@ _RECIPES: tuple[Recipe, ...] = (
         log_every=5,
         interval=25,
         local_interval=10,
+        # No compile: the smoke run's point is a fast start (compiling 32 blocks costs minutes).
     ),
     _p5_recipe(
         name="p5_8b",
@@ -159,6 +161,11 @@ _RECIPES: tuple[Recipe, ...] = (
         log_every=10,
         interval=200,
         local_interval=50,
+        # 8B: selective recompute keeps ~25 GB of matmul outputs per GPU at 8k tokens (estimate),
+        # well within 80 GB; compiled blocks pay their start-up once.
+        parallel=dataclasses.replace(
+            _GPU_PARALLEL, activation_checkpointing_mode="selective", compile=True
+        ),
     ),
     _p5_recipe(
         name="p5_70b",
@@ -173,6 +180,8 @@ _RECIPES: tuple[Recipe, ...] = (
         log_every=10,
         interval=100,
         local_interval=25,
+        # 70B at 8k tokens on 128 GPUs needs full recompute to fit; compile still pays.
+        parallel=dataclasses.replace(_GPU_PARALLEL, compile=True),
     ),
 )
 

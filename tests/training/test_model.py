@@ -145,6 +145,31 @@ def test_flops_per_token() -> None:
     assert 4.5e10 < flops_per_token(llama8b, seq_len=8192) < 6e10
 
 
+def test_flops_per_token_by_hand() -> None:
+    """6 N + 12 L H Q T, worked out by hand for a small GQA config (dim 64, 2 layers, 4 heads of
+    16, 2 kv heads, ffn 256, vocab 1000) at T = 128."""
+    config = ModelConfig(
+        vocab_size=1000, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=256
+    )
+    assert config.head_dim == 16 and config.ffn_dim == 256
+    # Per block: wq 64x64 + wo 64x64 = 8192; wk, wv 64x32 each = 4096; w1, w3, w2 64x256 each
+    # = 49152; two norms 128: 61568. Two blocks 123136, final norm 64, output 64000.
+    n_matmul = 2 * 61568 + 64 + 64000  # = 187200 (the 64000 embedding parameters excluded)
+    attention = 12 * 2 * 4 * 16 * 128  # = 196608
+    assert n_matmul == 187200 and attention == 196608
+    assert flops_per_token(config, seq_len=128) == 6 * 187200 + 196608 == 1319808
+
+
+def test_init_buffers_restores_the_rotary_table() -> None:
+    """A model that is loaded rather than initialised still needs its (unsaved) rotary table."""
+    model = _model()
+    expected = model.rope.clone()
+    model.rope.zero_()
+    model.init_buffers()
+    torch.testing.assert_close(model.rope, expected)
+    assert "rope" not in model.state_dict()
+
+
 def test_backward_reaches_every_parameter() -> None:
     model = _model().train()
     tokens = torch.randint(0, SMALL.vocab_size, (2, 9))

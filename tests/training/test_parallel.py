@@ -219,3 +219,107 @@ def test_lr_schedule() -> None:
     values = [lr_at(s, **kw) for s in range(4, 15)]
     assert values == sorted(values, reverse=True)
     assert lr_at(0, peak=2.0, warmup=0, total=10, min_ratio=0.0) == pytest.approx(2.0)
+
+
+@pytest.fixture
+def one_rank_group():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _tiny_model_config():
+    from training.config import ModelConfig
+
+    return ModelConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16)
+
+
+def _build(config: ParallelConfig, *, initialize: bool = True):
+    from training.model import Transformer
+
+    model_config = _tiny_model_config()
+    return build_sharded_model(
+        lambda: Transformer(model_config),
+        config=config,
+        env=_cpu_env(world_size=1),
+        seed=0,
+        initialize=initialize,
+    )[0]
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_embeddings_and_head_are_their_own_fsdp_units(one_rank_group) -> None:
+    """torchtitan's units: embeddings, each block, norm + output; the root owns no parameter
+    (before, embeddings and output sat unsharded in the root for the whole step)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    model = _build(ParallelConfig(device="cpu", mixed_precision="fp32"))
+    for unit in (model.tok_embeddings, *model.layers, model.norm, model.output):
+        assert isinstance(unit, FSDPModule), type(unit)
+    root_group = model._get_fsdp_state()._fsdp_param_group
+    assert root_group is None, "the root unit should hold no parameters"
+    head = model.output._get_fsdp_state()._fsdp_param_group
+    grouped = {id(p.sharded_param) for p in head.fsdp_params}
+    assert grouped == {id(model.norm.weight), id(model.output.weight)}
+    assert head.post_forward_mesh_info is None  # kept gathered from forward into backward
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_resume_build_skips_init_weights(one_rank_group, monkeypatch: pytest.MonkeyPatch) -> None:
+    from training.model import Transformer
+
+    calls: list[str] = []
+    original = Transformer.init_weights
+    monkeypatch.setattr(
+        Transformer, "init_weights", lambda self: (calls.append("init"), original(self))[1]
+    )
+    _build(ParallelConfig(device="cpu", mixed_precision="fp32"), initialize=False)
+    assert calls == []
+    _build(ParallelConfig(device="cpu", mixed_precision="fp32"))
+    assert calls == ["init"]
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_activation_checkpointing_keeps_the_gradients(one_rank_group, mode: str) -> None:
+    """Full and selective recompute change memory, never the math: same loss and gradients as
+    the plain blocks, and the same parameter names (checkpoints stay interchangeable)."""
+
+    def grads(config: ParallelConfig) -> tuple[float, dict[str, torch.Tensor]]:
+        model = _build(config)
+        tokens = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))
+        logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+        return loss.item(), {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+
+    plain_loss, plain = grads(ParallelConfig(device="cpu", mixed_precision="fp32"))
+    ac_loss, ac = grads(
+        ParallelConfig(
+            device="cpu",
+            mixed_precision="fp32",
+            activation_checkpointing=True,
+            activation_checkpointing_mode=mode,
+        )
+    )
+    assert ac_loss == pytest.approx(plain_loss, rel=1e-6)
+    strip = "._checkpoint_wrapped_module"
+    assert {n.replace(strip, "") for n in ac} == set(plain)
+    for name, grad in ac.items():
+        torch.testing.assert_close(grad, plain[name.replace(strip, "")], rtol=1e-5, atol=1e-6)
+
+
+def test_parallel_config_validates_the_new_options() -> None:
+    with pytest.raises(ConfigError) as info:
+        ParallelConfig(activation_checkpointing_mode="some")  # type: ignore[arg-type]
+    assert info.value.field_path == "parallel.activation_checkpointing_mode"
+    with pytest.raises(ConfigError) as info:
+        ParallelConfig(device="cpu", compile=True)
+    assert info.value.field_path == "parallel.compile"
