@@ -23,7 +23,7 @@ ARGS    ?=
 OVERLAY ?= smoke
 DATA    := data/stdlib
 
-.PHONY: help setup train test test-fast lint format clean synth diff deploy gpu-nodes destroy bench report planner data eks-status eks-logs eks-stop eks-preflight
+.PHONY: help setup train test test-fast lint format clean synth diff deploy gpu-nodes destroy bench report planner data eks-status eks-logs eks-stop eks-preflight gpu-check
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -118,6 +118,9 @@ format: $(VENV)/.stamp ## Apply ruff's fixes and formatting
 
 test: setup lint ## Run the whole test suite (CPU; GPU tests are skipped without a GPU)
 	$(VENV)/bin/pytest $(ARGS)
+
+gpu-check: $(VENV)/.stamp ## On a GPU host: the gpu-marked tests + an FSDP2 8B-slice step, one JSON report (<= 8 min)
+	$(PY) tests/gpu_check.py $(ARGS)
 
 test-fast: setup ## Tests without the slow ones
 	$(VENV)/bin/pytest -m "not slow" $(ARGS)

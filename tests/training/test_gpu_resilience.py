@@ -80,7 +80,7 @@ def test_nvrx_async_save_is_an_exact_snapshot_on_cuda(tmp_path: Path, corpus: Pa
     """On GPU the staging copy is NVRx's own device-to-host preload (no CPU clone)."""
     import subprocess
 
-    from conftest import REPO_ROOT, VENV_BIN, subprocess_env
+    from support import REPO_ROOT, VENV_BIN, subprocess_env
 
     result_dir = tmp_path / "probe"
     command = [
