@@ -245,3 +245,31 @@ def test_inprocess_alone_names_a_frozen_rank_and_exits_for_a_replacement(
     assert "1 of 2 rank(s) died or stopped responding" in verdict["cause"]
     ends = [e for e in events(run_dir) if e["kind"] == "run_end"]
     assert ends and all("gave up after" not in e["cause"] for e in ends)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_inprocess_hang_detection_calibrated_from_step_times(
+    tmp_path: Path, corpus: Path, reference: dict
+) -> None:
+    """With calibration on, a hang is detected after max(2 s, 5 x p99 step time), long before
+    the configured 30 s soft timeout, and the run still ends bit-identical."""
+    run_dir = tmp_path / "run"
+    proc = launch(
+        run_dir,
+        corpus,
+        "--restart=inprocess",
+        "--faults=hang@0:14",
+        "--resilience.calibrate_timeouts_after=5",
+        "--resilience.soft_timeout_s=30",
+        "--resilience.hard_timeout_s=60",
+    )
+    assert proc.returncode == 0, tail(proc.log)
+    log = events(run_dir)
+    detected = [e for e in log if e["kind"] == "hang_detected"]
+    assert detected, "the calibrated watchdog must have fired"
+    assert all(2.0 <= e["timeout_s"] < 30 for e in detected)
+    (hang,) = [e for e in log if e["kind"] == "fault"]
+    resumed = [m for m in read_metrics(run_dir) if m["time"] - m["step_time_s"] > hang["time"]]
+    assert resumed and min(m["time"] for m in resumed) - hang["time"] < 30
+    assert_identical(final_state(run_dir), reference)

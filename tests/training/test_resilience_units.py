@@ -142,3 +142,44 @@ def test_long_checkpoint_io_keeps_pinging_within_its_budget() -> None:
         time.sleep(1.5)  # past the budget: the pings stop, so the watchdog can fire
     inside = stuck_io.times[1:-1]
     assert inside and inside[-1] - stuck_io.times[0] < 0.8
+
+
+def test_calibrated_timeout_is_five_p99_with_a_floor() -> None:
+    from training.resilience.hang import calibrated_timeout
+
+    times = [0.1] * 99 + [0.9]
+    assert calibrated_timeout(times, floor_s=2.0, factor=5.0) == 2.0  # 5 x p99 (0.1) < floor
+    assert calibrated_timeout([1.0] * 100, floor_s=2.0, factor=5.0) == 5.0
+    assert calibrated_timeout([0.1] * 98 + [1.2, 1.2], floor_s=0.1, factor=5.0) == 6.0
+
+
+def test_hang_watchdog_raises_in_the_main_thread_only_after_calibration() -> None:
+    """The main thread stuck past the calibrated timeout gets HangDetected; I/O pauses it."""
+    import time
+
+    from training.resilience.hang import CalibratedHangWatchdog, HangDetected
+
+    detections: list = []
+    watchdog = CalibratedHangWatchdog(
+        calibrate_after=5,
+        floor_s=0.5,
+        on_detect=lambda timeout, waited: detections.append((timeout, waited)),
+    )
+    try:
+        for _ in range(5):  # calibration: five quick steps
+            watchdog.step_started()
+            time.sleep(0.01)
+            watchdog.step_finished()
+        watchdog.step_started()
+        watchdog.pause()
+        time.sleep(0.8)  # slow checkpoint I/O: not a hang
+        watchdog.resume()
+        started = time.monotonic()
+        with pytest.raises(HangDetected):
+            while time.monotonic() - started < 10:  # the hang
+                time.sleep(0.01)
+        after = time.monotonic() - started
+    finally:
+        watchdog.close()
+    assert 0.4 < after < 2.0, after
+    assert len(detections) == 1 and detections[0][0] == 0.5

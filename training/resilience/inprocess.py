@@ -37,6 +37,7 @@ from training.phases import (
     emit_phase,
     process_start_time,
 )
+from training.resilience.hang import CalibratedHangWatchdog
 from training.trainer import StepHooks
 from training.verdict import current_run_id, write_verdict
 
@@ -55,11 +56,20 @@ class PingHooks(StepHooks):
     ``io_budget_s`` (``resilience.checkpoint_section_timeout_s``, the in-job layer's budget for
     the same I/O), so that a checkpoint read stuck on a dead file system is still detected."""
 
-    def __init__(self, call_wrapper, *, monitor=None, io_budget_s: float, interval_s: float = 1.0):
+    def __init__(
+        self,
+        call_wrapper,
+        *,
+        monitor=None,
+        io_budget_s: float,
+        interval_s: float = 1.0,
+        watchdog: CalibratedHangWatchdog | None = None,
+    ):
         self.call_wrapper = call_wrapper
         self.monitor = monitor
         self.io_budget_s = io_budget_s
         self.interval_s = interval_s
+        self.watchdog = watchdog
 
     def _report(self) -> None:
         self.call_wrapper.ping()
@@ -68,8 +78,12 @@ class PingHooks(StepHooks):
 
     def before_step(self, step: int) -> None:
         self._report()
+        if self.watchdog is not None:
+            self.watchdog.step_started()
 
     def after_step(self, step: int) -> None:
+        if self.watchdog is not None:
+            self.watchdog.step_finished()
         self.call_wrapper.ping()
 
     @contextlib.contextmanager
@@ -82,6 +96,8 @@ class PingHooks(StepHooks):
                 self._report()  # multiprocessing queue / socket: safe from a second thread
 
         self._report()
+        if self.watchdog is not None:
+            self.watchdog.pause()
         pinger = threading.Thread(target=keep_reporting, name=f"ping-{name}", daemon=True)
         pinger.start()
         try:
@@ -89,6 +105,8 @@ class PingHooks(StepHooks):
         finally:
             done.set()
             pinger.join(timeout=self.interval_s + 1)
+            if self.watchdog is not None:
+                self.watchdog.resume()
             self._report()
 
 
@@ -178,11 +196,31 @@ def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
         current_rank = int(os.environ["RANK"])
         current_world = int(os.environ["WORLD_SIZE"])
         store = dist.PrefixStore(f"pg_{iteration}", base_store)
+        watchdog = None
+        if r.calibrate_timeouts_after:
+
+            def detected(timeout: float, waited: float) -> None:
+                events.emit(
+                    "hang_detected",
+                    mode="inprocess",
+                    attempt=iteration,
+                    timeout_s=round(timeout, 3),
+                    waited_s=round(waited, 3),
+                )
+
+            watchdog = CalibratedHangWatchdog(
+                calibrate_after=r.calibrate_timeouts_after,
+                floor_s=r.hang_floor_s,
+                on_detect=detected,
+            )
         try:
             return run_training(
                 config,
                 hooks=PingHooks(
-                    call_wrapper, monitor=monitor, io_budget_s=r.checkpoint_section_timeout_s
+                    call_wrapper,
+                    monitor=monitor,
+                    io_budget_s=r.checkpoint_section_timeout_s,
+                    watchdog=watchdog,
                 ),
                 attempt=iteration,
                 store=store,
@@ -200,6 +238,9 @@ def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
             # An exception, or NVRx's monitor interrupting a hang: the wrapper takes over.
             emit_phase(events, phase=DETECTED, attempt=iteration + 1, mode="inprocess")
             raise
+        finally:
+            if watchdog is not None:
+                watchdog.close()
 
     wrapped = inprocess_wrapper(
         train,
