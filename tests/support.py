@@ -56,6 +56,9 @@ def subprocess_env(**extra: str) -> dict[str, str]:
         # torch's import of pynvml warns on stderr; keep CLI stderr to our own messages.
         PYTHONWARNINGS="ignore::FutureWarning",
         CI="1",  # plain log lines, never a progress bar
+        # No TensorBoard tailer in the many short local runs (1-2 s of CPU each on 2 cores);
+        # tests/training/test_tensorboard.py and the emulated pods run it.
+        TRAINING_TENSORBOARD="0",
     )
     env.update(extra)
     return env
