@@ -221,9 +221,13 @@ class CheckpointManager:
         if config.local_dir:
             from training.local_checkpoint import LocalCheckpoints
 
-            self._local = LocalCheckpoints(root=Path(config.local_dir), session_id=root.name)
-        if config.engine == "nvrx" or self._local is not None:
-            # The local tier's writes go through NVRx's queue whatever the shared engine is.
+            self._local = LocalCheckpoints(
+                root=Path(config.local_dir),
+                session_id=root.name,
+                world_size=world_size,
+                local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
+            )
+        if config.engine == "nvrx":
             from training.nvrx import AsyncCheckpointQueue
 
             self._nvrx = AsyncCheckpointQueue()
@@ -252,6 +256,8 @@ class CheckpointManager:
         if self._nvrx is not None:
             self._nvrx.close()
             self._nvrx = None
+        if self._local is not None:
+            self._local.close()
 
     def abandon(self) -> None:
         """After a fault: drop pending saves (they stay uncommitted) without collectives."""
@@ -259,6 +265,9 @@ class CheckpointManager:
         if self._nvrx is not None:
             self._nvrx.abandon()
             self._nvrx = None
+        if self._local is not None:
+            self._local.abandon()
+            self._local_pending = False
 
     # -- saving --------------------------------------------------------------------------------
     def latest_step(self) -> int | None:
@@ -313,9 +322,9 @@ class CheckpointManager:
 
     def save_local(self, trainer: StatefulTrainer, *, step: int) -> None:
         """GPU only: an NVRx local checkpoint of this rank's shard on node-local NVMe."""
-        assert self._local is not None and self._nvrx is not None
+        assert self._local is not None
         started = time.perf_counter()
-        self._nvrx.schedule_request(self._local.save_request(trainer, step=step))
+        self._local.save(trainer, step=step)  # its own non-persistent queue (local_checkpoint.py)
         self._local_pending = True
         self.events.emit(
             "checkpoint_staged",
@@ -330,7 +339,9 @@ class CheckpointManager:
             return
         if self._nvrx is not None:
             self._nvrx.poll(blocking=False)
-            self._local_pending = self._nvrx.pending() > 0
+        if self._local is not None and self._local_pending:
+            self._local.poll(blocking=False)
+            self._local_pending = self._local.pending() > 0
         if self.config.engine == "torch_async":
             self._poll_torch_async(blocking=False)
 
@@ -338,6 +349,8 @@ class CheckpointManager:
         """Block until every pending save is committed."""
         if self._nvrx is not None:
             self._nvrx.poll(blocking=True)
+        if self._local is not None:
+            self._local.poll(blocking=True)
             self._local_pending = False
         if self.config.engine == "torch_async" and self._pending:
             self._poll_torch_async(blocking=True)

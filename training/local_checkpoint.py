@@ -2,11 +2,22 @@
 
 A second, faster tier beside the shared (FSx) checkpoints: every ``checkpoint.local_interval``
 steps each rank writes its own shard to ``checkpoint.local_dir`` (the instance-store NVMe RAID0,
-``/scratch`` in the pods) through NVRx's ``LocalCheckpointManager``, asynchronously on the same
-NVRx queue as the shared checkpoints. On restart, when every rank still has a local checkpoint
-newer than the newest committed shared one (in-process restart, or in-job restart on the same
-nodes), it is loaded instead: no read from shared storage. A replaced node has none, so NVRx's
-``find_latest`` (which needs every rank's shard) falls back to the shared checkpoint.
+``/scratch`` in the pods) through NVRx's ``LocalCheckpointManager``, asynchronously on its own
+``AsyncCallsQueue(persistent=False)``: NVRx's local-checkpoint docs require the non-persistent
+(forked) caller, and a queue of its own neither waits behind the FSx write nor pickles pinned
+buffers into the persistent worker's shared memory.
+
+Replication (NVRx ``LazyCliqueReplicationStrategy``): when the job spans at least two nodes (and
+the world divides into pairs of nodes), each rank's shard is also written to the rank with the
+same local rank on the paired node (replication jump = ranks per node, factor 2), so a lost
+node restores from its peer's NVMe instead of FSx. On restart, when every rank's shard of a
+step is available somewhere (own or replica) and newer than the newest committed shared
+checkpoint, it is loaded instead of the shared one.
+
+Integrity: every local file gets a size + CRC32 sidecar, computed in the forked writer after the
+file is renamed into place (off the training path). A file whose sidecar is missing or does not
+match is not offered to NVRx's ``find_latest``, with a warning: a damaged step is then
+incomplete, and the load falls back to an older local step, a replica, or the shared checkpoint.
 
 NVRx's ``BasicTensorAwareStateDict`` accepts CUDA tensors only, so this tier exists only on GPU;
 asking for it on CPU is a configuration error. Local shards hold this rank's DTensor shards
@@ -15,6 +26,11 @@ asking for it on CPU is a configuration error. Local shards hold this rank's DTe
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import warnings
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +38,97 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from training.config import ConfigError
+
+log = logging.getLogger(__name__)
+SIDECAR = ".crc32.json"
+
+
+def file_crc32(path: Path) -> int:
+    crc = 0
+    with path.open("rb") as f:
+        while chunk := f.read(16 << 20):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def write_sidecar(path: Path) -> None:
+    """Size and CRC32 of ``path`` beside it (``<name>.crc32.json``), written atomically."""
+    record = {"size": path.stat().st_size, "crc32": file_crc32(path)}
+    tmp = path.with_name(path.name + SIDECAR + ".tmp")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, path.with_name(path.name + SIDECAR))
+
+
+def verify_sidecar(path: Path) -> str | None:
+    """None when ``path`` matches its sidecar, else what is wrong."""
+    sidecar = path.with_name(path.name + SIDECAR)
+    try:
+        record = json.loads(sidecar.read_text())
+    except (OSError, ValueError) as err:
+        return f"no readable checksum record ({err.__class__.__name__})"
+    size = path.stat().st_size
+    if size != record.get("size"):
+        return f"size {size} != recorded {record.get('size')}"
+    if file_crc32(path) != record.get("crc32"):
+        return "CRC32 mismatch"
+    return None
+
+
+def replication_groups(*, world_size: int, local_world_size: int) -> list[list[int]] | None:
+    """The clique groups NVRx forms for replication to another node, or None when the job
+    cannot replicate across nodes (one node, or nodes that do not pair up).
+
+    Jump = ranks per node, factor 2: rank r's shard also lives on rank r + local_world_size
+    (NVRx ``replication/group_utils.py:parse_group_sequence``)."""
+    from nvidia_resiliency_ext.checkpointing.local.replication.group_utils import (
+        parse_group_sequence,
+    )
+
+    if local_world_size < 1 or world_size < 2 * local_world_size:
+        return None
+    if world_size % (2 * local_world_size):
+        return None
+    groups = parse_group_sequence(
+        replication_jump=local_world_size, replication_factor=2, world_size=world_size
+    )
+    return [list(group) for group in groups]
+
+
+def _verified_manager_class():
+    from nvidia_resiliency_ext.checkpointing.local.ckpt_managers.local_manager import (
+        LocalCheckpointManager,
+    )
+
+    class VerifiedLocalCheckpointManager(LocalCheckpointManager):
+        """NVRx's manager with a checksum per file, checked before a file is offered."""
+
+        def _save(self, state_dict, ckpt_id) -> None:
+            super()._save(state_dict, ckpt_id)
+            write_sidecar(self._local_ckpt_path_from_id(ckpt_id))
+
+        def _my_ckpt_ids(self):
+            sound = []
+            for ckpt_id in super()._my_ckpt_ids():
+                path = self._local_ckpt_path_from_id(ckpt_id)
+                problem = verify_sidecar(path)
+                if problem is None:
+                    sound.append(ckpt_id)
+                    continue
+                message = (
+                    f"local checkpoint {path} is damaged ({problem}); not used (an older local "
+                    "step, a peer's replica or the shared checkpoint is loaded instead)"
+                )
+                warnings.warn(message, stacklevel=2)
+                log.warning(message)
+            return sound
+
+        def _cleanup(self, iteration) -> None:
+            super()._cleanup(iteration)
+            for sidecar in self.local_ckpt_dir.glob(f"*{SIDECAR}"):
+                if not sidecar.with_name(sidecar.name[: -len(SIDECAR)]).exists():
+                    sidecar.unlink(missing_ok=True)
+
+    return VerifiedLocalCheckpointManager
 
 
 def _to_local_cuda(tree: Any, specs: dict[str, tuple], prefix: str = "") -> Any:
@@ -56,28 +163,68 @@ def _from_local(tree: Any, specs: dict[str, tuple], prefix: str = "") -> Any:
 class LocalCheckpoints:
     """Per-rank checkpoints on node-local storage through NVRx (GPU only)."""
 
-    def __init__(self, *, root: Path, session_id: str) -> None:
-        if not torch.cuda.is_available():
+    def __init__(
+        self,
+        *,
+        root: Path,
+        session_id: str,
+        world_size: int,
+        local_world_size: int,
+        require_cuda: bool = True,
+    ) -> None:
+        if require_cuda and not torch.cuda.is_available():
             raise ConfigError(
                 "checkpoint.local_dir",
                 "NVRx local checkpoints need CUDA tensors; leave it empty on CPU",
             )
-        from nvidia_resiliency_ext.checkpointing.local.ckpt_managers.local_manager import (
-            LocalCheckpointManager,
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncCallsQueue
+        from nvidia_resiliency_ext.checkpointing.local.replication.strategies import (
+            LazyCliqueReplicationStrategy,
         )
 
-        self._manager = LocalCheckpointManager(str(root), session_id=session_id)
+        self.groups = replication_groups(world_size=world_size, local_world_size=local_world_size)
+        strategy = None
+        if self.groups is not None:
+            # Lazy: its process groups are created (collectively) at the first save or load.
+            strategy = LazyCliqueReplicationStrategy(
+                replication_jump=local_world_size, replication_factor=2
+            )
+        manager_class = _verified_manager_class()
+        self._manager = manager_class(str(root), session_id=session_id, repl_strategy=strategy)
+        # Non-persistent (forked writer), as NVRx's local checkpointing docs require.
+        self._queue = AsyncCallsQueue(persistent=False)
 
-    def save_request(self, trainer, *, step: int):
-        """Stage this rank's shard (device-to-host copy) and return NVRx's ``AsyncRequest``
-        for the persistent worker to write."""
+    @property
+    def replicated(self) -> bool:
+        return self.groups is not None
+
+    def save(self, trainer, *, step: int) -> None:
+        """Stage this rank's shard (device-to-host copy; replicas exchanged first) and start the
+        forked write (collective)."""
         from nvidia_resiliency_ext.checkpointing.local.basic_state_dict import (
             BasicTensorAwareStateDict,
         )
 
         specs: dict[str, tuple] = {}
         local_state = _to_local_cuda(trainer.state_dict(), specs)
-        return self._manager.save(BasicTensorAwareStateDict(local_state), step, is_async=True)
+        request = self._manager.save(BasicTensorAwareStateDict(local_state), step, is_async=True)
+        self._queue.schedule_async_request(request)
+
+    def poll(self, *, blocking: bool) -> None:
+        """Finalize the local saves every rank has finished (collective)."""
+        self._queue.maybe_finalize_async_calls(blocking=blocking)
+
+    def pending(self) -> int:
+        return self._queue.get_num_unfinalized_calls()
+
+    def close(self) -> None:
+        """Finish pending local saves (collective)."""
+        self._queue.close()
+
+    def abandon(self) -> None:
+        """After a fault, no collective: forget pending local saves (never finalized, so NVRx
+        never counts them as complete)."""
+        self._queue.async_calls.clear()
 
     def latest_step(self) -> int | None:
         """Newest step every rank has locally (collective); None when there is none."""

@@ -100,3 +100,60 @@ def test_nvrx_async_save_is_an_exact_snapshot_on_cuda(tmp_path: Path, corpus: Pa
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((result_dir / "probe_rank0.json").read_text())
     assert report["mismatched"] == []
+
+
+def _report_device(path: str) -> None:
+    """Runs in NVRx's persistent worker (imported there by name)."""
+    Path(path).write_text(str(torch.cuda.current_device()))
+
+
+@pytest.mark.gpu
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_checkpoint_worker_is_bound_to_the_ranks_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The persistent worker's CUDA device is LOCAL_RANK's (the last GPU here), not GPU 0."""
+    from functools import partial
+
+    import torch.distributed as dist
+    from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
+
+    from training import nvrx
+
+    last = torch.cuda.device_count() - 1
+    monkeypatch.setenv("LOCAL_RANK", str(last))
+    torch.cuda.set_device(last)
+    dist.init_process_group(
+        "nccl",
+        store=dist.HashStore(),
+        rank=0,
+        world_size=1,
+        device_id=torch.device("cuda", last),
+    )
+    try:
+        queue = nvrx.AsyncCheckpointQueue()
+        queue.start_worker()
+        out = tmp_path / "device.txt"
+        queue.schedule_request(AsyncRequest(partial(_report_device, str(out)), (), []))
+        queue.poll(blocking=True)
+        assert out.read_text() == str(last)
+        queue.close()
+    finally:
+        nvrx.stop_shared_worker()
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+def test_stage_copies_cuda_tensors_completely_before_returning() -> None:
+    from training import nvrx
+
+    device = torch.device("cuda", torch.cuda.device_count() - 1)
+    big = torch.randn(64 << 20, device=device)  # 256 MiB: the copy takes a while
+    buckets = [("f", "k", ([], [("big", big)]))]
+    staged = nvrx.stage(buckets)
+    host = staged[0][2][1][0][1]
+    assert host.device.type == "cpu"
+    big.zero_()  # after stage returns, changes must not reach the staged copy
+    torch.cuda.synchronize(device)
+    assert host.abs().sum().item() > 0 and buckets == []

@@ -1,0 +1,94 @@
+"""The NVMe tier's CPU-testable parts (training/local_checkpoint.py): which ranks replicate to
+which (a rank on another node), and the per-file checksum that keeps a damaged local file out
+of NVRx's ``find_latest`` (so the load falls back, with a warning).
+
+Run: ``.venv/bin/pytest tests/training/test_local_checkpoint.py`` (seconds, CPU only). Saving
+and loading through NVRx needs CUDA tensors: tests/training/test_gpu_resilience.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from training.local_checkpoint import (
+    SIDECAR,
+    LocalCheckpoints,
+    replication_groups,
+    verify_sidecar,
+)
+
+
+def test_replicas_go_to_the_same_local_rank_on_the_paired_node() -> None:
+    groups = replication_groups(world_size=16, local_world_size=8)
+    assert groups == [[r, r + 8] for r in range(8)]
+    # 2 "nodes" of 2 ranks: rank 0's shard also on rank 2, rank 1's on rank 3.
+    assert replication_groups(world_size=4, local_world_size=2) == [[0, 2], [1, 3]]
+    # Four nodes: pairs (0,1) and (2,3) of nodes.
+    assert [0, 8] in replication_groups(world_size=32, local_world_size=8)
+    assert [16, 24] in replication_groups(world_size=32, local_world_size=8)
+    for group in replication_groups(world_size=32, local_world_size=8):
+        assert len({rank // 8 for rank in group}) == 2, "a replica on the same node is no replica"
+
+
+@pytest.mark.parametrize(("world", "local"), [(8, 8), (1, 1), (24, 8), (12, 8)])
+def test_no_replication_where_nodes_do_not_pair(world: int, local: int) -> None:
+    assert replication_groups(world_size=world, local_world_size=local) is None
+
+
+@pytest.fixture
+def one_rank_group():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(60)
+def test_damaged_local_file_is_not_offered(one_rank_group, tmp_path: Path) -> None:
+    tier = LocalCheckpoints(
+        root=tmp_path, session_id="run", world_size=1, local_world_size=1, require_cuda=False
+    )
+    assert not tier.replicated
+    manager = tier._manager
+    ckpt_id = manager._ckpt_id(3)
+    manager._save({"w": torch.arange(1000.0)}, ckpt_id)  # what the forked writer runs
+    path = manager._local_ckpt_path_from_id(ckpt_id)
+    assert path.with_name(path.name + SIDECAR).is_file()
+    assert verify_sidecar(path) is None
+    assert manager.find_latest() == 3
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte, same size
+    path.write_bytes(bytes(data))
+    manager.latest_iteration = -1  # NVRx caches the answer until the next save
+    with pytest.warns(UserWarning, match="damaged .*CRC32 mismatch"):
+        assert manager.find_latest() == -1  # so CheckpointManager loads the shared one
+    path.with_name(path.name + SIDECAR).unlink()
+    with pytest.warns(UserWarning, match="no readable checksum"):
+        assert manager._my_ckpt_ids() == []
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(60)
+def test_local_tier_has_its_own_non_persistent_queue(one_rank_group, tmp_path: Path) -> None:
+    """NVRx's docs: local checkpointing must use AsyncCallsQueue(persistent=False)."""
+    tier = LocalCheckpoints(
+        root=tmp_path, session_id="run", world_size=1, local_world_size=1, require_cuda=False
+    )
+    assert tier._queue.persistent is False
+    assert tier.pending() == 0
+    tier.close()
+
+
+def test_cpu_is_refused_by_default(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("refusal is for CPU-only machines")
+    from training.config import ConfigError
+
+    with pytest.raises(ConfigError):
+        LocalCheckpoints(root=tmp_path, session_id="s", world_size=1, local_world_size=1)
