@@ -47,8 +47,6 @@ def test_cdk_synth_offline_without_credentials(tmp_path: Path) -> None:
             "--quiet",
             "--output",
             str(out),
-            "-c",
-            "train=smoke",
         ],
         cwd=REPO_ROOT,
         env=env,
