@@ -201,20 +201,45 @@ def stop_worker(
         caller.process = None
     if process is None or not process.is_alive():
         return "none"
+    # Remembered until it is gone: an in-process restart can raise into this function (NVRx
+    # raises asynchronously into the main thread), and the next attempt must not start while
+    # the old worker may still write into a checkpoint directory (``reap_stopping_workers``).
+    _STOPPING.append(process)
     with contextlib.suppress(Exception):
         caller.queue.put("DONE")
     process.join(timeout=clean_timeout_s)
-    if not process.is_alive():
-        return "clean"
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(process.pid, WORKER_STOP_SIGNAL)
-    process.join(timeout=signal_timeout_s)
-    if not process.is_alive():
-        return "signal"
-    log.warning("checkpoint worker %s ignored a clean stop; killing it", process.pid)
-    process.kill()
-    process.join(timeout=10)
-    return "killed"
+    outcome = "clean"
+    if process.is_alive():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, WORKER_STOP_SIGNAL)
+        process.join(timeout=signal_timeout_s)
+        outcome = "signal"
+    if process.is_alive():
+        log.warning("checkpoint worker %s ignored a clean stop; killing it", process.pid)
+        process.kill()
+        process.join(timeout=10)
+        outcome = "killed"
+    with contextlib.suppress(ValueError):
+        _STOPPING.remove(process)
+    return outcome
+
+
+_STOPPING: list = []
+
+
+def reap_stopping_workers(*, timeout_s: float = 10.0) -> None:
+    """Finish stopping the workers an interrupted :func:`stop_worker` left behind (signal, then
+    SIGKILL after ``timeout_s``): a new attempt's saves never share a directory with them."""
+    while _STOPPING:
+        process = _STOPPING.pop()
+        if not process.is_alive():
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, WORKER_STOP_SIGNAL)
+        process.join(timeout=timeout_s)
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=10)
 
 
 # The persistent worker outlives one ``AsyncCheckpointQueue``: an in-process restart creates a
@@ -248,6 +273,7 @@ class AsyncCheckpointQueue:
         process) goes through the public API and is finalized at once; the wait polls in
         Python, so watchdogs see progress meanwhile. Collective: call on every rank."""
         global _SHARED_CALLER
+        reap_stopping_workers()
         start_write_results_queue()
         caller = self._queue.persistent_caller
         if caller is None or caller.process is None:
@@ -320,7 +346,7 @@ class AsyncCheckpointQueue:
         self._queue.persistent_caller = None
         _SHARED_CALLER = None
 
-    def abandon(self, *, stop_timeout_s: float = 5.0) -> None:
+    def abandon(self, *, stop_timeout_s: float = 2.0) -> None:
         """After a fault, without any collective (peers may be gone). An idle worker is kept for
         the next attempt (it holds no tensor of this attempt: :func:`stage`, :func:`_write_then`);
         one with a request in flight is stopped (:func:`stop_worker`; killed only if it will not
@@ -336,7 +362,9 @@ class AsyncCheckpointQueue:
             _SHARED_CALLER = caller
             return
         _SHARED_CALLER = None
-        stop_worker(caller, clean_timeout_s=stop_timeout_s, signal_timeout_s=stop_timeout_s)
+        # The write in flight is discarded anyway (never committed): no long wait for 'DONE';
+        # the stop signal still unwinds the worker cleanly (its IPC references released).
+        stop_worker(caller, clean_timeout_s=0.5, signal_timeout_s=stop_timeout_s)
 
 
 # ---------------------------------------------------------------------------------------------

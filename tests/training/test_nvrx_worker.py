@@ -197,3 +197,21 @@ def test_abandon_keeps_an_idle_worker_and_stops_a_busy_one(one_rank_group) -> No
     assert nvrx._SHARED_CALLER is None
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_an_interrupted_stop_is_finished_before_the_next_worker_starts(one_rank_group) -> None:
+    """An in-process restart can raise into ``stop_worker`` mid-join: the next attempt's
+    ``start_worker`` finishes stopping the old worker before starting its own."""
+    queue = _started_queue()
+    caller = queue._queue.persistent_caller
+    old = caller.process
+    pid = _busy(queue, AsyncRequest(partial(time.sleep, 120), (), []))
+    caller.process = None  # as stop_worker leaves it when interrupted right after its start
+    nvrx._STOPPING.append(old)
+    nvrx._SHARED_CALLER = None
+    nvrx.AsyncCheckpointQueue().start_worker()
+    assert nvrx._STOPPING == []
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
