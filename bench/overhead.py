@@ -17,8 +17,8 @@ slower than the baseline's: 4 ranks, the tiny model, a checkpoint every 25 steps
 layer x checkpoint engine (the old goodput baseline used synchronous checkpoints, the other
 modes NVRx async ones), reporting the median and the mean step interval.
 
-    python -m bench.overhead              # 2 and 4 ranks x 3 layers x 40 steps, ~3-4 min
-    python -m bench.overhead --quick      # 30 steps each
+    python -m bench.overhead              # 2 and 4 ranks x 3 layers x 32 steps, ~3 min idle
+    python -m bench.overhead --quick      # 20 steps each
     python -m bench.overhead --nprocs 4   # one rank count
     python -m bench.overhead --diagnose   # 5 runs x 100 steps, ~4 min
 
@@ -48,7 +48,7 @@ from bench.common import (
 
 MODES = ("none", "inprocess", "injob")
 NPROCS = (2, 4)
-WARMUP = 10
+WARMUP = 8
 # The 4-rank diagnosis (``--diagnose``): the tiny model of the goodput runs, a checkpoint every
 # 25 steps, restart layer x checkpoint engine.
 DIAGNOSIS: tuple[tuple[str, str], ...] = (
@@ -93,7 +93,7 @@ def _one(*, nproc: int, mode: str, steps: int, run_dir, overrides=()) -> dict[st
 
 def run(*, quick: bool = False, rounds: int = 1, nprocs: tuple[int, ...] = NPROCS) -> dict:
     """Run every mode ``rounds`` times at each rank count, print the table, write the JSON."""
-    steps = 30 if quick else 40
+    steps = 20 if quick else 32
     by_nproc: dict[str, dict[str, Any]] = {}
     targets = []
     for nproc in nprocs:
@@ -149,30 +149,127 @@ def run(*, quick: bool = False, rounds: int = 1, nprocs: tuple[int, ...] = NPROC
     return result
 
 
-def diagnose(*, steps: int = 100) -> dict[str, Any]:
-    """Why 4-rank in-job goodput steps looked slower: restart layer x checkpoint engine."""
+def _role(proc, procs: dict) -> str:
+    """rank / rank helper (NVRx checkpoint worker, ...) / rank monitor / launcher."""
+    cmd = " ".join(proc.info["cmdline"] or ())
+    parent = procs.get(proc.info["ppid"])
+    parent_cmd = " ".join(parent.info["cmdline"] or ()) if parent is not None else ""
+    if "training train" in parent_cmd:
+        return "rank helpers"
+    if "training train" in cmd:
+        return "ranks"
+    if "ft_launcher" in cmd and "ft_launcher" in parent_cmd:
+        return "rank monitors"
+    return "launchers"
+
+
+class CpuSampler:
+    """Samples the CPU time of every process of one run (its run dir in the command line, or
+    a descendant of one) every ``period_s``, by role."""
+
+    def __init__(self, marker: str, period_s: float = 0.5) -> None:
+        import threading
+
+        self.marker, self.period_s = marker, period_s
+        self.samples: dict[int, list[tuple[float, float, str]]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        import time
+
+        import psutil
+
+        while not self._stop.wait(self.period_s):
+            now = time.time()
+            procs = {p.pid: p for p in psutil.process_iter(["cmdline", "ppid"])}
+            ours: set[int] = set()
+            for pid, proc in procs.items():
+                if self.marker in " ".join(proc.info["cmdline"] or ()):
+                    ours.add(pid)
+            changed = True
+            while changed:
+                changed = False
+                for pid, proc in procs.items():
+                    if pid not in ours and proc.info["ppid"] in ours:
+                        ours.add(pid)
+                        changed = True
+            for pid in ours:
+                proc = procs[pid]
+                try:
+                    times = proc.cpu_times()
+                except Exception:
+                    continue
+                self.samples.setdefault(pid, []).append(
+                    (now, times.user + times.system, _role(proc, procs))
+                )
+
+    def cores(self, t_a: float, t_b: float) -> dict[str, float]:
+        """Average cores used per role between t_a and t_b."""
+        used: dict[str, float] = {}
+        for series in self.samples.values():
+            inside = [s for s in series if t_a <= s[0] <= t_b]
+            if not inside:
+                continue
+            before = [s for s in series if s[0] < t_a]
+            start = before[-1][1] if before else 0.0
+            used[inside[-1][2]] = used.get(inside[-1][2], 0.0) + inside[-1][1] - start
+        return {role: cpu / (t_b - t_a) for role, cpu in sorted(used.items())}
+
+
+def diagnose(*, steps: int = 150) -> dict[str, Any]:
+    """Why 4-rank in-job goodput steps looked slower: restart layer x checkpoint engine, with
+    the cores each kind of process used in the steady state (step 10 to the end)."""
     from bench.common import TINY_MODEL
 
     rows = {}
     for mode, engine in DIAGNOSIS:
         run_dir = RUNS_DIR / "overhead" / f"diagnose_4ranks_{mode}_{engine}"
-        stats = _one(
-            nproc=4,
-            mode=mode,
-            steps=steps,
-            run_dir=run_dir,
-            overrides=(
-                *TINY_MODEL,
-                "--checkpoint.interval=25",
-                f"--checkpoint.engine={engine}",
-            ),
-        )
+        with CpuSampler(f"--run-dir={run_dir}") as sampler:
+            stats = _one(
+                nproc=4,
+                mode=mode,
+                steps=steps,
+                run_dir=run_dir,
+                overrides=(
+                    *TINY_MODEL,
+                    "--checkpoint.interval=25",
+                    f"--checkpoint.engine={engine}",
+                ),
+            )
+        metrics = sorted(read_jsonl(run_dir / "metrics.jsonl"), key=lambda m: m["step"])
+        steady = [m["time"] for m in metrics if m["step"] > WARMUP]
+        stats["cores"] = sampler.cores(steady[0], steady[-1]) if len(steady) > 1 else {}
         rows[f"{mode}+{engine}"] = stats
     result = {"machine": machine(), "steps": steps, "nproc": 4, "runs": rows}
+    roles = ("ranks", "rank helpers", "rank monitors", "launchers")
     print(
         table(
-            ["layer+engine", "step_time s (median)", "interval s (median)", "interval s (mean)"],
-            [(k, r["step_time_s"], r["interval_s"], r["interval_mean_s"]) for k, r in rows.items()],
+            [
+                "layer+engine",
+                "step_time s (median)",
+                "interval s (median)",
+                "interval s (mean)",
+                *(f"cores: {r}" for r in roles),
+            ],
+            [
+                (
+                    k,
+                    r["step_time_s"],
+                    r["interval_s"],
+                    r["interval_mean_s"],
+                    *(r["cores"].get(role) for role in roles),
+                )
+                for k, r in rows.items()
+            ],
         )
     )
     write_result("overhead_diagnosis", result)
@@ -197,7 +294,7 @@ def report(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="30 steps per run")
+    parser.add_argument("--quick", action="store_true", help="20 steps per run")
     parser.add_argument("--rounds", type=int, default=1, help="runs per mode (rotating order)")
     parser.add_argument("--nprocs", default="2,4", help="rank counts, comma-separated")
     parser.add_argument(
