@@ -177,7 +177,9 @@ def fault_costs(*, steps: list[Any], fault_times: list[tuple[float, str]]) -> li
     """The cost of each fault, from the step log alone.
 
     The step that resumes training after a fault at ``tf`` is the first one completed after it
-    by a later attempt (a restart of any layer raises ``attempt``). downtime = its start - tf;
+    by another attempt (a restart raises ``attempt``; nested, an in-job restart starts it from 0
+    again) or that repeats a step number (a restart resumes from a checkpoint). downtime = its
+    start - tf;
     recompute = the step time of the occurrences completed before ``tf`` whose step numbers
     are done again from there on (work since the last checkpoint, thrown away).
     """
@@ -185,7 +187,11 @@ def fault_costs(*, steps: list[Any], fault_times: list[tuple[float, str]]) -> li
     for tf, kind in fault_times:
         before = [s for s in steps if s.time <= tf]
         attempt = before[-1].attempt if before else 0
-        resumed = next((s for s in steps if s.time > tf and s.attempt > attempt), None)
+        last_step = before[-1].step if before else 0
+        resumed = next(
+            (s for s in steps if s.time > tf and (s.attempt != attempt or s.step <= last_step)),
+            None,
+        )
         if resumed is None:
             costs.append({"fault": kind, "time": tf, "resumed": False})
             continue
@@ -352,6 +358,18 @@ def run(*, quick: bool = False, only: tuple[str, ...] = ()) -> dict[str, Any]:
         result[f"startup_{name}_s"] = m.get("startup_s")
     print(report(result), flush=True)
     write_result("goodput", result)
+    return result
+
+
+def reanalyse(path: Path) -> dict[str, Any]:
+    """Recompute every mode's window statistics and the targets of a goodput.json from its run
+    directories (the window starts at the first line of metrics.jsonl, as during the run)."""
+    result = json.loads(path.read_text())
+    for m in result["modes"].values():
+        run_dir = Path(m["run_dir"])
+        t_first = _first_step_time(run_dir / "metrics.jsonl")
+        if t_first is not None:
+            m.update(window_stats(run_dir=run_dir, t_first=t_first, window_s=result["window_s"]))
     return result
 
 
