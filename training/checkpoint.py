@@ -306,6 +306,7 @@ class CheckpointManager:
             self._pending.append(pending)
         else:
             assert self._nvrx is not None
+            self._wait_for_own_writes()
             self._nvrx.schedule_save(
                 state_dict=state,
                 checkpoint_dir=str(path),
@@ -319,6 +320,21 @@ class CheckpointManager:
         if blocking:
             self.wait()
         return blocking_s
+
+    def _wait_for_own_writes(self) -> None:
+        """Wait, in Python, until the worker has written this rank's earlier saves.
+
+        The persistent worker writes one request at a time, and NVRx's schedule then blocks in
+        ``JoinableQueue.join()`` (a wait inside C) until the worker has staged the new request,
+        that is, after it finished the previous write. NVRx's in-process watchdog times out
+        when either of its timestamps is stale (``progress_watchdog.py`` ``is_timed_out``), and
+        the automatic one only moves while the main thread runs Python: a write slowed by a
+        busy file system would read as a hang. Polling for the rank's manifest (written by the
+        worker right after the files) keeps it moving; the wait is the same length."""
+        for pending in list(self._pending):
+            manifest = pending.path / SHARDS / f"rank_{self.rank:05d}.json"
+            while not manifest.exists() and self._nvrx is not None and self._nvrx.worker_alive():
+                time.sleep(0.05)
 
     def save_local(self, trainer: StatefulTrainer, *, step: int) -> None:
         """GPU only: an NVRx local checkpoint of this rank's shard on node-local NVMe."""

@@ -323,6 +323,12 @@ class AsyncCheckpointQueue:
         )
         self._queue.schedule_async_request(request)
 
+    def worker_alive(self) -> bool:
+        """The persistent worker is running (a dead one never finishes a write)."""
+        caller = self._queue.persistent_caller
+        process = getattr(caller, "process", None)
+        return process is not None and process.is_alive()
+
     def schedule_request(self, request: AsyncRequest) -> None:
         """Schedule a ready-made NVRx request (the local checkpoint tier builds its own)."""
         self._queue.schedule_async_request(request)
