@@ -284,18 +284,22 @@ def test_rendered_ft_launcher_command_parses_and_times_every_section(overlay, re
     assert "is_host=0" in ns.rdzv_conf and ns.rdzv_id == "0000-uid"
     assert ns.local_addr == "10.0.0.7"
     assert ns.module is True and ns.training_script == "training"
-    timed = dict(item.split(":") for item in ns.ft_rank_section_timeouts.split(","))
-    config, _ = build_config(
-        [
-            a.replace(f"--recipe={size.recipe}", f"--recipe={size.recipe}")
-            for a in ns.training_script_args[1:]
-        ]
-    )
-    assert set(timed) == set(section_timeouts(config.resilience))
-    assert {k: float(v) for k, v in timed.items()} == section_timeouts(config.resilience)
-    # Every resilience setting comes from the recipe's config (one owner), none from render.py.
+    config, _ = build_config(list(ns.training_script_args[1:]))
     r = config.resilience
-    assert float(ns.ft_rank_heartbeat_timeout) == r.heartbeat_timeout_s
+    # Every resilience setting comes from the recipe's config (one owner), none from render.py.
+    if restart == "injob":
+        timed = dict(item.split(":") for item in ns.ft_rank_section_timeouts.split(","))
+        assert set(timed) == set(section_timeouts(r))
+        assert {k: float(v) for k, v in timed.items()} == section_timeouts(r)
+        assert float(ns.ft_rank_out_of_section_timeout) == r.checkpoint_section_timeout_s
+        assert float(ns.ft_rank_heartbeat_timeout) == r.heartbeat_timeout_s
+    else:
+        # Nested opens no sections: an out-of-section timeout would kill healthy ranks, and
+        # the heartbeat outlasts an in-process recovery (soft detection + hard limit).
+        assert ns.ft_rank_out_of_section_timeout is None
+        assert float(ns.ft_rank_heartbeat_timeout) == max(
+            r.heartbeat_timeout_s, r.soft_timeout_s + r.hard_timeout_s
+        )
     assert float(ns.ft_initial_rank_heartbeat_timeout) == r.initial_heartbeat_timeout_s
     assert int(ns.max_restarts) == r.max_restarts + 1
     assert float(ns.workers_stop_timeout) == r.stop_timeout_s
@@ -307,7 +311,10 @@ def test_rendered_ft_launcher_command_parses_and_times_every_section(overlay, re
 
 def test_submission_overrides_reach_the_launcher_flags():
     argv = _expand(
-        _container(overlay="smoke", train_args=["--resilience.heartbeat_timeout_s=42"]), POD_VALUES
+        _container(
+            overlay="smoke", restart="injob", train_args=["--resilience.heartbeat_timeout_s=42"]
+        ),
+        POD_VALUES,
     )
     assert "--ft-rank-heartbeat-timeout=42" in argv
 

@@ -69,6 +69,22 @@ def launcher_flags(
     if r.restart not in RESTART_POLICIES:
         return [*flags, "--max-restarts=0"]
     sections = ",".join(f"{name}:{_seconds(t)}" for name, t in section_timeouts(r).items())
+    if r.restart == "nested":
+        # Nested ranks open no sections (an in-process restart would leave one open), and
+        # NVRx's rank monitor applies the out-of-section timeout whenever none is open
+        # (rank_monitor_server.py `_is_section_timeout_elapsed`): with one, every healthy rank
+        # is killed each time it runs out. Heartbeats are the in-job layer's only signal here,
+        # and they pause while the in-process layer recovers (soft timeout, then abort and
+        # reload, within its hard timeout): the heartbeat timeout must outlast that, or every
+        # hang would become an in-job restart.
+        heartbeat_s = max(r.heartbeat_timeout_s, r.soft_timeout_s + r.hard_timeout_s)
+        monitor = [f"--ft-rank-heartbeat-timeout={_seconds(heartbeat_s)}"]
+    else:
+        monitor = [
+            f"--ft-rank-heartbeat-timeout={_seconds(r.heartbeat_timeout_s)}",
+            f"--ft-rank-section-timeouts={sections}",
+            f"--ft-rank-out-of-section-timeout={_seconds(r.checkpoint_section_timeout_s)}",
+        ]
     return [
         *flags,
         # One more than the cap: the ranks enforce `resilience.max_restarts` themselves at the
@@ -76,9 +92,7 @@ def launcher_flags(
         f"--max-restarts={r.max_restarts + 1}",
         f"--ft-restart-policy={RESTART_POLICIES[r.restart]}",
         f"--ft-initial-rank-heartbeat-timeout={_seconds(r.initial_heartbeat_timeout_s)}",
-        f"--ft-rank-heartbeat-timeout={_seconds(r.heartbeat_timeout_s)}",
-        f"--ft-rank-section-timeouts={sections}",
-        f"--ft-rank-out-of-section-timeout={_seconds(r.checkpoint_section_timeout_s)}",
+        *monitor,
         f"--workers-stop-timeout={_seconds(r.stop_timeout_s)}",
         f"--term-timeout={_seconds(r.term_timeout_s)}",
     ]
