@@ -49,3 +49,21 @@ def test_image_runs_the_tested_torch_and_nvrx() -> None:
     pins = _pins()
     assert pins["TORCH_VERSION"] == _pyproject_pin("torch")
     assert pins["NVRX_VERSION"] == _pyproject_pin("nvidia-resiliency-ext")
+
+
+def test_the_image_holds_what_the_jobs_command_runs() -> None:
+    """The Job's containers start in the image's WORKDIR, and every first-party package the
+    pod's code imports is in the image (a missing one would fail only on the cluster)."""
+    import re
+
+    from manifests import render
+
+    text = DOCKERFILE
+    workdirs = re.findall(r"^WORKDIR (\S+)", text, flags=re.M)
+    _, job = render.job_objects(overlay="smoke", namespace="ns", image="img")
+    spec = job["spec"]["template"]["spec"]
+    for container in [*spec["initContainers"], *spec["containers"]]:
+        assert container["workingDir"] == workdirs[-1]
+    copied = set(re.findall(r"^COPY (\w+) \./\1$", text, flags=re.M))
+    assert {"training", "manifests", "facts"} <= copied
+    assert '".[train,tensorboard]"' in text
