@@ -331,7 +331,7 @@ def test_no_kubeconfig_says_how_to_get_one(tmp_path: Path, capsys) -> None:
 
 def test_make_eks_preflight_runs_the_cli() -> None:
     out = subprocess.run(
-        ["make", "-n", "eks-preflight", "OVERLAY=2node", "ARGS=--dry-run"],
+        ["make", "-n", "--no-print-directory", "eks-preflight", "OVERLAY=2node", "ARGS=--dry-run"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
