@@ -48,3 +48,15 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def torchrun():
     """The :func:`run_torchrun` helper as a fixture."""
     return run_torchrun
+
+
+@pytest.fixture
+def one_rank_group():
+    """A one-rank gloo process group (in-memory store) for the test, destroyed after it."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from training.local_checkpoint import (
     SIDECAR,
@@ -37,15 +36,6 @@ def test_replicas_go_to_the_same_local_rank_on_the_paired_node() -> None:
 @pytest.mark.parametrize(("world", "local"), [(8, 8), (1, 1), (24, 8), (12, 8)])
 def test_no_replication_where_nodes_do_not_pair(world: int, local: int) -> None:
     assert replication_groups(world_size=world, local_world_size=local) is None
-
-
-@pytest.fixture
-def one_rank_group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.distributed

@@ -17,7 +17,6 @@ from functools import partial
 
 import pytest
 import torch
-import torch.distributed as dist
 from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
 
 from training import nvrx
@@ -128,13 +127,12 @@ def _noop() -> None:
 
 
 @pytest.fixture
-def one_rank_group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+def one_rank_group(one_rank_group):
+    """tests/conftest.py's group, and the shared NVRx worker stopped before it goes."""
     try:
         yield
     finally:
         nvrx.stop_shared_worker()
-        dist.destroy_process_group()
 
 
 def _started_queue() -> nvrx.AsyncCheckpointQueue:

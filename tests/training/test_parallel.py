@@ -221,17 +221,6 @@ def test_lr_schedule() -> None:
     assert lr_at(0, peak=2.0, warmup=0, total=10, min_ratio=0.0) == pytest.approx(2.0)
 
 
-@pytest.fixture
-def one_rank_group():
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def _tiny_model_config():
     from training.config import ModelConfig
 
