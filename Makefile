@@ -75,7 +75,7 @@ eks-stop: $(VENV)/.stamp ## Delete the EKS training job (never the data on FSx)
 	$(PY) -m training.launch.eks stop --overlay $(OVERLAY)
 
 report: $(VENV)/.stamp ## Redraw a run's timeline and summary: make report RUN=local
-	$(PY) -m training.report runs/$(RUN)
+	$(PY) -m training.runlog.report runs/$(RUN)
 
 planner: $(VENV)/.stamp ## Goodput planner for cluster scale (writes docs/planner.png)
 	$(PY) -m planner $(ARGS)

@@ -78,11 +78,12 @@ def worker(*, dim: int, layers: int, repeats: int, root: Path, out: Path) -> Non
     """Build the trainer, take one step (AdamW state exists), then time the saves."""
     import torch.distributed as dist
 
-    from training.checkpoint import CheckpointManager, committed_steps, rank_files, step_dir, verify
+    from training.checkpoint.layout import committed_steps, rank_files, step_dir, verify
+    from training.checkpoint.manager import CheckpointManager
     from training.config import apply_overrides
-    from training.metrics import EventLog
     from training.parallel import dist_env_from_environment, init_process_group
     from training.recipes import recipe_config
+    from training.runlog.metrics import EventLog
     from training.trainer import Trainer
 
     config = apply_overrides(

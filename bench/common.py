@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import platform
 import shutil
@@ -16,6 +15,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from training.durable import write_json_atomic
+from training.runlog import files as runlog_files
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Overridable so that tests never overwrite the committed results the planner reads.
@@ -188,16 +190,8 @@ def run_local(
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Objects of a JSONL file; a truncated line (a killed process) is skipped."""
-    rows = []
-    if not path.is_file():
-        return rows
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+    """Objects of a JSONL file of a run; a truncated line (a killed process) is skipped."""
+    return runlog_files.read_jsonl(path)[0]
 
 
 def median(values: Iterable[float]) -> float | None:
@@ -255,7 +249,5 @@ def write_result(name: str, payload: dict[str, Any]) -> Path:
     """Write bench/results/<name>.json atomically (the planner reads some of its keys)."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{name}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    write_json_atomic(path, payload)
     return path

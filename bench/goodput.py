@@ -26,11 +26,11 @@ the next layer's job). The hang timeouts are ``HANG_TIMEOUTS``.
 
 ETTR = productive step time in the window / window length, where productive = the step time
 of each step number's last occurrence completed in the window (steps thrown away by a restart
-do not count); the logs are read with ``training.accounting.load_run``. Start-up (launch to the
-end of the first step, and run_start to it) is reported separately, and so is the full-run ETTR
-of ``training.accounting.summarize`` (start-up and the killed tail included). Per fault: its
-cost = downtime (fault -> start of the first step of the next attempt) + the recomputed steps,
-from the step log (`fault_costs`).
+do not count); the logs are read with ``training.runlog.accounting.load_run``. Start-up
+(launch to the end of the first step, and run_start to it) is reported separately, and so is
+the full-run ETTR of ``training.runlog.accounting.summarize`` (start-up and the killed tail
+included). Per fault: its cost = downtime (fault -> start of the first step of the next
+attempt) + the recomputed steps, from the step log (`fault_costs`).
 
     python -m bench.goodput            # 4 modes x (start-up + 300 s), ~22 min
     python -m bench.goodput --quick    # 40 s windows, one exception each (smoke)
@@ -43,7 +43,6 @@ Writes bench/results/goodput.json (``ettr_<mode>``, ``startup_<mode>_s``, target
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import json
 import os
@@ -65,11 +64,13 @@ from bench.common import (
     machine,
     median,
     ratio,
+    read_jsonl,
     table,
     target,
     targets_table,
     write_result,
 )
+from training.runlog.files import METRICS_FILE
 
 NPROC = 2
 WINDOW_S = 300.0
@@ -119,13 +120,8 @@ def fault_spec(*, kinds: tuple[str, ...], faults: int, first: int, every: int) -
 
 def _first_step_time(metrics: Path) -> float | None:
     """End time of the first step logged in metrics.jsonl, once there is one."""
-    if not metrics.is_file():
-        return None
-    with metrics.open(errors="replace") as handle:
-        for line in handle:
-            with contextlib.suppress(json.JSONDecodeError, KeyError, TypeError):
-                return float(json.loads(line)["time"])
-    return None
+    times = [row["time"] for row in read_jsonl(metrics) if isinstance(row.get("time"), float)]
+    return times[0] if times else None
 
 
 def run_window(
@@ -155,7 +151,7 @@ def run_window(
         while proc.poll() is None:
             now = time.time()
             if first is None:
-                first = _first_step_time(run_dir / "metrics.jsonl")
+                first = _first_step_time(run_dir / METRICS_FILE)
                 if first is None and now - launched > startup_limit_s:
                     break
             elif now >= first + window_s + 1.0:
@@ -165,7 +161,7 @@ def run_window(
         kill_tree(proc.pid, marker=f"--run-dir={run_dir}")
         proc.wait()
     if first is None:
-        first = _first_step_time(run_dir / "metrics.jsonl")
+        first = _first_step_time(run_dir / METRICS_FILE)
     return {
         "launched": launched,
         "first_step_end": first,
@@ -219,7 +215,7 @@ def fault_costs(*, steps: list[Any], fault_times: list[tuple[float, str]]) -> li
 
 def window_stats(*, run_dir: Path, t_first: float, window_s: float) -> dict[str, Any]:
     """ETTR over (t_first, t_first + window_s] and the cost of each fault that fired in it."""
-    from training.accounting import load_run, summarize
+    from training.runlog.accounting import load_run, summarize
 
     logs = load_run(run_dir=run_dir)
     t_cut = t_first + window_s
@@ -376,7 +372,7 @@ def reanalyse(path: Path) -> dict[str, Any]:
     result = json.loads(path.read_text())
     for m in result["modes"].values():
         run_dir = Path(m["run_dir"])
-        t_first = _first_step_time(run_dir / "metrics.jsonl")
+        t_first = _first_step_time(run_dir / METRICS_FILE)
         if t_first is not None:
             m.update(window_stats(run_dir=run_dir, t_first=t_first, window_s=result["window_s"]))
     targets, best_name, best, base = goodput_targets(result["modes"])

@@ -45,6 +45,7 @@ from bench.common import (
     targets_table,
     write_result,
 )
+from training.runlog.files import METRICS_FILE
 
 MODES = ("none", "inprocess", "injob")
 NPROCS = (2, 4)
@@ -61,7 +62,7 @@ DIAGNOSIS: tuple[tuple[str, str], ...] = (
 
 
 def steady_state(run_dir, *, warmup: int) -> dict[str, Any]:
-    metrics = [m for m in read_jsonl(run_dir / "metrics.jsonl") if m.get("attempt", 0) == 0]
+    metrics = [m for m in read_jsonl(run_dir / METRICS_FILE) if m.get("attempt", 0) == 0]
     metrics.sort(key=lambda m: m["step"])
     steady = [m for m in metrics if m["step"] > warmup]
     intervals = [b["time"] - a["time"] for a, b in itertools.pairwise(steady)]
@@ -245,7 +246,7 @@ def diagnose(*, steps: int = 150) -> dict[str, Any]:
                     f"--checkpoint.engine={engine}",
                 ),
             )
-        metrics = sorted(read_jsonl(run_dir / "metrics.jsonl"), key=lambda m: m["step"])
+        metrics = sorted(read_jsonl(run_dir / METRICS_FILE), key=lambda m: m["step"])
         steady = [m["time"] for m in metrics if m["step"] > WARMUP]
         stats["cores"] = sampler.cores(steady[0], steady[-1]) if len(steady) > 1 else {}
         rows[f"{mode}+{engine}"] = stats

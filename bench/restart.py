@@ -44,6 +44,7 @@ from bench.common import (
     targets_table,
     write_result,
 )
+from training.runlog.files import EVENTS_FILE, METRICS_FILE
 
 FIRST_FAULT = 25
 SPACING = 20
@@ -83,14 +84,14 @@ def fault_latencies(run_dir: Path) -> list[tuple[str, float | None]]:
     started after it (None: training never resumed)."""
     faults = sorted(
         (float(e["time"]), str(e.get("fault")))
-        for e in read_jsonl(run_dir / "events.jsonl")
+        for e in read_jsonl(run_dir / EVENTS_FILE)
         if e.get("kind") == "fault"
     )
     # (start, end) of every logged step. The first step *started* after the fault counts: a
     # survivor may still log the step it finished just before its peer's fault fired.
     steps = sorted(
         (float(m["time"]) - float(m["step_time_s"]), float(m["time"]))
-        for m in read_jsonl(run_dir / "metrics.jsonl")
+        for m in read_jsonl(run_dir / METRICS_FILE)
     )
     out: list[tuple[str, float | None]] = []
     for t, kind in faults:

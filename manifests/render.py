@@ -5,7 +5,7 @@ Three users, one source (`sizes.py` + the builders below):
   to `cluster.add_manifest`; arguments may be CDK tokens, used here as opaque strings;
 - `python -m training.launch.eks` applies `job_objects(...)` with the kubernetes client;
 - kubectl users run `kubectl apply -k manifests/overlays/<name>`; those YAML files are
-  generated from the same builders by `python -m manifests.render write` (placeholders for
+  generated from the same builders by `python -m manifests.kustomize write` (placeholders for
   the image and FSx ids), and a test fails when they drift.
 
 Pure Python + PyYAML: no kubectl, no cluster, no AWS.
@@ -13,8 +13,6 @@ Pure Python + PyYAML: no kubectl, no cluster, no AWS.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -465,24 +463,3 @@ def to_yaml(doc: Any) -> str:
 
     _Dumper.add_representer(str, _str)
     return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=100)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m manifests.render", description=__doc__)
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("write", help="regenerate manifests/base and manifests/overlays")
-    show = sub.add_parser("show", help="print an overlay's objects as YAML (placeholders)")
-    show.add_argument("overlay", choices=OVERLAYS)
-    ns = parser.parse_args(argv)
-    if ns.cmd == "write":
-        from manifests import kustomize  # dev-time only: needs jsonpatch
-
-        for path in kustomize.write():
-            print(path.relative_to(MANIFESTS_DIR.parent))
-    else:
-        print("---\n".join(to_yaml(o) for o in placeholder_objects(overlay=ns.overlay)), end="")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """The one table of sizes every manifest is derived from.
 
 `render.py` builds the Kubernetes objects from these rows, and the committed kustomize YAML
-under `base/` and `overlays/` is generated from them (`python -m manifests.render write`); a test
+under `base/` and `overlays/` is generated from them (`python -m manifests.kustomize write`); a test
 fails when the two drift apart. Change a size here, never in the YAML.
 """
 

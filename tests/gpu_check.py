@@ -6,7 +6,7 @@ Run: ``make gpu-check`` (or ``.venv/bin/python tests/gpu_check.py [--out report.
 Checks, in order (each bounded by what is left of ``--budget-s``):
 - ``fsdp_step``: an FSDP2 bf16 training step of an 8B-class model slice (Llama-3-8B's width,
   vocabulary and 4k sequence, ``--layers`` blocks) at world size 1: step time, tokens/s, MFU
-  (training.model.flops_per_token against training.metrics.PEAK_BF16_FLOPS) and peak memory.
+  (training.model.flops_per_token against training.runlog.metrics.PEAK_BF16_FLOPS) and peak memory.
 - ``pytest_gpu``: the ``gpu``-marked tests (tests/training): the NVRx async save from CUDA with
   the snapshot probe (tensors mutated right after save returns; the loaded checkpoint equals
   the state at save), the local (NVMe-tier) checkpoint save and restore, the in-process restart
@@ -128,11 +128,10 @@ def check_fsdp_step(*, layers: int, seq_len: int, steps: int) -> CheckResult:
     import torch
     import torch.distributed as dist
 
-    from training.config import ParallelConfig
-    from training.metrics import peak_flops_for
     from training.model import Transformer, count_parameters, flops_per_token
     from training.parallel import DistEnv, build_sharded_model
-    from training.recipes import LLAMA3_8B
+    from training.recipes import LLAMA3_8B, get_recipe
+    from training.runlog.metrics import peak_flops_for
 
     started = time.perf_counter()
     device = torch.device("cuda", 0)
@@ -149,9 +148,9 @@ def check_fsdp_step(*, layers: int, seq_len: int, steps: int) -> CheckResult:
     )
     try:
         env = DistEnv(rank=0, world_size=1, local_rank=0, device=device, backend="nccl")
-        parallel = ParallelConfig(
-            device="cuda", mixed_precision="bf16", activation_checkpointing=True, meta_init=True
-        )
+        # The 8B recipe's own parallel settings (selective recompute, chunked loss), compile off:
+        # its warm-up would take most of the check's time budget.
+        parallel = dataclasses.replace(get_recipe("p5_8b").parallel, compile=False)
         model, _ = build_sharded_model(
             lambda: Transformer(model_config), config=parallel, env=env, seed=0
         )
@@ -159,9 +158,8 @@ def check_fsdp_step(*, layers: int, seq_len: int, steps: int) -> CheckResult:
         tokens = torch.randint(0, model_config.vocab_size, (1, seq_len + 1), device=device)
 
         def step() -> float:
-            logits = model(tokens[:, :-1])
-            loss = torch.nn.functional.cross_entropy(
-                logits.flatten(0, 1).float(), tokens[:, 1:].flatten()
+            loss = model(
+                tokens[:, :-1], tokens[:, 1:], loss_chunk_tokens=parallel.loss_chunk_tokens
             )
             loss.backward()
             optimizer.step()

@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 
 from training import exits
-from training.config import ConfigError, to_dict
+from training.config import to_dict
 from training.data import DataError, prepare, stdlib_sources
+from training.exits import ConfigError
 from training.overrides import build_config
 from training.recipes import RECIPES
 
@@ -27,7 +28,7 @@ def cmd_train(argv: list[str]) -> int:
     if print_only:
         print(json.dumps(to_dict(config), indent=2))
         return 0
-    from training.resilience import run_with_restart_layer
+    from training.resilience.layer import run_with_restart_layer
 
     return run_with_restart_layer(config)
 

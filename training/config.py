@@ -14,16 +14,10 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from training.exits import ConfigError
+
 RestartMode = Literal["none", "inprocess", "injob", "nested"]
 CheckpointEngine = Literal["nvrx", "torch_async", "sync"]
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid. ``str(err)`` is the one message shown to the user."""
-
-    def __init__(self, field_path: str, problem: str) -> None:
-        super().__init__(f"config error: {field_path}: {problem}")
-        self.field_path = field_path
 
 
 def _require(condition: bool, section: str, name: str, problem: str) -> None:
@@ -181,6 +175,10 @@ class ParallelConfig:
     compile: bool = False
     """``torch.compile`` each transformer block (in place, before FSDP; checkpoints unchanged).
     CUDA only here: on CPU, inductor needs a C++ toolchain and the gain is small."""
+    loss_chunk_tokens: int = 0
+    """Compute the loss over chunks of this many tokens, each chunk's logits recomputed in
+    backward, so the logits of only one chunk exist at a time (training/model.py ``LMHead``);
+    0 computes the whole micro-batch at once."""
     meta_init: bool = False
     """Build the model on the meta device and materialise only each rank's shard (large models)."""
     reshard_after_forward: bool = True
@@ -194,6 +192,7 @@ class ParallelConfig:
         s = "parallel"
         _require(self.cpu_threads >= 1, s, "cpu_threads", "must be >= 1")
         _require(self.pg_timeout_s > 0, s, "pg_timeout_s", "must be > 0")
+        _require(self.loss_chunk_tokens >= 0, s, "loss_chunk_tokens", "must be >= 0 (0: off)")
         _require(
             self.activation_checkpointing_mode in ("full", "selective"),
             s,
@@ -322,7 +321,7 @@ class JobConfig:
     run_dir: str = "runs/local"
     """Metrics, events, summary and (by default) checkpoints go here."""
     faults: str = ""
-    """Fault injection spec (see training/faults.py), e.g. ``exception@rank1:step40``."""
+    """Fault injection spec (see training/resilience/faults.py), e.g. ``exception@rank1:step40``."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -341,7 +340,7 @@ class JobConfig:
         )
         if self.faults:
             # Parse now so that a bad spec fails before any process starts.
-            from training.faults import parse_faults
+            from training.resilience.faults import parse_faults
 
             parse_faults(self.faults)
 

@@ -1,5 +1,6 @@
-"""Exit codes of every process this project starts: one owner for the trainer, the launchers,
-the pod's launch script and the Job's pod failure policy.
+"""Exit codes of every process this project starts, and the configuration error that maps to
+``USAGE``: one owner for the trainer, the launchers, the pod's launch script and the Job's pod
+failure policy.
 
 Standard library only, imported by `manifests/` too. `RETRY_CANNOT_HELP` is what the pod failure
 policy turns into `FailJob`: a replacement pod would meet the same error.
@@ -32,3 +33,12 @@ RETRY_CANNOT_HELP: tuple[int, ...] = (
     NOT_EXECUTABLE,
     COMMAND_NOT_FOUND,
 )
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid. ``str(err)`` is the one message shown to the user; the
+    CLIs exit with ``USAGE``."""
+
+    def __init__(self, field_path: str, problem: str) -> None:
+        super().__init__(f"config error: {field_path}: {problem}")
+        self.field_path = field_path

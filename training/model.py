@@ -13,6 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from training.config import ModelConfig
 
@@ -118,6 +119,40 @@ class Block(nn.Module):
         self.feed_forward.init_weights(std=std, out_std=out_std)
 
 
+def _chunk_loss_sum(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    logits = F.linear(h, weight).float()
+    return F.cross_entropy(logits, targets, reduction="sum")
+
+
+class LMHead(nn.Linear):
+    """The output projection. Given targets it returns the mean cross-entropy instead of the
+    logits, optionally over chunks of ``chunk_tokens`` tokens: each chunk's logits (and their
+    fp32 copy) are recomputed in backward instead of kept, so one chunk's exist at a time. For a
+    128k vocabulary that is 8192 x 128256 x (2 + 4) B = 6.3 GB per 8k-token micro-batch
+    unchunked, 0.8 GB in 1024-token chunks (torchtune's chunked loss, with recompute).
+
+    The loss is computed inside this module's forward, so FSDP2 has unsharded the weight (the
+    head's unit keeps it gathered into backward, ``reshard_after_forward=False``) and the
+    gradient reduce-scatter runs after the last chunk's backward (its hook sits on ``h``)."""
+
+    def forward(
+        self, h: torch.Tensor, targets: torch.Tensor | None = None, *, chunk_tokens: int = 0
+    ) -> torch.Tensor:
+        if targets is None:
+            return super().forward(h)
+        tokens = targets.numel()
+        if chunk_tokens <= 0 or chunk_tokens >= tokens:
+            return F.cross_entropy(super().forward(h).flatten(0, 1).float(), targets.flatten())
+        h, targets = h.flatten(0, 1), targets.flatten()
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        for start in range(0, tokens, chunk_tokens):
+            end = start + chunk_tokens
+            total = total + checkpoint(
+                _chunk_loss_sum, h[start:end], self.weight, targets[start:end], use_reentrant=False
+            )
+        return total / tokens
+
+
 class Transformer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -125,7 +160,7 @@ class Transformer(nn.Module):
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.dim, eps=config.norm_eps)
-        self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.output = LMHead(config.dim, config.vocab_size, bias=False)
         # Not a parameter and not saved: recomputed from the config wherever the model lives.
         self.register_buffer("rope", self._rope_table(), persistent=False)
 
@@ -133,11 +168,18 @@ class Transformer(nn.Module):
         c = self.config
         return rotary_tables(head_dim=c.head_dim, max_seq_len=c.max_seq_len, theta=c.rope_theta)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        loss_chunk_tokens: int = 0,
+    ) -> torch.Tensor:
+        """The logits, or with ``targets`` the mean cross-entropy (see :class:`LMHead`)."""
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
             h = layer(h, self.rope)
-        return self.output(self.norm(h))
+        return self.output(self.norm(h), targets, chunk_tokens=loss_chunk_tokens)
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -182,7 +224,7 @@ def flops_per_token(config: ModelConfig, *, seq_len: int) -> float:
       flash attention's backward recompute is not added, so MFU figures compare across
       projects. GQA changes N (smaller wk, wv), not this term: every query head attends.
 
-    MFU = tokens/s x flops_per_token / (peak bf16 FLOP/s x GPUs) (training/metrics.py).
+    MFU = tokens/s x flops_per_token / (peak bf16 FLOP/s x GPUs) (training/runlog/metrics.py).
     """
     n_matmul = count_parameters(config) - config.vocab_size * config.dim
     attention = 12.0 * config.n_layers * config.n_heads * config.head_dim * seq_len

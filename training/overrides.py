@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from training.config import ConfigError, JobConfig, apply_overrides
+from training.config import JobConfig, apply_overrides
+from training.exits import ConfigError
 from training.recipes import RECIPES, get_recipe
 
 RESTART_CHOICES = ("none", "inprocess", "injob", "nested")
@@ -47,7 +48,7 @@ def build_config(argv: list[str]) -> tuple[JobConfig, bool]:
         choices=RESTART_CHOICES,
         help="restart layer (default: the recipe's)",
     )
-    parser.add_argument("--faults", help="fault injection spec (training/faults.py)")
+    parser.add_argument("--faults", help="fault injection spec (training/resilience/faults.py)")
     parser.add_argument("--print-config", action="store_true", help="print the config and exit")
     args, rest = parser.parse_known_args(argv)
     overrides = split_overrides(rest)

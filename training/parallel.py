@@ -22,10 +22,12 @@ from functools import partial
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from training.config import ConfigError, ParallelConfig
+from training.config import ParallelConfig
+from training.exits import ConfigError
 from training.model import Transformer
 
 # Selective activation checkpointing: outputs of these ops are saved, everything else in a
@@ -184,6 +186,29 @@ def build_sharded_model(
     elif env.is_cuda:
         model.to(env.device)
     return model, mesh
+
+
+def initialize_weights(
+    model: Transformer, model_factory, *, config: ParallelConfig, seed: int
+) -> None:
+    """Initialise a model built with ``initialize=False`` to exactly what ``initialize=True``
+    gives (same seed, same RNG calls), for a resume that found nothing to load after all.
+
+    Meta path (CUDA): the sharded parameters are initialised in place, as the build does.
+    Otherwise the build initialises the full model before ``fully_shard`` keeps each rank's
+    slice; here the same full model is built and initialised once more and loaded as a full
+    state dict, each rank keeping its slice (torch's ``set_model_state_dict`` with
+    ``full_state_dict=True``; it maps the activation-checkpoint and compile wrappers' names).
+    """
+    torch.manual_seed(seed)
+    if config.meta_init:
+        model.init_weights()
+        return
+    full = model_factory()
+    full.init_weights()
+    set_model_state_dict(
+        model, full.state_dict(), options=StateDictOptions(full_state_dict=True, strict=True)
+    )
 
 
 def set_cpu_threads(config: ParallelConfig, env: DistEnv) -> None:

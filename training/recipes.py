@@ -63,6 +63,7 @@ _GPU_PARALLEL = ParallelConfig(
     device="cuda",
     mixed_precision="bf16",
     activation_checkpointing=True,
+    loss_chunk_tokens=1024,  # 128k vocabulary: 0.8 GB of logits per chunk instead of 6.3 GB
     meta_init=True,
     pg_timeout_s=1800.0,
 )
@@ -189,7 +190,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in _RECIPES}
 
 
 def get_recipe(name: str) -> Recipe:
-    from training.config import ConfigError
+    from training.exits import ConfigError
 
     if name not in RECIPES:
         raise ConfigError("recipe", f"unknown recipe {name!r}; choose one of {', '.join(RECIPES)}")

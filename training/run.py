@@ -11,13 +11,15 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from training.checkpoint import CheckpointManager
+from training.checkpoint.manager import CheckpointManager
 from training.config import JobConfig
-from training.metrics import EventLog
+from training.hooks import HookChain, StepHooks
 from training.parallel import dist_env_from_environment, init_process_group
-from training.phases import MODEL_BUILT, PROCESS_GROUP_UP, emit_phase
-from training.tensorboard import start_tailer
-from training.trainer import StepHooks, Trainer, TrainResult
+from training.resilience.inject import FaultInjector
+from training.runlog.metrics import EventLog
+from training.runlog.phases import MODEL_BUILT, PROCESS_GROUP_UP, emit_phase
+from training.runlog.tensorboard import start_tailer
+from training.trainer import Trainer, TrainResult
 
 COLD_RESTARTS_ENV = "TRAINING_COLD_RESTARTS"
 
@@ -69,15 +71,33 @@ def run_training(
     emit_phase(events, phase=PROCESS_GROUP_UP, attempt=attempt, mode=mode)
     completed = False
     try:
-        trainer = Trainer(config=config, env=env, events=events, hooks=hooks, attempt=attempt)
-        emit_phase(events, phase=MODEL_BUILT, attempt=attempt, mode=mode)
+        faults = FaultInjector.from_spec(
+            config.faults,
+            rank=env.rank,
+            events=events,
+            checkpoint_root=Path(config.checkpoint_dir),
+        )
+        # The layer's hooks first: a heartbeat or section is recorded before a fault fires.
+        step_hooks = HookChain([*([hooks] if hooks is not None else []), faults])
         checkpoints = CheckpointManager(
             config=config.checkpoint,
             root=Path(config.checkpoint_dir),
             rank=env.rank,
             world_size=env.world_size,
             events=events,
-            fault_hook=trainer.faults.checkpoint_point,
+            point_hook=step_hooks.checkpoint_point,
+        )
+        resume = checkpoints.resume_expected()
+        trainer = Trainer(
+            config=config,
+            env=env,
+            events=events,
+            hooks=[step_hooks],
+            attempt=attempt,
+            initialize=not resume,
+        )
+        emit_phase(
+            events, phase=MODEL_BUILT, attempt=attempt, mode=mode, weights_initialized=not resume
         )
         _LEFTOVERS.append(checkpoints)
         checkpoints.start()

@@ -2,36 +2,42 @@
 
 ``Trainer`` is ``Stateful``: its ``state_dict`` is the whole resumable state (model and optimizer
 shards, sampler position, RNG, step; the LR schedule is a function of the step), saved and
-loaded by torch.distributed.checkpoint through training/checkpoint.py. Resilience layers
+loaded by torch.distributed.checkpoint through ``training.checkpoint``. Resilience layers
 (training/resilience/) wrap ``run_training``; the loop itself only exposes hooks
-(``StepHooks``) so it stays the same under every layer.
+(``training.hooks.StepHooks``: restart layers' heartbeats and sections, injected faults) so it
+stays the same under every layer.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
     set_state_dict,
 )
 
-from training.checkpoint import CheckpointManager
+from training.checkpoint.manager import CheckpointManager
 from training.config import JobConfig
 from training.data import BatchLayout, ResumableSampler, TokenShards
-from training.faults import FaultInjector
-from training.metrics import EventLog, StepLogger, peak_flops_for
+from training.hooks import HookChain, StepHooks
 from training.model import Transformer, flops_per_token
-from training.parallel import DistEnv, build_sharded_model, set_cpu_threads
-from training.phases import (
+from training.parallel import (
+    DistEnv,
+    build_sharded_model,
+    initialize_weights,
+    set_cpu_threads,
+)
+from training.runlog.metrics import EventLog, StepLogger, peak_flops_for
+from training.runlog.phases import (
     CHECKPOINT_LOADED,
     DETECTED,
     FIRST_STEP,
@@ -42,21 +48,6 @@ from training.stop import StopRequest
 
 STOP_GRACE_FLOOR_S = 2.0
 """On SIGTERM, the least time a rank gets to reach its next step boundary (see fit)."""
-
-
-class StepHooks:
-    """Called by the loop; resilience layers override what they need (heartbeats, sections)."""
-
-    def before_step(self, step: int) -> None:  # step about to run (1-based)
-        pass
-
-    def after_step(self, step: int) -> None:
-        pass
-
-    def section(self, name: str):  # context manager around checkpoint load/save staging
-        from contextlib import nullcontext
-
-        return nullcontext()
 
 
 def lr_at(step: int, *, peak: float, warmup: int, total: int, min_ratio: float) -> float:
@@ -82,23 +73,28 @@ class Trainer:
         config: JobConfig,
         env: DistEnv,
         events: EventLog,
-        hooks: StepHooks | None = None,
+        hooks: Sequence[StepHooks] = (),
         attempt: int = 0,
+        initialize: bool = True,
     ) -> None:
+        """``initialize=False`` when a checkpoint is about to be loaded (resume): the weights are
+        not initialised first, unless the load finds nothing after all (see ``fit``)."""
         self.config = config
         self.env = env
         self.events = events
-        self.hooks = hooks or StepHooks()
+        self.hooks = HookChain(hooks)
         self.attempt = attempt
         self.step = 0
         set_cpu_threads(config.parallel, env)
 
         self.model, self.mesh = build_sharded_model(
-            lambda: Transformer(config.model),
+            self._model_factory,
             config=config.parallel,
             env=env,
             seed=config.train.seed,
+            initialize=initialize,
         )
+        self.weights_initialized = initialize
         decay, no_decay = [], []
         for name, param in self.model.named_parameters():
             (decay if param.ndim >= 2 and "embeddings" not in name else no_decay).append(param)
@@ -136,8 +132,9 @@ class Trainer:
         self.tokens_per_step = self.layout.global_batch * config.data.seq_len
         self.flops_per_token = flops_per_token(config.model, seq_len=config.data.seq_len)
         self.peak_flops = peak_flops_for(env.device)
-        self.faults = FaultInjector.from_spec(config.faults, rank=env.rank, events=events)
-        self.faults.checkpoint_root = Path(config.checkpoint_dir)
+
+    def _model_factory(self) -> Transformer:
+        return Transformer(self.config.model)
 
     # -- Stateful ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -186,8 +183,8 @@ class Trainer:
             inputs, targets = batch[:, :-1], batch[:, 1:]
             # Only the last micro-batch reduces gradients across ranks.
             self.model.set_requires_gradient_sync(index == accum - 1)
-            logits = self.model(inputs)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()) / accum
+            chunk = self.config.parallel.loss_chunk_tokens
+            loss = self.model(inputs, targets, loss_chunk_tokens=chunk) / accum
             loss.backward()
             loss_sum += loss.detach()
         if self.config.optim.grad_clip > 0:
@@ -225,7 +222,15 @@ class Trainer:
         try:
             stop.install()
             with self.hooks.section("checkpoint_load"):
-                checkpoints.load_latest(self)
+                loaded = checkpoints.load_latest(self)
+            if loaded is None and not self.weights_initialized:
+                initialize_weights(
+                    self.model,
+                    self._model_factory,
+                    config=c.parallel,
+                    seed=c.train.seed,
+                )
+                self.weights_initialized = True
             emit_phase(self.events, phase=CHECKPOINT_LOADED, attempt=self.attempt, mode=mode)
             start_step = self.step
             if self.env.rank == 0:
@@ -242,7 +247,6 @@ class Trainer:
                 iteration_started = time.perf_counter()
                 next_step = self.step + 1
                 self.hooks.before_step(next_step)
-                self.faults.before_step(next_step)
                 started = time.perf_counter()
                 loss, stop_now = self.reduce_step_stats(
                     self.train_step(), stop_requested=stop.requested

@@ -3,7 +3,7 @@
 Run: .venv/bin/pytest tests/manifests/test_render.py
 Update the snapshots after an intended change: .venv/bin/pytest tests/manifests --snapshot-update
 Regenerate the YAML after changing manifests/sizes.py or render.py:
-    .venv/bin/python -m manifests.render write
+    .venv/bin/python -m manifests.kustomize write
 
 The kustomize tests need `kubectl` (its built-in kustomize) and are skipped without it.
 """
@@ -63,8 +63,8 @@ def test_committed_yaml_is_what_the_generator_writes():
     """The YAML is generated from sizes.py: fails when someone edits one without the other."""
     for rel, text in kustomize.generated_files().items():
         path = ROOT / rel
-        assert path.exists(), f"{rel} missing: run python -m manifests.render write"
-        assert path.read_text() == text, f"{rel} is stale: run python -m manifests.render write"
+        assert path.exists(), f"{rel} missing: run python -m manifests.kustomize write"
+        assert path.read_text() == text, f"{rel} is stale: run python -m manifests.kustomize write"
     committed = {str(p.relative_to(ROOT)) for p in ROOT.rglob("*.yaml")}
     assert committed == set(kustomize.generated_files()), "stray YAML under manifests/"
 
@@ -369,7 +369,7 @@ def test_pod_command_with_a_bad_trainer_flag_exits_2_before_any_launcher(tmp_pat
 
 
 def test_a_bad_trainer_flag_fails_at_render_time_naming_the_field():
-    from training.config import ConfigError
+    from training.exits import ConfigError
 
     with pytest.raises(ConfigError, match=r"train\.stepz"):
         render.job_objects(
@@ -404,7 +404,7 @@ def test_snapshot(overlay, snapshot):
 
 
 def test_render_cli_show(capsys):
-    assert render.main(["show", "smoke"]) == 0
+    assert kustomize.main(["show", "smoke"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [d["kind"] for d in docs][-2:] == ["Service", "Job"]
 

@@ -16,18 +16,18 @@ from pathlib import Path
 import pytest
 from support import REPO_ROOT, TINY_MODEL, VENV_BIN, subprocess_env
 
-from training.checkpoint import (
+from training.checkpoint.layout import (
     COMMIT,
     CheckpointError,
-    collective_device,
     commit,
     committed_steps,
     retention_victims,
     step_dir,
     verify,
-    write_json_atomic,
     write_rank_manifest,
 )
+from training.checkpoint.manager import collective_device
+from training.durable import write_json_atomic
 
 
 def test_collective_device_follows_the_group_backend(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -142,7 +142,8 @@ def test_retention(steps, keep_last, keep_every, victims) -> None:
 def test_async_save_is_an_exact_snapshot(tmp_path: Path, corpus: Path, engine: str) -> None:
     """Every parameter and optimizer tensor is changed right after ``save`` returns; the loaded
     checkpoint must equal the state at save time (on CPU nothing stages NVRx's live tensors
-    unless we do: without the clone in training/nvrx.py this fails for ``nvrx``)."""
+    unless we do: without the clone in training/checkpoint/nvrx_async.py this fails for
+    ``nvrx``)."""
     result_dir = tmp_path / engine
     command = [
         str(VENV_BIN / "torchrun"),

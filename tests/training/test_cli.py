@@ -15,8 +15,8 @@ import pytest
 from support import REPO_ROOT, subprocess_env
 
 from training.__main__ import main
-from training.config import ConfigError
 from training.exits import USAGE as EXIT_USAGE
+from training.exits import ConfigError
 from training.launch import local
 from training.overrides import split_overrides
 

@@ -119,7 +119,7 @@ def test_checkpoint_worker_is_bound_to_the_ranks_gpu(
     import torch.distributed as dist
     from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
 
-    from training import nvrx
+    from training.checkpoint import nvrx_async as nvrx
 
     last = torch.cuda.device_count() - 1
     monkeypatch.setenv("LOCAL_RANK", str(last))
@@ -146,7 +146,7 @@ def test_checkpoint_worker_is_bound_to_the_ranks_gpu(
 
 @pytest.mark.gpu
 def test_stage_copies_cuda_tensors_completely_before_returning() -> None:
-    from training import nvrx
+    from training.checkpoint import nvrx_async as nvrx
 
     device = torch.device("cuda", torch.cuda.device_count() - 1)
     big = torch.randn(64 << 20, device=device)  # 256 MiB: the copy takes a while

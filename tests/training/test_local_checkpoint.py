@@ -1,4 +1,4 @@
-"""The NVMe tier's CPU-testable parts (training/local_checkpoint.py): which ranks replicate to
+"""The NVMe tier's CPU-testable parts (training/checkpoint/local.py): which ranks replicate to
 which (a rank on another node), and the per-file checksum that keeps a damaged local file out
 of NVRx's ``find_latest`` (so the load falls back, with a warning).
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.local_checkpoint import (
+from training.checkpoint.local import (
     SIDECAR,
     LocalCheckpoints,
     replication_groups,
@@ -78,7 +78,7 @@ def test_local_tier_has_its_own_non_persistent_queue(one_rank_group, tmp_path: P
 def test_cpu_is_refused_by_default(tmp_path: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("refusal is for CPU-only machines")
-    from training.config import ConfigError
+    from training.exits import ConfigError
 
     with pytest.raises(ConfigError):
         LocalCheckpoints(root=tmp_path, session_id="s", world_size=1, local_world_size=1)

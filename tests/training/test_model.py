@@ -178,3 +178,50 @@ def test_backward_reaches_every_parameter() -> None:
     loss.backward()
     for name, param in model.named_parameters():
         assert param.grad is not None and param.grad.abs().sum() > 0, name
+
+
+def _loss_and_grads(model: Transformer, tokens: torch.Tensor, *, chunk: int):
+    model.zero_grad(set_to_none=True)
+    loss = model(tokens[:, :-1], tokens[:, 1:], loss_chunk_tokens=chunk)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 8, 29])
+def test_chunked_loss_equals_the_whole_batch_loss(chunk: int) -> None:
+    """Chunks of any size (uneven last chunk, one token, more than the batch) give the loss and
+    the gradients of the unchunked cross-entropy, which is the loss of the logits as before."""
+    torch.manual_seed(3)
+    model = _model().train()
+    tokens = torch.randint(0, SMALL.vocab_size, (2, 13))
+    whole, whole_grads = _loss_and_grads(model, tokens, chunk=0)
+    logits = model(tokens[:, :-1])
+    expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    assert torch.equal(whole, expected.detach())
+    chunked, grads = _loss_and_grads(model, tokens, chunk=chunk)
+    torch.testing.assert_close(chunked, whole, rtol=1e-6, atol=1e-6)
+    for name, grad in whole_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_chunked_loss_keeps_no_logits_for_backward() -> None:
+    """What autograd saves for backward, seen through saved-tensor hooks: the whole-batch loss
+    keeps (tokens x vocab) logits, the chunked loss keeps none (each chunk is recomputed)."""
+    config = dataclasses.replace(SMALL, vocab_size=4096)
+    model = _model(config).train()
+    tokens = torch.randint(0, config.vocab_size, (2, 65))
+
+    def saved_logit_rows(chunk: int) -> list[int]:
+        rows: list[int] = []
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            if t.ndim >= 2 and t.shape[-1] == config.vocab_size:
+                rows.append(t.numel() // config.vocab_size)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(tokens[:, :-1], tokens[:, 1:], loss_chunk_tokens=chunk)
+        return rows
+
+    assert max(saved_logit_rows(0)) == 2 * 64
+    assert saved_logit_rows(16) == []

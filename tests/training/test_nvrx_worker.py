@@ -1,5 +1,5 @@
 """NVRx's persistent checkpoint worker: device binding, staging on the right device, release of
-the request's tensors, and a graceful stop (training/nvrx.py).
+the request's tensors, and a graceful stop (training/checkpoint/nvrx_async.py).
 
 Run: ``.venv/bin/pytest tests/training/test_nvrx_worker.py`` (CPU; the CUDA calls are recorded
 through fakes, the stop sequence runs on real spawned workers of a 1-rank gloo group).
@@ -19,7 +19,7 @@ import pytest
 import torch
 from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
 
-from training import nvrx
+from training.checkpoint import nvrx_async as nvrx
 
 
 def test_worker_device_is_the_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:

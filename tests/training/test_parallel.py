@@ -25,7 +25,8 @@ import pytest
 import torch
 from support import TINY_MODEL, final_state, read_losses, read_metrics, run_torchrun
 
-from training.config import ConfigError, ParallelConfig
+from training.config import ParallelConfig
+from training.exits import ConfigError
 from training.parallel import (
     DistEnv,
     build_sharded_model,
@@ -272,6 +273,66 @@ def test_resume_build_skips_init_weights(one_rank_group, monkeypatch: pytest.Mon
     assert calls == []
     _build(ParallelConfig(device="cpu", mixed_precision="fp32"))
     assert calls == ["init"]
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_chunked_loss_under_fsdp_gives_the_same_gradients(one_rank_group) -> None:
+    """The chunked loss runs inside the FSDP head unit: its gradient reduce-scatter must wait
+    for every chunk's backward. The sharded gradients equal the unchunked loss's."""
+    config = ParallelConfig(device="cpu", mixed_precision="fp32")
+    tokens = torch.randint(0, 97, (2, 15), generator=torch.Generator().manual_seed(2))
+
+    def grads(chunk: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model = _build(config)
+        loss = model(tokens[:, :-1], tokens[:, 1:], loss_chunk_tokens=chunk)
+        loss.backward()
+        return loss.detach(), {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+
+    whole_loss, whole = grads(0)
+    chunked_loss, chunked = grads(6)
+    torch.testing.assert_close(chunked_loss, whole_loss, rtol=1e-6, atol=1e-6)
+    for name, grad in whole.items():
+        torch.testing.assert_close(chunked[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_initialize_weights_later_equals_initializing_at_build(
+    one_rank_group, checkpointing: bool
+) -> None:
+    """A resume that finds nothing to load initialises the weights after the build: the result
+    is bit-identical to a build that initialised them (and differs from the uninitialised one,
+    so the comparison can fail)."""
+    from training.model import Transformer
+    from training.parallel import initialize_weights
+
+    config = ParallelConfig(
+        device="cpu", mixed_precision="fp32", activation_checkpointing=checkpointing
+    )
+
+    def full_state(model) -> dict[str, torch.Tensor]:
+        return {n: p.full_tensor().clone() for n, p in model.named_parameters()}
+
+    reference = full_state(_build(config))
+    later = _build(config, initialize=False)
+    torch.manual_seed(1234)  # whatever the RNG went through since the build
+    for param in later.parameters():
+        param.data.to_local().fill_(0.5)
+    assert full_state(later).keys() == reference.keys()
+    assert any(not torch.equal(v, reference[k]) for k, v in full_state(later).items())
+    model_config = _tiny_model_config()
+    initialize_weights(later, lambda: Transformer(model_config), config=config, seed=0)
+    after = full_state(later)
+    for name, value in reference.items():
+        assert torch.equal(after[name], value), name
+    assert torch.equal(torch.get_rng_state(), _rng_after_build(config))
+
+
+def _rng_after_build(config: ParallelConfig) -> torch.Tensor:
+    _build(config)
+    return torch.get_rng_state()
 
 
 @pytest.mark.distributed

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from training.metrics import EventLog
-from training.phases import PHASES, PROCESS_GROUP_UP, RESTART_PHASE, emit_phase
+from training.runlog.metrics import EventLog
+from training.runlog.phases import PHASES, PROCESS_GROUP_UP, RESTART_PHASE, emit_phase
 
 
 def test_emit_phase_writes_one_event_line(tmp_path: Path) -> None:
@@ -27,7 +27,7 @@ def test_unknown_phase_is_refused(tmp_path: Path) -> None:
 
 def test_phases_written_by_emit_phase_reach_the_summary(tmp_path: Path) -> None:
     """The writer (emit_phase through EventLog, with `at`) and the reader (accounting) agree."""
-    from training.accounting import summarize
+    from training.runlog.accounting import summarize
 
     t0 = 5_000.0
     rank0, rank1 = EventLog(run_dir=tmp_path, rank=0), EventLog(run_dir=tmp_path, rank=1)

@@ -11,7 +11,8 @@ import dataclasses
 import pytest
 import torch
 
-from training.config import ConfigError, JobConfig
+from training.config import JobConfig
+from training.exits import ConfigError
 from training.model import Transformer, count_parameters
 from training.recipes import RECIPES, Recipe, get_recipe, recipe_config
 

@@ -1,4 +1,4 @@
-"""Tests of the run report (training/report.py, training/accounting.py) on hand-built run dirs.
+"""Tests of the run report (training/runlog/report.py, accounting.py) on hand-built run dirs.
 
 Run: .venv/bin/python -m pytest tests/training/test_report.py -q
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from training.report import (
+from training.runlog.report import (
     RunDirError,
     format_summary,
     main,
@@ -221,7 +221,7 @@ def test_cli_missing_or_empty_run_dir_exits_2(
 
 def test_cli_as_module(one_restart: Path, tmp_path: Path) -> None:
     ok = subprocess.run(
-        [sys.executable, "-m", "training.report", str(one_restart)],
+        [sys.executable, "-m", "training.runlog.report", str(one_restart)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -229,7 +229,7 @@ def test_cli_as_module(one_restart: Path, tmp_path: Path) -> None:
     assert ok.returncode == 0, ok.stderr
     assert "ETTR" in ok.stdout and (one_restart / "timeline.png").is_file()
     bad = subprocess.run(
-        [sys.executable, "-m", "training.report", str(tmp_path / "nope")],
+        [sys.executable, "-m", "training.runlog.report", str(tmp_path / "nope")],
         capture_output=True,
         text=True,
         timeout=60,

@@ -128,7 +128,7 @@ def test_fault_matrix_ends_bit_identical(
     assert len(summary["restarts"]) >= 1
     steps = [m["step"] for m in read_metrics(run_dir)]
     assert max(steps) == STEPS and set(steps) == set(range(1, STEPS + 1))
-    # Every restart layer records the phases it passes through (training/phases.py).
+    # Every restart layer records the phases it passes through (training/runlog/phases.py).
     phases = {e["phase"] for e in events(run_dir) if e["kind"] == "restart_phase"}
     expected = {"detected", "rendezvous_done", "process_group_up", "model_built"}
     expected |= {"checkpoint_loaded", "first_step"}
@@ -137,6 +137,7 @@ def test_fault_matrix_ends_bit_identical(
     if layer == "injob":
         expected.add("survivors_stopped")
     assert expected <= phases, f"missing phases: {expected - phases}"
+    assert_init_skipped_on_resume(events(run_dir))
     if "corrupt_shard" in faults or "truncate_shard" in faults:
         rejected = [e for e in events(run_dir) if e["kind"] == "checkpoint_rejected"]
         assert rejected, "the damaged newest checkpoint must be rejected"
@@ -151,6 +152,23 @@ def test_fault_matrix_ends_bit_identical(
                     e["step"] for e in log[:index] if e["kind"] == "checkpoint_committed"
                 }
                 assert event["step"] in committed_before, f"loaded uncommitted {event}"
+
+
+def assert_init_skipped_on_resume(log: list[dict]) -> None:
+    """Per rank, every attempt that loaded a checkpoint built its model without initialising
+    the weights, and every attempt that loaded none initialised them; a restart happened."""
+    per_rank: dict[int, list[tuple[bool, bool]]] = {}
+    for event in log:
+        attempts = per_rank.setdefault(event["rank"], [])
+        if event["kind"] == "restart_phase" and event["phase"] == "model_built":
+            attempts.append((event["weights_initialized"], False))
+        elif event["kind"] == "checkpoint_load" and attempts:
+            attempts[-1] = (attempts[-1][0], True)
+    resumed = [a for attempts in per_rank.values() for a in attempts if a[1]]
+    assert resumed, "no attempt resumed from a checkpoint"
+    for rank, attempts in per_rank.items():
+        for initialized, loaded in attempts:
+            assert initialized != loaded, f"rank {rank}: initialized={initialized}, loaded={loaded}"
 
 
 @pytest.mark.distributed
@@ -168,6 +186,7 @@ def test_sigterm_checkpoints_then_cold_restart_resumes(
     assert preempted and preempted[0]["step"] == 13
     assert any(e["kind"] == "checkpoint_committed" and e["step"] == 13 for e in log)
     assert any(e["kind"] == "checkpoint_load" and e["step"] == 13 for e in log)
+    assert_init_skipped_on_resume(log)
     assert_identical(final_state(run_dir), reference)
 
 

@@ -1,4 +1,4 @@
-"""TensorBoard scalars of a run (training/tensorboard.py) from hand-built run directories.
+"""TensorBoard scalars of a run (training/runlog/tensorboard.py) from hand-built run directories.
 
 Run: .venv/bin/python -m pytest tests/training/test_tensorboard.py -q
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from training import tensorboard as tb
+from training.runlog import tensorboard as tb
 
 T0 = 1_000.0
 
@@ -260,7 +260,7 @@ def test_without_tensorboard_one_line_and_nothing_else(
 def test_cli(run_dir: Path, tmp_path: Path) -> None:
     pytest.importorskip("tensorboard")
     ok = subprocess.run(
-        [sys.executable, "-m", "training.tensorboard", str(run_dir)],
+        [sys.executable, "-m", "training.runlog.tensorboard", str(run_dir)],
         capture_output=True,
         text=True,
         timeout=120,

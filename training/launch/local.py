@@ -21,13 +21,14 @@ import time
 from pathlib import Path
 
 from training import exits
-from training.config import ConfigError, JobConfig
+from training.config import JobConfig
 from training.data import DataError
+from training.exits import ConfigError
 from training.launch.command import LAUNCHERS, Rendezvous, launcher_command
-from training.metrics import EventLog
 from training.overrides import build_config
 from training.run import COLD_RESTARTS_ENV
-from training.verdict import read_verdict
+from training.runlog.metrics import EventLog
+from training.runlog.verdict import read_verdict
 
 
 def free_port() -> int:
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         status = "preempted" if code == exits.PREEMPTED else "failed"
         launcher_events.emit("run_end", status=status, cause=f"launcher exit code {code}")
     if not args.no_report:
-        from training.report import format_summary, write_report
+        from training.runlog.report import format_summary, write_report
 
         try:
             print(format_summary(write_report(run_dir=run_dir)), flush=True)

@@ -8,8 +8,8 @@ CMD is the node's launcher command, rendered by `manifests/render.py` from
   EFA; a misfit exits `exits.ENVIRONMENT`, which fails the Job), checked while waiting for
 - the rendezvous host to resolve (the Service's DNS name appears shortly after the pod).
 Then the launcher runs as a child; SIGTERM and SIGINT (the kubelet's stop) are passed on to it,
-and its exit code is translated: a verdict left by a rank (`training.verdict`) wins, a stop on
-request is `exits.PREEMPTED`, anything else stays a retryable failure.
+and its exit code is translated: a verdict left by a rank (`training.runlog.verdict`) wins, a
+stop on request is `exits.PREEMPTED`, anything else stays a retryable failure.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from training import exits
-from training.config import ConfigError
+from training.exits import ConfigError
 from training.launch.command import trainer_args_of
 from training.overrides import build_config
-from training.verdict import read_verdict
+from training.runlog.verdict import read_verdict
 
 
 def _flag(command: Sequence[str], name: str) -> str:

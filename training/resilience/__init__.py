@@ -1,24 +1,9 @@
-"""Restart layers, one chosen per run (``--restart none|inprocess|injob|nested``): ``nested``
-runs the in-process layer inside ``ft_launcher`` (NVRx 0.4.1's own combination, its
-``run_inprocess_injob_example.sh``)."""
+"""Restart layers and fault injection.
 
-from __future__ import annotations
-
-from training import exits
-from training.config import JobConfig
-
-
-def run_with_restart_layer(config: JobConfig) -> int:
-    mode = config.resilience.restart
-    if mode in ("inprocess", "nested"):
-        from training.resilience.inprocess import run_inprocess
-
-        return run_inprocess(config, nested=mode == "nested")
-    if mode == "injob":
-        from training.resilience.injob import run_injob
-
-        return run_injob(config)
-    from training.run import run_training
-
-    result = run_training(config)
-    return exits.PREEMPTED if result.preempted else exits.OK
+- ``layer``: picks the restart layer of a run (``--restart none|inprocess|injob|nested``):
+  ``nested`` runs the in-process layer inside ``ft_launcher`` (NVRx 0.4.1's own combination, its
+  ``run_inprocess_injob_example.sh``).
+- ``inprocess``, ``injob``, ``hang``, ``sections``, ``gloo_abort``, ``nvrx``: the layers and the
+  NVRx calls they make.
+- ``faults`` (the torch-free fault spec) and ``inject`` (the injector, a step hook).
+"""

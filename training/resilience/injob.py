@@ -11,7 +11,7 @@ ranks) instead of the configured upper bounds (``resilience.calibrate_timeouts_a
 Lack of progress and the restart cap: every attempt records the best step reached before it in
 ``<run_dir>/.attempts/<rendezvous id>/``; when ``NO_PROGRESS_ATTEMPTS`` restarts in a row end
 without getting past it, or ``resilience.max_restarts`` restarts have been spent, rank 0 records
-the verdict (``training.verdict``) and asks ``ft_launcher`` to shut the workload down, so the
+the verdict (``training.runlog.verdict``) and asks ``ft_launcher`` to shut the workload down, so the
 launchers exit with a code that says why (``training.exits``) instead of retrying.
 """
 
@@ -26,8 +26,11 @@ from pathlib import Path
 
 from training import exits
 from training.config import JobConfig
-from training.metrics import EventLog
-from training.phases import (
+from training.hooks import StepHooks
+from training.resilience.sections import CHECKPOINT, STEP
+from training.runlog.files import METRICS_FILE, parse_jsonl
+from training.runlog.metrics import EventLog
+from training.runlog.phases import (
     DETECTED,
     PROCESSES_UP,
     RENDEZVOUS_DONE,
@@ -35,9 +38,7 @@ from training.phases import (
     emit_phase,
     process_start_time,
 )
-from training.resilience.sections import CHECKPOINT, STEP
-from training.trainer import StepHooks
-from training.verdict import current_run_id, write_verdict
+from training.runlog.verdict import current_run_id, write_verdict
 
 NO_PROGRESS_ATTEMPTS = 3
 
@@ -81,17 +82,13 @@ class MonitorHooks(StepHooks):
 def best_step_so_far(run_dir: Path, *, tail_bytes: int = 1 << 16) -> int:
     """The highest step completed by any attempt so far (rank 0's metrics; the tail is enough,
     since the latest attempts' steps are at the end of the file)."""
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / METRICS_FILE
     if not path.is_file():
         return 0
     with open(path, "rb") as handle:
         handle.seek(max(0, path.stat().st_size - tail_bytes))
-        lines = handle.read().decode(errors="replace").splitlines()
-    best = 0
-    for line in lines:
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            best = max(best, int(json.loads(line)["step"]))
-    return best
+        rows, _ = parse_jsonl(handle.read().splitlines())
+    return max((row["step"] for row in rows if isinstance(row.get("step"), int)), default=0)
 
 
 def _record_attempt(directory: Path, *, best_step: int) -> list[dict]:
@@ -164,7 +161,7 @@ def check_attempt(config: JobConfig, *, client, events: EventLog) -> int | None:
 
 
 def run_injob(config: JobConfig) -> int:
-    from training.nvrx import rank_monitor_client
+    from training.resilience.nvrx import rank_monitor_client
     from training.run import run_training
 
     attempt = attempt_number()

@@ -29,17 +29,17 @@ import torch.distributed as dist
 
 from training import exits
 from training.config import JobConfig
-from training.metrics import EventLog
-from training.phases import (
+from training.hooks import StepHooks
+from training.resilience.hang import CalibratedHangWatchdog
+from training.runlog.metrics import EventLog
+from training.runlog.phases import (
     DETECTED,
     PROCESSES_UP,
     RENDEZVOUS_DONE,
     emit_phase,
     process_start_time,
 )
-from training.resilience.hang import CalibratedHangWatchdog
-from training.trainer import StepHooks
-from training.verdict import current_run_id, write_verdict
+from training.runlog.verdict import current_run_id, write_verdict
 
 WRAPPER_PORT_OFFSET = 1
 PG_STORE_PORT_OFFSET = 2
@@ -150,8 +150,8 @@ def store_ports() -> set[int]:
 def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
     """In-process restarts; with `nested`, inside ft_launcher (which respawns dead or frozen
     ranks and enforces the job-wide restart cap, see `training.resilience.injob`)."""
-    from training.nvrx import inprocess_wrapper, rank_monitor_client
     from training.resilience.injob import attempt_number, check_attempt
+    from training.resilience.nvrx import inprocess_wrapper, rank_monitor_client
     from training.run import release_leftovers, run_training
 
     rank = int(os.environ.get("RANK", "0"))
@@ -184,7 +184,9 @@ def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
     )
     restart_started: list[float] = []
 
-    def train(call_wrapper=None):  # annotated for NVRx in training.nvrx.inprocess_wrapper
+    def train(
+        call_wrapper=None,
+    ):  # annotated for NVRx in training.resilience.nvrx.inprocess_wrapper
         iteration = call_wrapper.iteration if call_wrapper is not None else 0
         release_leftovers()  # whatever the previous iteration's interrupted clean-up left
         if iteration > 0:

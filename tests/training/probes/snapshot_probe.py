@@ -31,10 +31,10 @@ def flat_tensors(state, prefix=""):
 
 
 def main() -> None:
-    from training.checkpoint import CheckpointManager
-    from training.metrics import EventLog
+    from training.checkpoint.manager import CheckpointManager
     from training.overrides import build_config
     from training.parallel import dist_env_from_environment, init_process_group
+    from training.runlog.metrics import EventLog
     from training.trainer import Trainer
 
     result_dir, engine, *overrides = sys.argv[1:]

@@ -23,7 +23,7 @@ import torch.distributed as dist
 def main() -> None:
     from nvidia_resiliency_ext.checkpointing.async_ckpt import filesystem_async
 
-    from training.nvrx import AsyncCheckpointQueue
+    from training.checkpoint.nvrx_async import AsyncCheckpointQueue
 
     result_dir = Path(sys.argv[1])
     dist.init_process_group(

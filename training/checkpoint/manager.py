@@ -1,33 +1,14 @@
-"""Sharded checkpoints with an explicit commit protocol.
+"""The checkpoint manager: save (three engines), commit, retain, load with verification.
 
-Layout under the checkpoint root (FSx in the cluster, a local directory here)::
-
-    step_00000100/
-        __0_0.distcp, __1_0.distcp, ...   one file per rank, written by that rank (DCP format)
-        .metadata                         DCP's global metadata (rank 0)
-        .shards/rank_00000.json           per rank: its files' sizes and CRC32s, fsynced
-        commit.json                       the commit record; written last, atomically
-
-A checkpoint is *committed* once ``commit.json`` exists: rank 0 writes it (temp file, fsync,
-rename, fsync of the directory) only after every rank's shard files and manifest are durable.
-Anything without it is torn and is never loaded. Loading verifies sizes and checksums (spread
-across ranks) and falls back to the previous committed checkpoint, with a warning, when the
-newest is damaged. Retention keeps the newest ``keep_last`` (plus every ``keep_every``-th step)
-and never deletes the newest committed checkpoint.
-
-Engines: ``nvrx`` (NVRx async, persistent worker; default), ``torch_async`` (torch DCP
-``async_save`` in a process), ``sync`` (blocking DCP save). All three produce the same layout.
-"""
+The on-disk layout and the commit protocol are in ``training.checkpoint.layout``."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import time
 import warnings
-import zlib
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -38,17 +19,20 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
+from training.checkpoint.layout import (
+    COMMIT,
+    SHARDS,
+    STEP_DIR,
+    CheckpointError,
+    commit,
+    committed_steps,
+    retention_victims,
+    step_dir,
+    verify,
+    write_rank_manifest,
+)
 from training.config import CheckpointConfig
-from training.metrics import EventLog
-
-COMMIT = "commit.json"
-SHARDS = ".shards"
-STEP_DIR = re.compile(r"^step_(\d{8})$")
-CHUNK = 8 * 1024 * 1024
-
-
-class CheckpointError(RuntimeError):
-    """No usable checkpoint, or a save could not be committed."""
+from training.runlog.metrics import EventLog
 
 
 class StatefulTrainer(Protocol):
@@ -57,129 +41,6 @@ class StatefulTrainer(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-# ---------------------------------------------------------------------------------------------
-# files: checksums, manifests, the commit record
-# ---------------------------------------------------------------------------------------------
-
-
-def file_crc32(path: Path) -> int:
-    crc = 0
-    with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK):
-            crc = zlib.crc32(chunk, crc)
-    return crc
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    """Temp file + fsync + rename + fsync(dir): the file is either absent or complete."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as handle:
-        json.dump(payload, handle, indent=2, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def rank_files(checkpoint_dir: Path, rank: int) -> list[Path]:
-    return sorted(checkpoint_dir.glob(f"__{rank}_*.distcp"))
-
-
-def write_rank_manifest(checkpoint_dir: str, rank: int) -> None:
-    """Record this rank's shard files (size + CRC32) once they are written and fsynced.
-
-    Module-level so that NVRx's persistent worker can run it right after the write."""
-    directory = Path(checkpoint_dir)
-    files = {}
-    for path in rank_files(directory, rank):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # cheap if the writer already synced; makes torch's engines durable too
-        finally:
-            os.close(fd)
-        files[path.name] = {"size": path.stat().st_size, "crc32": file_crc32(path)}
-    (directory / SHARDS).mkdir(exist_ok=True)
-    write_json_atomic(directory / SHARDS / f"rank_{rank:05d}.json", {"rank": rank, "files": files})
-
-
-def commit(checkpoint_dir: Path, *, step: int, world_size: int, engine: str) -> dict[str, Any]:
-    """Rank 0: check that every rank's manifest is there, then write the commit record."""
-    files: dict[str, dict[str, int]] = {}
-    for rank in range(world_size):
-        manifest_path = checkpoint_dir / SHARDS / f"rank_{rank:05d}.json"
-        if not manifest_path.is_file():
-            raise CheckpointError(f"cannot commit {checkpoint_dir}: rank {rank} has no manifest")
-        files.update(json.loads(manifest_path.read_text())["files"])
-    metadata = checkpoint_dir / ".metadata"
-    if not metadata.is_file():
-        raise CheckpointError(f"cannot commit {checkpoint_dir}: DCP .metadata is missing")
-    files[".metadata"] = {"size": metadata.stat().st_size, "crc32": file_crc32(metadata)}
-    fsync_dir(checkpoint_dir)
-    record = {
-        "format": "fsdp-ckpt/1",
-        "step": step,
-        "world_size": world_size,
-        "engine": engine,
-        "committed_at": time.time(),
-        "files": files,
-    }
-    write_json_atomic(checkpoint_dir / COMMIT, record)
-    return record
-
-
-def verify(checkpoint_dir: Path, *, names: list[str] | None = None) -> str | None:
-    """Check sizes and CRCs against the commit record; returns a problem, or None if sound."""
-    try:
-        record = json.loads((checkpoint_dir / COMMIT).read_text())
-    except (OSError, ValueError) as err:
-        return f"unreadable commit record ({err})"
-    for name, expected in sorted(record["files"].items()):
-        if names is not None and name not in names:
-            continue
-        path = checkpoint_dir / name
-        if not path.is_file():
-            return f"{name} is missing"
-        size = path.stat().st_size
-        if size != expected["size"]:
-            return f"{name} has {size} bytes, the commit record says {expected['size']}"
-        if file_crc32(path) != expected["crc32"]:
-            return f"{name} fails its checksum"
-    return None
-
-
-def committed_steps(root: Path) -> list[int]:
-    """Steps of committed checkpoints under ``root``, oldest first."""
-    if not root.is_dir():
-        return []
-    steps = []
-    for entry in root.iterdir():
-        match = STEP_DIR.match(entry.name)
-        if match and (entry / COMMIT).is_file():
-            steps.append(int(match.group(1)))
-    return sorted(steps)
-
-
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"step_{step:08d}"
-
-
-def retention_victims(steps: list[int], *, keep_last: int, keep_every: int) -> list[int]:
-    """Committed steps to delete: all but the newest ``keep_last`` and the ``keep_every``
-    multiples. The newest committed checkpoint is never a victim."""
-    keep = set(steps[-max(1, keep_last) :])
-    if keep_every:
-        keep |= {s for s in steps if s % keep_every == 0}
-    return [s for s in steps if s not in keep]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,20 +67,21 @@ class CheckpointManager:
         rank: int,
         world_size: int,
         events: EventLog,
-        fault_hook=None,
+        point_hook=None,
     ) -> None:
         self.config = config
         self.root = root
         self.rank = rank
         self.world_size = world_size
         self.events = events
-        self.fault_hook = fault_hook or (lambda point, step: None)
+        # Called at each point of a save (staged, written, commit): fault injection uses it.
+        self.point_hook = point_hook or (lambda point, step: None)
         self._pending: list[_Pending] = []
         self._latest_committed: int | None = None
         self._nvrx = None
         self._local = None
         if config.local_dir:
-            from training.local_checkpoint import LocalCheckpoints
+            from training.checkpoint.local import LocalCheckpoints
 
             self._local = LocalCheckpoints(
                 root=Path(config.local_dir),
@@ -228,10 +90,11 @@ class CheckpointManager:
                 local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
             )
         if config.engine == "nvrx":
-            from training.nvrx import AsyncCheckpointQueue
+            from training.checkpoint.nvrx_async import AsyncCheckpointQueue
 
             self._nvrx = AsyncCheckpointQueue()
         self._local_pending = False
+        self._sources: tuple[list[int], int | None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -316,7 +179,7 @@ class CheckpointManager:
             self._pending.append(pending)
         blocking_s = time.perf_counter() - started
         self.events.emit("checkpoint_staged", step=step, blocking_s=blocking_s, engine=engine)
-        self.fault_hook("staged", step)
+        self.point_hook("staged", step)
         if blocking:
             self.wait()
         return blocking_s
@@ -390,10 +253,10 @@ class CheckpointManager:
         """Every rank's files are durable: rank 0 commits, then applies retention."""
         if pending in self._pending:
             self._pending.remove(pending)
-        self.fault_hook("written", pending.step)
+        self.point_hook("written", pending.step)
         dist.barrier()  # every rank's manifest is on disk before rank 0 reads them
         if self.rank == 0:
-            self.fault_hook("commit", pending.step)
+            self.point_hook("commit", pending.step)
             commit(
                 pending.path,
                 step=pending.step,
@@ -418,6 +281,26 @@ class CheckpointManager:
             shutil.rmtree(path, ignore_errors=True)
 
     # -- loading -------------------------------------------------------------------------------
+    def _resume_sources(self) -> tuple[list[int], int | None]:
+        """Committed shared steps (rank 0 lists, all ranks agree) and the newest complete local
+        step. Collective; listed once per manager."""
+        if self._sources is None:
+            candidates = committed_steps(self.root) if self.rank == 0 else []
+            shared: list[Any] = [candidates]
+            dist.broadcast_object_list(shared, src=0)
+            # collective: needs every rank's shard
+            local_step = self._local.latest_step() if self._local is not None else None
+            self._sources = (shared[0], local_step)
+        return self._sources
+
+    def resume_expected(self) -> bool:
+        """Whether ``load_latest`` has something to load (collective): the trainer then skips
+        initialising the weights it is about to overwrite."""
+        if not self.config.resume:
+            return False
+        candidates, local_step = self._resume_sources()
+        return bool(candidates) or local_step is not None
+
     def load_latest(self, trainer: StatefulTrainer) -> int | None:
         """Load the newest sound committed checkpoint into ``trainer``; None if there is none.
 
@@ -425,23 +308,18 @@ class CheckpointManager:
         always load the same checkpoint."""
         if not self.config.resume:
             return None
-        candidates = committed_steps(self.root) if self.rank == 0 else []
-        shared: list[Any] = [candidates]
-        dist.broadcast_object_list(shared, src=0)
-        candidates = shared[0]
-        if self._local is not None:
-            local_step = self._local.latest_step()  # collective: needs every rank's shard
-            if local_step is not None and local_step > max(candidates, default=-1):
-                started = time.perf_counter()
-                step = self._local.load_into(trainer)
-                self.events.emit(
-                    "checkpoint_load",
-                    step=step,
-                    path=str(self.config.local_dir),
-                    seconds=time.perf_counter() - started,
-                    source="local",
-                )
-                return step
+        candidates, local_step = self._resume_sources()
+        if local_step is not None and local_step > max(candidates, default=-1):
+            started = time.perf_counter()
+            step = self._local.load_into(trainer)
+            self.events.emit(
+                "checkpoint_load",
+                step=step,
+                path=str(self.config.local_dir),
+                seconds=time.perf_counter() - started,
+                source="local",
+            )
+            return step
         for step in reversed(candidates):
             path = step_dir(self.root, step)
             problem = self._verify_collectively(path) if self.config.verify_on_load else None

@@ -1,7 +1,7 @@
 """TensorBoard scalars of a run directory: step metrics, checkpoint stalls and restarts.
 
-    python -m training.tensorboard runs/local     # convert a finished run (rewrites the scalars)
-    tensorboard --logdir /fsx/runs                 # every run's <run_dir>/tensorboard/
+    python -m training.runlog.tensorboard runs/local   # convert a finished run (rewrites scalars)
+    tensorboard --logdir /fsx/runs                      # every run's <run_dir>/tensorboard/
 
 During training, rank 0 runs a `Tailer` (``start_tailer``, called from ``training/run.py``): a
 daemon thread that reads the new lines of ``metrics.jsonl`` and ``events.jsonl`` every 5
@@ -16,7 +16,7 @@ Scalars (global step in brackets):
   ``checkpoint/write_s`` [checkpoint step]: the slowest ``checkpoint_committed`` write.
 - ``restart/{downtime_s,recompute_s,lost_s}`` and ``restart_phase/<phase>_s`` [the restart's
   number, 1-based, as in the report]: one per incident, once the first step after it is done
-  (``training.accounting`` defines them); ``startup_phase/<phase>_s`` [0].
+  (``training.runlog.accounting`` defines them); ``startup_phase/<phase>_s`` [0].
 - ``run/ettr`` [the last step]: when the tailer closes.
 
 Optional: without the ``tensorboard`` package (``pip install '.[tensorboard]'``) the tailer prints
@@ -39,7 +39,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from training.accounting import EVENTS_FILE, METRICS_FILE, RunDirError, RunSummary, summarize
+from training.runlog.accounting import RunDirError, RunSummary, summarize
+from training.runlog.files import EVENTS_FILE, METRICS_FILE, parse_jsonl
 
 TB_SUBDIR = "tensorboard"
 STATE_FILE = ".tailer_state.json"
@@ -236,14 +237,7 @@ class Tailer:
             f.seek(offset)
             data = f.read()
         end = data.rfind(b"\n") + 1  # a line still being written waits for the next poll
-        rows: list[dict[str, Any]] = []
-        for line in data[:end].splitlines():
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue  # the truncated line of a killed process
-            if isinstance(obj, dict):
-                rows.append(obj)
+        rows, _ = parse_jsonl(data[:end].splitlines())
         return rows, offset + end
 
     def _event_scalars(self, e: dict[str, Any]) -> None:
@@ -437,7 +431,7 @@ def convert(*, run_dir: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m training.tensorboard",
+        prog="python -m training.runlog.tensorboard",
         description=f"Write a run's {METRICS_FILE} and {EVENTS_FILE} as TensorBoard scalars "
         f"into RUN_DIR/{TB_SUBDIR}/ (replacing what is there).",
     )

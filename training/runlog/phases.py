@@ -2,8 +2,8 @@
 
 Every layer that takes part in a restart (the restart layers in ``training/resilience``, the
 launcher, ``training/run.py`` and the trainer) writes one ``restart_phase`` event per phase it
-reaches, through ``EventLog.emit``; ``training/accounting.py`` reads them back. Torch-free, so the
-launcher and the report can import it cheaply.
+reaches, through ``EventLog.emit``; ``training/runlog/accounting.py`` reads them back.
+Torch-free, so the launcher and the report can import it cheaply.
 
 Event line (``events.jsonl``)::
 
@@ -51,12 +51,14 @@ def emit_phase(
     attempt: int,
     mode: str | None = None,
     at: float | None = None,
+    **details: Any,
 ) -> None:
     """Write one ``restart_phase`` event; ``attempt`` is the attempt the restart leads to; `at`
-    (Unix time) when the phase was reached earlier than now (e.g. the process's start)."""
+    (Unix time) when the phase was reached earlier than now (e.g. the process's start);
+    ``details`` are recorded with it (``weights_initialized`` on ``model_built``)."""
     if phase not in PHASES:
         raise ValueError(f"restart phase {phase!r} is not one of {PHASES}")
-    extra: dict[str, Any] = {"phase": phase, "attempt": attempt}
+    extra: dict[str, Any] = {**details, "phase": phase, "attempt": attempt}
     if mode is not None:
         extra["mode"] = mode
     if at is not None:

@@ -28,35 +28,25 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import warnings
-import zlib
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
 
-from training.config import ConfigError
+from training.checkpoint.layout import file_crc32
+from training.durable import write_json_atomic
+from training.exits import ConfigError
 
 log = logging.getLogger(__name__)
 SIDECAR = ".crc32.json"
 
 
-def file_crc32(path: Path) -> int:
-    crc = 0
-    with path.open("rb") as f:
-        while chunk := f.read(16 << 20):
-            crc = zlib.crc32(chunk, crc)
-    return crc
-
-
 def write_sidecar(path: Path) -> None:
     """Size and CRC32 of ``path`` beside it (``<name>.crc32.json``), written atomically."""
     record = {"size": path.stat().st_size, "crc32": file_crc32(path)}
-    tmp = path.with_name(path.name + SIDECAR + ".tmp")
-    tmp.write_text(json.dumps(record))
-    os.replace(tmp, path.with_name(path.name + SIDECAR))
+    write_json_atomic(path.with_name(path.name + SIDECAR), record)
 
 
 def verify_sidecar(path: Path) -> str | None:

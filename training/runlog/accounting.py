@@ -14,17 +14,14 @@ counted. `summarize` raises `RunDirError` when there is nothing to summarize.
 from __future__ import annotations
 
 import bisect
-import json
 import statistics
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from training.phases import DETECTED, PHASES, RESTART_PHASE
-
-METRICS_FILE = "metrics.jsonl"
-EVENTS_FILE = "events.jsonl"
+from training.runlog.files import EVENTS_FILE, METRICS_FILE, read_jsonl
+from training.runlog.phases import DETECTED, PHASES, RESTART_PHASE
 
 # Events that belong to a restart incident. Everything logged between a fault and the first step
 # completed after it (by any rank, in any order) is one incident.
@@ -61,14 +58,14 @@ class Step:
 
 @dataclass(frozen=True)
 class PhaseMark:
-    """One restart phase (``training/phases.py``) as the whole job reached it.
+    """One restart phase (``training/runlog/phases.py``) as the whole job reached it.
 
     A phase counts as reached when the *last* rank reports it (the job cannot go on before), except
     ``detected``, which is reached when the *first* rank sees the fault.
     """
 
     phase: str
-    """One of ``training.phases.PHASES``."""
+    """One of ``training.runlog.phases.PHASES``."""
     offset_s: float
     """Seconds from the restart's begin (``Restart.begin_s``; run start for start-up)."""
     duration_s: float
@@ -239,28 +236,6 @@ class RunLogs:
     """Lines that were not valid JSON objects of the expected shape."""
 
 
-def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """Objects of a JSONL file (missing file: none) and the count of lines that failed to parse."""
-    if not path.is_file():
-        return [], 0
-    rows: list[dict[str, Any]] = []
-    bad = 0
-    with path.open("r", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                bad += 1  # most often the last line of a killed process
-                continue
-            if isinstance(obj, dict):
-                rows.append(obj)
-            else:
-                bad += 1
-    return rows, bad
-
-
 def _num(value: Any) -> float | None:
     """A finite float, or None for null/missing/non-numeric values."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -274,8 +249,8 @@ def load_run(*, run_dir: Path) -> RunLogs:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunDirError(f"run directory {run_dir} does not exist")
-    raw_steps, bad_m = _read_jsonl(run_dir / METRICS_FILE)
-    raw_events, bad_e = _read_jsonl(run_dir / EVENTS_FILE)
+    raw_steps, bad_m = read_jsonl(run_dir / METRICS_FILE)
+    raw_events, bad_e = read_jsonl(run_dir / EVENTS_FILE)
     skipped = bad_m + bad_e
     steps: list[Step] = []
     for m in raw_steps:

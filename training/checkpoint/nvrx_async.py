@@ -1,6 +1,8 @@
-"""Every call into nvidia-resiliency-ext (NVRx) goes through this module, so that an upgrade
-touches one place. Pinned: nvidia-resiliency-ext==0.4.1 (the newest release with a wheel for
-glibc 2.36 / Python 3.11; 0.5+ are manylinux_2_39 and 0.7 needs Python >= 3.12).
+"""NVRx's asynchronous checkpoint writer (its persistent worker process), made safe on CPU and
+GPU. The other NVRx calls live beside their users: ``training.resilience.nvrx`` (fault tolerance
+and in-process restart) and ``training.checkpoint.local`` (local checkpoints).
+Pinned: nvidia-resiliency-ext==0.4.1 (the newest release with a wheel for glibc 2.36 / Python
+3.11; 0.5+ are manylinux_2_39 and 0.7 needs Python >= 3.12).
 
 CPU compatibility layer (active only when torch has no usable CUDA):
 NVRx 0.4.1's async checkpointing assumes CUDA in two places we reach:
@@ -60,9 +62,8 @@ from nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver import (
     save_state_dict_async_plan,
 )
 
-from training.lifetime import die_with_parent
+from training.checkpoint.lifetime import die_with_parent
 
-NVRX_VERSION = "0.4.1"
 log = logging.getLogger(__name__)
 
 
@@ -153,9 +154,9 @@ def _stop_on_signal(signum: int, frame: Any) -> None:
 
 
 def _bind_worker(parent_pid: int, device: int | None = None) -> None:
-    """The worker's first request. Defined here, not in ``training.lifetime``, on purpose:
-    unpickling it makes the worker import this module (torch, DCP, NVRx) at start-up, which the
-    first save would otherwise wait for (measured: 1.4 s instead of 0.3 s of blocking).
+    """The worker's first request. Defined here, not in ``training.checkpoint.lifetime``, on
+    purpose: unpickling it makes the worker import this module (torch, DCP, NVRx) at start-up,
+    which the first save would otherwise wait for (measured: 1.4 s instead of 0.3 s of blocking).
 
     Binds the worker to its rank's GPU before any CUDA call (nothing in NVRx's loop touches
     CUDA before the first request; unpickling a later request's IPC tensors does), and arms
@@ -371,79 +372,3 @@ class AsyncCheckpointQueue:
         # The write in flight is discarded anyway (never committed): no long wait for 'DONE';
         # the stop signal still unwinds the worker cleanly (its IPC references released).
         stop_worker(caller, clean_timeout_s=0.5, signal_timeout_s=stop_timeout_s)
-
-
-# ---------------------------------------------------------------------------------------------
-# fault tolerance (in-job restart under ft_launcher)
-# ---------------------------------------------------------------------------------------------
-
-
-def rank_monitor_client():
-    """A connected ``RankMonitorClient`` (only valid under ``ft_launcher``)."""
-    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
-
-    client = RankMonitorClient()
-    client.init_workload_monitoring()
-    return client
-
-
-# ---------------------------------------------------------------------------------------------
-# in-process restart
-# ---------------------------------------------------------------------------------------------
-
-
-def inprocess_wrapper(
-    fn: Callable,
-    *,
-    max_restarts: int,
-    world_size: int,
-    soft_timeout_s: float,
-    hard_timeout_s: float,
-    keep_ports: set[int],
-    wrapper_port: int,
-    cuda: bool,
-) -> Callable:
-    """Wrap ``fn`` (which takes ``call_wrapper``) in NVRx's ``inprocess.Wrapper``.
-
-    Health checks are chosen per device: CUDA's on GPU, none on CPU. Abort: NCCL's abort on GPU;
-    on gloo, releasing the blocked sockets (training/resilience/gloo_abort.py)."""
-    import datetime
-
-    from nvidia_resiliency_ext import inprocess
-    from nvidia_resiliency_ext.inprocess.abort import Abort, AbortTorchDistributed
-
-    from training.resilience.gloo_abort import shutdown_peer_sockets
-
-    class AbortGloo(Abort):
-        def __call__(self, state):
-            shutdown_peer_sockets(keep_ports=keep_ports)
-            return state
-
-    seconds = datetime.timedelta
-    soft = seconds(seconds=soft_timeout_s)
-    hard = seconds(seconds=hard_timeout_s)
-    health_check = inprocess.health_check.CudaHealthCheck() if cuda else None
-    wrapper = inprocess.Wrapper(
-        store_kwargs={"port": wrapper_port},
-        initialize=inprocess.initialize.RetryController(
-            max_iterations=max_restarts + 1, min_world_size=world_size
-        ),
-        abort=AbortTorchDistributed() if cuda else AbortGloo(),
-        health_check=health_check,
-        soft_timeout=soft,
-        hard_timeout=hard,
-        heartbeat_timeout=seconds(seconds=max(10.0, soft_timeout_s)),
-        barrier_timeout=seconds(seconds=hard_timeout_s + 60),
-        completion_timeout=seconds(seconds=hard_timeout_s + 60),
-        monitor_thread_interval=seconds(seconds=0.5),
-        monitor_process_interval=seconds(seconds=0.5),
-        heartbeat_interval=seconds(seconds=1),
-        progress_watchdog_interval=seconds(seconds=0.5),
-        last_call_wait=seconds(seconds=0.5),
-    )
-    # NVRx finds the parameter to fill by its annotation *object* (``Optional[CallWrapper]``);
-    # with postponed annotations it would see a string, so set the real one explicitly.
-    from typing import Optional
-
-    fn.__annotations__ = {"call_wrapper": Optional[inprocess.CallWrapper]}  # noqa: UP045
-    return wrapper(fn)

@@ -1,9 +1,10 @@
 """Run report: summary.json, timeline.png and a compact table for one run directory.
 
-    python -m training.report runs/local      # or: make report RUN=local
+    python -m training.runlog.report runs/local      # or: make report RUN=local
 
-The accounting (what counts as productive, what a restart cost) lives in `training.accounting`;
-this module draws and prints it. Exit status 2 when the run directory is missing or empty.
+The accounting (what counts as productive, what a restart cost) lives in
+`training.runlog.accounting`; this module draws and prints it. Exit status 2 when the run
+directory is missing or empty.
 """
 
 from __future__ import annotations
@@ -13,9 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from training.accounting import (
-    EVENTS_FILE,
-    METRICS_FILE,
+from training.runlog.accounting import (
     PhaseMark,
     Restart,
     RunDirError,
@@ -23,7 +22,8 @@ from training.accounting import (
     load_run,
     summarize,
 )
-from training.phases import PHASES
+from training.runlog.files import EVENTS_FILE, METRICS_FILE, SUMMARY_FILE, TIMELINE_FILE
+from training.runlog.phases import PHASES
 
 __all__ = [
     "PhaseMark",
@@ -37,9 +37,6 @@ __all__ = [
     "summarize",
     "write_report",
 ]
-
-SUMMARY_FILE = "summary.json"
-TIMELINE_FILE = "timeline.png"
 
 
 def _fmt_s(seconds: float | None) -> str:
@@ -74,7 +71,7 @@ def format_phases(summary: RunSummary) -> list[str]:
     """The phase table: seconds each phase added, one row per restart (and the start-up).
 
     Empty when no restart_phase events were recorded. Columns follow ``PHASES``; a row's phases
-    were reached in time order, which may differ (see `training.accounting.PhaseMark`).
+    were reached in time order, which may differ (see `training.runlog.accounting.PhaseMark`).
     """
     rows: list[tuple[str, tuple[PhaseMark, ...], str]] = []
     if summary.startup_phases:
@@ -300,7 +297,7 @@ def write_report(*, run_dir: Path) -> RunSummary:
 def main(argv: list[str] | None = None) -> int:
     """CLI: recompute the summary and timeline of a run directory and print the table."""
     parser = argparse.ArgumentParser(
-        prog="python -m training.report",
+        prog="python -m training.runlog.report",
         description=f"Summarize a run directory ({METRICS_FILE}, {EVENTS_FILE}) into "
         f"{SUMMARY_FILE} and {TIMELINE_FILE}.",
     )

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from training.runlog.files import EVENTS_FILE, METRICS_FILE, append_jsonl
 
 # Peak dense bf16 tensor-core FLOP/s per GPU (vendor datasheets, SXM parts, without sparsity).
 PEAK_BF16_FLOPS: dict[str, float] = {
@@ -36,20 +37,11 @@ def peak_flops_for(device: torch.device) -> float | None:
     return None
 
 
-def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
-
-
 class EventLog:
     """Append-only run events shared by all ranks (and the launcher, with rank -1)."""
 
     def __init__(self, *, run_dir: Path, rank: int) -> None:
-        self.path = run_dir / "events.jsonl"
+        self.path = run_dir / EVENTS_FILE
         self.rank = rank
         run_dir.mkdir(parents=True, exist_ok=True)
 
@@ -71,7 +63,7 @@ class StepLogger:
         progress: str,
         attempt: int,
     ) -> None:
-        self.path = run_dir / "metrics.jsonl"
+        self.path = run_dir / METRICS_FILE
         self.log_every = log_every
         self.attempt = attempt
         use_bar = progress == "bar" or (

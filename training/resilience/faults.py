@@ -1,4 +1,5 @@
-"""Fault injection for tests, demos and benchmarks: real exceptions, hangs, signals, crashes.
+"""The fault spec: which real exception, hang, signal or crash fires where. Standard library
+only, so that checking a config never imports torch; ``training.resilience.inject`` fires them.
 
 Spec (``--faults`` / ``FAULTS=`` / ``TRAIN_FAULTS`` env), faults separated by ``;``::
 
@@ -31,17 +32,10 @@ process) do not fire it again.
 
 from __future__ import annotations
 
-import ctypes
-import os
 import random
-import signal
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
-import torch
-
-from training.config import ConfigError
+from training.exits import ConfigError
 
 KINDS = (
     "exception",
@@ -151,115 +145,3 @@ def parse_faults(spec: str) -> list[Fault]:
             Fault(kind=kind, rank=rank, step=step, point=point, index=len(faults), always=always)
         )
     return faults
-
-
-class FaultInjector:
-    """Fires the faults of one rank at their step (or checkpoint point), once per run."""
-
-    def __init__(self, *, faults: list[Fault], rank: int, run_dir: Path, events=None) -> None:
-        self.rank = rank
-        self.events = events
-        self.marker_dir = run_dir / ".faults"
-        self.by_step: dict[int, list[Fault]] = {}
-        for fault in faults:
-            if fault.rank == rank:
-                self.by_step.setdefault(fault.step, []).append(fault)
-        self.checkpoint_root: Path | None = None
-
-    @classmethod
-    def from_spec(
-        cls, spec: str, *, rank: int, events, run_dir: Path | None = None
-    ) -> FaultInjector:
-        spec = spec or os.environ.get("TRAIN_FAULTS", "")
-        run_dir = run_dir or (events.path.parent if events is not None else Path("."))
-        return cls(faults=parse_faults(spec), rank=rank, run_dir=run_dir, events=events)
-
-    # -- bookkeeping -----------------------------------------------------------------------------
-    def _claim(self, fault: Fault) -> bool:
-        """True exactly once per fault per run, across processes and restarts."""
-        if fault.always:
-            self._record(fault)
-            return True
-        self.marker_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(
-                self.marker_dir / f"{fault.index:05d}.fired", os.O_CREAT | os.O_EXCL | os.O_WRONLY
-            )
-        except FileExistsError:
-            return False
-        os.close(fd)
-        self._record(fault)
-        return True
-
-    def _record(self, fault: Fault) -> None:
-        if self.events is not None:
-            self.events.emit("fault", step=fault.step, fault=fault.kind, point=fault.point or None)
-
-    # -- hooks called by the trainer ---------------------------------------------------------------
-    def before_step(self, step: int) -> None:
-        for fault in self.by_step.get(step, ()):
-            if fault.kind != "ckpt_crash" and self._claim(fault):
-                self._fire(fault)
-
-    def checkpoint_point(self, point: str, step: int) -> None:
-        for fault in self.by_step.get(step, ()):
-            if fault.kind == "ckpt_crash" and fault.point == point and self._claim(fault):
-                if point == "staged":
-                    # Let the background write get under way, then die in the middle of it.
-                    time.sleep(0.05)
-                os.kill(os.getpid(), signal.SIGKILL)
-
-    # -- the faults ----------------------------------------------------------------------------
-    def _fire(self, fault: Fault) -> None:
-        kind = fault.kind
-        where = f"rank {self.rank} step {fault.step}"
-        if kind == "exception":
-            raise InjectedFault(f"injected exception at {where}")
-        if kind == "oom":
-            raise torch.OutOfMemoryError(f"injected out-of-memory at {where} (simulated)")
-        if kind == "hang":
-            while True:  # peers wait in the step's collective
-                time.sleep(0.1)
-        if kind == "hang_compute":
-            x = torch.randn(64, 64)
-            while True:
-                x = torch.tanh(x @ x)
-        if kind == "sigkill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        if kind == "sigterm":
-            os.kill(os.getpid(), signal.SIGTERM)
-            return  # handled by the trainer: final checkpoint, then exit 143
-        if kind == "sigstop":
-            os.kill(os.getpid(), signal.SIGSTOP)
-            return  # only reached if someone sends SIGCONT
-        if kind == "abort":
-            os.abort()
-        if kind == "segfault":
-            ctypes.string_at(0)
-        if kind in ("corrupt_shard", "truncate_shard"):
-            self._damage_newest_shard(truncate=kind == "truncate_shard")
-            raise InjectedFault(f"injected {kind} at {where}")
-
-    def _damage_newest_shard(self, *, truncate: bool) -> None:
-        from training.checkpoint import committed_steps, rank_files, step_dir
-
-        if self.checkpoint_root is None:
-            return
-        steps = committed_steps(self.checkpoint_root)
-        if not steps:
-            return
-        files = rank_files(step_dir(self.checkpoint_root, steps[-1]), self.rank)
-        if not files:
-            return
-        target = files[0]
-        size = target.stat().st_size
-        with open(target, "r+b") as handle:
-            if truncate:
-                handle.truncate(size // 2)
-            else:
-                handle.seek(size // 2)
-                chunk = handle.read(64)
-                handle.seek(size // 2)
-                handle.write(bytes(b ^ 0xFF for b in chunk))
-            handle.flush()
-            os.fsync(handle.fileno())

@@ -14,7 +14,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-VERDICT_FILE = "verdict.json"
+from training.durable import write_json_atomic
+from training.runlog.files import VERDICT_FILE
+
 RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
 """Set by torchrun and ft_launcher for their workers: the rendezvous id (unique per job)."""
 
@@ -33,9 +35,7 @@ def current_run_id() -> str:
 def write_verdict(*, run_dir: Path, code: int, cause: str, run_id: str) -> None:
     """Atomically record the verdict of the run with rendezvous id `run_id`."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / f".{VERDICT_FILE}.{os.getpid()}"
-    tmp.write_text(json.dumps({"code": code, "cause": cause, "run_id": run_id}))
-    os.replace(tmp, run_dir / VERDICT_FILE)
+    write_json_atomic(run_dir / VERDICT_FILE, {"code": code, "cause": cause, "run_id": run_id})
 
 
 def read_verdict(*, run_dir: Path, run_id: str) -> Verdict | None:

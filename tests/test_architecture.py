@@ -1,0 +1,269 @@
+"""The import map of the repository: no circles, no import from a lower layer to a higher one,
+and the torch-free parts stay torch-free.
+
+Every first-party module is in ``LAYERS`` (bottom first); a module may import modules of its own
+layer or below. A new module fails ``test_every_module_has_a_layer`` until it is placed. Imports
+inside functions count too: a lazy import hides a circle from Python, not from this test.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("training", "manifests", "infra", "planner", "facts", "bench")
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # leaves: standard library only
+    (
+        "training",
+        "training.exits",
+        "training.durable",
+        "training.hooks",
+        "training.runlog",
+        "training.runlog.files",
+        "training.runlog.phases",
+        "training.resilience",
+        "training.resilience.faults",
+        "training.checkpoint",
+        "training.checkpoint.lifetime",
+        "training.launch",
+        "training.launch.rdzv_store",
+        "training.resilience.gloo_abort",
+        "training.resilience.hang",
+        "facts",
+        "facts.checkpoint",
+        "facts.fsx",
+        "facts.recipes",
+        "manifests",
+        "manifests.sizes",
+        "planner",
+    ),
+    # configuration, and what reads a run directory
+    (
+        "training.config",
+        "training.runlog.verdict",
+        "training.runlog.metrics",
+        "training.runlog.accounting",
+    ),
+    (
+        "training.recipes",
+        "training.overrides",
+        "training.runlog.report",
+        "training.runlog.tensorboard",
+        "training.resilience.sections",
+        "training.stop",
+        "training.startup_check",
+        "training.allreduce_check",
+    ),
+    # the pieces of a training run
+    (
+        "training.data",
+        "training.model",
+        "training.checkpoint.layout",
+        "training.launch.command",
+    ),
+    (
+        "training.parallel",
+        "training.checkpoint.nvrx_async",
+        "training.checkpoint.local",
+        "training.resilience.inject",
+    ),
+    ("training.checkpoint.manager",),
+    ("training.trainer",),
+    ("training.run",),
+    # restart layers around a run
+    (
+        "training.resilience.nvrx",
+        "training.resilience.injob",
+        "training.resilience.inprocess",
+    ),
+    ("training.resilience.layer",),
+    # the Kubernetes objects (they embed the launcher command), then what deploys them
+    ("manifests.render",),
+    ("manifests.kustomize", "infra.config", "infra.nag", "infra.network"),
+    (
+        "infra.cluster",
+        "infra.image",
+        "infra.storage",
+        "infra.sizing",
+        "infra.gpu_nodegroup",
+        "infra.workloads",
+    ),
+    ("infra.addons",),
+    ("infra.stack", "infra"),
+    # launchers and command lines
+    (
+        "training.launch.local",
+        "training.launch.pod",
+        "training.launch.eks",
+        "training.__main__",
+        "manifests.preflight",
+    ),
+    # the planner (reads facts and bench results), bottom first
+    ("planner.ettr", "planner.failures", "planner.sources", "planner.fsx"),
+    ("planner.costs",),
+    ("planner.measured", "planner.plan"),
+    ("planner.plot", "planner.report"),
+    ("planner.cli",),
+    ("planner.__main__",),
+    # benchmarks: above everything they measure
+    ("bench", "bench.common"),
+    ("bench.checkpoint", "bench.goodput", "bench.overhead", "bench.restart"),
+    ("bench.run_all",),
+)
+
+TORCH_FREE = (
+    "training.config",
+    "training.recipes",
+    "training.overrides",
+    "training.resilience.faults",
+    "training.runlog.report",
+    "training.launch.command",
+    "training.launch.pod",
+    "manifests.render",
+    "manifests.kustomize",
+    "infra.stack",
+    "planner.cli",
+)
+"""Modules whose whole import closure must not load torch: the CDK app, the manifests, the
+planner, config checks (faults included) and the pod supervisor start in a second, not in ten."""
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for package in PACKAGES:
+        for path in (REPO_ROOT / package).rglob("*.py"):
+            name = ".".join(path.relative_to(REPO_ROOT).with_suffix("").parts)
+            modules[name.removesuffix(".__init__")] = path
+    return modules
+
+
+def _import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = defaultdict(set)
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            targets: list[str | None] = []
+            if isinstance(node, ast.Import):
+                targets = [resolve(alias.name) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                # `from pkg import mod` imports the module pkg.mod when there is one
+                targets = [
+                    resolve(f"{node.module}.{alias.name}") or resolve(node.module)
+                    for alias in node.names
+                ]
+            graph[module] |= {t for t in targets if t and t != module}
+    return graph
+
+
+def _layer_of() -> dict[str, int]:
+    layer_of: dict[str, int] = {}
+    for index, layer in enumerate(LAYERS):
+        for module in layer:
+            assert module not in layer_of, f"{module} is in LAYERS twice"
+            layer_of[module] = index
+    return layer_of
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_every_module_has_a_layer() -> None:
+    layer_of = _layer_of()
+    modules = _modules()
+    assert sorted(set(modules) - set(layer_of)) == [], "place these modules in LAYERS"
+    assert sorted(set(layer_of) - set(modules)) == [], "LAYERS names modules that do not exist"
+
+
+def test_no_import_circles() -> None:
+    assert _cycles(_import_graph(_modules())) == []
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    layer_of = _layer_of()
+    upward = [
+        f"{module} (layer {layer_of[module]}) imports {target} (layer {layer_of[target]})"
+        for module, targets in sorted(_import_graph(_modules()).items())
+        for target in sorted(targets)
+        if module in layer_of and target in layer_of and layer_of[target] > layer_of[module]
+    ]
+    assert upward == []
+
+
+def test_the_checker_sees_circles_and_upward_imports() -> None:
+    """The two checks above on a hand-made graph, so that they can fail."""
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+    graph = _import_graph(_modules())
+    assert "training.checkpoint.layout" in graph["training.checkpoint.manager"]
+    assert "training.exits" in graph["training.config"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("module", TORCH_FREE)
+def test_torch_free_modules_do_not_load_torch(module: str) -> None:
+    code = (
+        f"import {module}, sys\n"
+        "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
+        "sys.exit('loaded ' + loaded[0] if loaded else 0)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=110
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_config_with_faults_is_checked_without_torch() -> None:
+    code = (
+        "import sys\n"
+        "from training.overrides import build_config\n"
+        "build_config(['--faults=exception@0:3;sigkill@1:5'])\n"
+        "sys.exit('torch loaded' if 'torch' in sys.modules else 0)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=110
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

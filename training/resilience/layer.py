@@ -1,0 +1,22 @@
+"""The restart layer of a run, chosen by ``resilience.restart``."""
+
+from __future__ import annotations
+
+from training import exits
+from training.config import JobConfig
+
+
+def run_with_restart_layer(config: JobConfig) -> int:
+    mode = config.resilience.restart
+    if mode in ("inprocess", "nested"):
+        from training.resilience.inprocess import run_inprocess
+
+        return run_inprocess(config, nested=mode == "nested")
+    if mode == "injob":
+        from training.resilience.injob import run_injob
+
+        return run_injob(config)
+    from training.run import run_training
+
+    result = run_training(config)
+    return exits.PREEMPTED if result.preempted else exits.OK

@@ -1,0 +1,81 @@
+"""NVRx's fault-tolerance client (in-job restart under ``ft_launcher``) and in-process restart
+wrapper (nvidia-resiliency-ext==0.4.1, imported lazily: only the restart layers need it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+# ---------------------------------------------------------------------------------------------
+# fault tolerance (in-job restart under ft_launcher)
+# ---------------------------------------------------------------------------------------------
+
+
+def rank_monitor_client():
+    """A connected ``RankMonitorClient`` (only valid under ``ft_launcher``)."""
+    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
+    client = RankMonitorClient()
+    client.init_workload_monitoring()
+    return client
+
+
+# ---------------------------------------------------------------------------------------------
+# in-process restart
+# ---------------------------------------------------------------------------------------------
+
+
+def inprocess_wrapper(
+    fn: Callable,
+    *,
+    max_restarts: int,
+    world_size: int,
+    soft_timeout_s: float,
+    hard_timeout_s: float,
+    keep_ports: set[int],
+    wrapper_port: int,
+    cuda: bool,
+) -> Callable:
+    """Wrap ``fn`` (which takes ``call_wrapper``) in NVRx's ``inprocess.Wrapper``.
+
+    Health checks are chosen per device: CUDA's on GPU, none on CPU. Abort: NCCL's abort on GPU;
+    on gloo, releasing the blocked sockets (training/resilience/gloo_abort.py)."""
+    import datetime
+
+    from nvidia_resiliency_ext import inprocess
+    from nvidia_resiliency_ext.inprocess.abort import Abort, AbortTorchDistributed
+
+    from training.resilience.gloo_abort import shutdown_peer_sockets
+
+    class AbortGloo(Abort):
+        def __call__(self, state):
+            shutdown_peer_sockets(keep_ports=keep_ports)
+            return state
+
+    seconds = datetime.timedelta
+    soft = seconds(seconds=soft_timeout_s)
+    hard = seconds(seconds=hard_timeout_s)
+    health_check = inprocess.health_check.CudaHealthCheck() if cuda else None
+    wrapper = inprocess.Wrapper(
+        store_kwargs={"port": wrapper_port},
+        initialize=inprocess.initialize.RetryController(
+            max_iterations=max_restarts + 1, min_world_size=world_size
+        ),
+        abort=AbortTorchDistributed() if cuda else AbortGloo(),
+        health_check=health_check,
+        soft_timeout=soft,
+        hard_timeout=hard,
+        heartbeat_timeout=seconds(seconds=max(10.0, soft_timeout_s)),
+        barrier_timeout=seconds(seconds=hard_timeout_s + 60),
+        completion_timeout=seconds(seconds=hard_timeout_s + 60),
+        monitor_thread_interval=seconds(seconds=0.5),
+        monitor_process_interval=seconds(seconds=0.5),
+        heartbeat_interval=seconds(seconds=1),
+        progress_watchdog_interval=seconds(seconds=0.5),
+        last_call_wait=seconds(seconds=0.5),
+    )
+    # NVRx finds the parameter to fill by its annotation *object* (``Optional[CallWrapper]``);
+    # with postponed annotations it would see a string, so set the real one explicitly.
+    from typing import Optional
+
+    fn.__annotations__ = {"call_wrapper": Optional[inprocess.CallWrapper]}  # noqa: UP045
+    return wrapper(fn)
