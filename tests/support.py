@@ -57,7 +57,7 @@ def subprocess_env(**extra: str) -> dict[str, str]:
         PYTHONWARNINGS="ignore::FutureWarning",
         CI="1",  # plain log lines, never a progress bar
         # No TensorBoard tailer in the many short local runs (1-2 s of CPU each on 2 cores);
-        # tests/training/test_tensorboard.py and the emulated pods run it.
+        # tests/training/runlog/test_tensorboard.py and the emulated pods run it.
         TRAINING_TENSORBOARD="0",
     )
     env.update(extra)

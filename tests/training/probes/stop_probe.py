@@ -1,5 +1,5 @@
 """A rank that gets SIGTERM while blocked in a gloo all-reduce (its peer is frozen), or while
-healthy. Run by tests/training/test_stop.py: ``stop_probe.py ROLE PORT``.
+healthy. Run by tests/training/resilience/test_stop.py: ``stop_probe.py ROLE PORT``.
 
 ROLE: blocked (rank 0: all-reduce with a frozen peer), frozen (rank 1: joins, then SIGSTOPs
 itself), healthy (no process group: reaches a boundary, "saves" for 4 s, exits 0).

@@ -1,6 +1,6 @@
 """Unit tests of the resilience building blocks (no training processes).
 
-Run: ``.venv/bin/pytest tests/training/test_resilience_units.py`` (a few seconds).
+Run: ``.venv/bin/pytest tests/training/resilience/test_resilience_units.py`` (a few seconds).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Tests of `python -m training.launch.eks` (submit, follow, status, logs, stop) up to HTTP.
 
-Run: .venv/bin/pytest tests/manifests/test_eks_launcher.py
+Run: .venv/bin/pytest tests/training/launch/test_eks_launcher.py
 
 No Kubernetes API server can run on this machine, so these tests stop at the HTTP boundary: the
 real kubernetes Python client talks to a small fake API server on 127.0.0.1 (a thread in this

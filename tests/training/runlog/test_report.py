@@ -1,6 +1,6 @@
 """Tests of the run report (training/runlog/report.py, accounting.py) on hand-built run dirs.
 
-Run: .venv/bin/python -m pytest tests/training/test_report.py -q
+Run: .venv/bin/python -m pytest tests/training/runlog/test_report.py -q
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The restart_phase event schema. Run: .venv/bin/pytest tests/training/test_phases.py -q"""
+"""The restart_phase event schema. Run: .venv/bin/pytest tests/training/runlog/test_phases.py -q"""
 
 import json
 from pathlib import Path

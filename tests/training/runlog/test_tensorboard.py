@@ -1,6 +1,6 @@
 """TensorBoard scalars of a run (training/runlog/tensorboard.py) from hand-built run directories.
 
-Run: .venv/bin/python -m pytest tests/training/test_tensorboard.py -q
+Run: .venv/bin/python -m pytest tests/training/runlog/test_tensorboard.py -q
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """SIGTERM to a rank blocked in a collective ends it within seconds; a healthy rank keeps its
 final checkpoint. Real processes, a real gloo process group and real signals.
 
-Run: .venv/bin/pytest tests/training/test_stop.py
+Run: .venv/bin/pytest tests/training/resilience/test_stop.py
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from support import REPO_ROOT, free_port, subprocess_env
 
 from training import exits
 
-PROBE = Path(__file__).parent / "probes" / "stop_probe.py"
+PROBE = Path(__file__).parents[1] / "probes" / "stop_probe.py"
 
 
 def _start(role: str, port: int) -> subprocess.Popen:

@@ -1,6 +1,6 @@
 """Smoke test of the documented entry point: ``make train`` (2 CPU ranks, 20 steps).
 
-Run: ``.venv/bin/pytest tests/training/test_make_train.py`` (~35 s on 2 cores). Uses the
+Run: ``.venv/bin/pytest tests/training/launch/test_make_train.py`` (~35 s on 2 cores). Uses the
 repo's ``data/stdlib`` corpus (``make`` builds it if missing) and writes ``runs/<unique>``,
 removed afterwards.
 """
