@@ -62,7 +62,7 @@ class OverlaySize:
     soft hangs recover in the same processes, in seconds; dead or frozen ranks and lost pods are
     respawned by ft_launcher), `injob` (ft_launcher alone: every fault restarts the workers) or
     `inprocess` (torchrun, static ranks: a lost rank fails the pod). Nested is the default
-    because it passed every fault of tests/training/test_resilience.py and tests/pods."""
+    because it passed every fault of tests/training/resilience/test_resilience.py and tests/pods."""
     backoff_limit: int = 3
     """Pod failures (node loss, crash) the Job absorbs before it is marked failed."""
     grace_seconds: int = 600

@@ -1,7 +1,7 @@
 """Checkpoint commit protocol, verification, retention, and the exact-snapshot guarantee.
 
-Run: ``.venv/bin/pytest tests/training/checkpoint/test_checkpoint.py`` (the snapshot probes start real
-2-rank torchrun jobs; about 30 s in all).
+Run: ``.venv/bin/pytest tests/training/checkpoint/test_checkpoint.py`` (the snapshot probes start
+real 2-rank torchrun jobs; about 30 s in all).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 which (a rank on another node), and the per-file checksum that keeps a damaged local file out
 of NVRx's ``find_latest`` (so the load falls back, with a warning).
 
-Run: ``.venv/bin/pytest tests/training/checkpoint/test_local_checkpoint.py`` (seconds, CPU only). Saving
-and loading through NVRx needs CUDA tensors: tests/training/resilience/test_gpu_resilience.py.
+Run: ``.venv/bin/pytest tests/training/checkpoint/test_local_checkpoint.py`` (seconds, CPU only).
+Saving and loading through NVRx needs CUDA tensors:
+tests/training/resilience/test_gpu_resilience.py.
 """
 
 from __future__ import annotations

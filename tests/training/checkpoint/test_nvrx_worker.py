@@ -1,8 +1,8 @@
 """NVRx's persistent checkpoint worker: device binding, staging on the right device, release of
 the request's tensors, and a graceful stop (training/checkpoint/nvrx_async.py).
 
-Run: ``.venv/bin/pytest tests/training/checkpoint/test_nvrx_worker.py`` (CPU; the CUDA calls are recorded
-through fakes, the stop sequence runs on real spawned workers of a 1-rank gloo group).
+Run: ``.venv/bin/pytest tests/training/checkpoint/test_nvrx_worker.py`` (CPU; the CUDA calls are
+recorded through fakes, the stop sequence runs on real spawned workers of a 1-rank gloo group).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Command line: ``python -m training {train,prepare,recipes}`` and ``training.launch.local``.
 
-Run: ``.venv/bin/pytest tests/training/launch/test_cli.py`` (~20 s: two tests start a Python process to
-check real exit codes and stderr; the rest call ``main`` in-process).
+Run: ``.venv/bin/pytest tests/training/launch/test_cli.py`` (~20 s: two tests start a Python process
+to check real exit codes and stderr; the rest call ``main`` in-process).
 """
 
 from __future__ import annotations

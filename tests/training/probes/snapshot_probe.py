@@ -1,4 +1,5 @@
-"""Probe for the snapshot guarantee (run by tests/training/checkpoint/test_checkpoint.py under torchrun).
+"""Probe for the snapshot guarantee (run by tests/training/checkpoint/test_checkpoint.py under
+torchrun).
 
 Builds the trainer, saves asynchronously at step 0, then at once changes every parameter and
 optimizer tensor in place, as the next training steps would, waits for the commit, loads the

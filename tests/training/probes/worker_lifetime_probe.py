@@ -1,4 +1,5 @@
-"""Probe for the lifetime of NVRx's helper processes (run by tests/training/checkpoint/test_checkpoint.py).
+"""Probe for the lifetime of NVRx's helper processes (run by
+tests/training/checkpoint/test_checkpoint.py).
 
 One rank (gloo, world size 1): start the NVRx checkpoint queue as a run does at start-up,
 record whether NVRx's write-results queue already exists, save one small checkpoint through

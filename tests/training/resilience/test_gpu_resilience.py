@@ -1,8 +1,8 @@
 """GPU-only resilience paths: NVRx local checkpoints on node-local storage, in-process restart
 with NCCL abort and CUDA health checks, NVRx async checkpoints staged by the D2H copy.
 
-Run: ``.venv/bin/pytest tests/training/resilience/test_gpu_resilience.py`` on a machine with CUDA (all
-tests are marked ``gpu`` and skipped without one; this repository's CI has no GPU). The CPU
+Run: ``.venv/bin/pytest tests/training/resilience/test_gpu_resilience.py`` on a machine with CUDA
+(all tests are marked ``gpu`` and skipped without one; this repository's CI has no GPU). The CPU
 behaviour of the same code paths is covered by test_checkpoint.py and test_resilience.py.
 """
 

@@ -1,7 +1,7 @@
 """Real faults under every restart layer: the run completes and ends bit-identical.
 
-Run: ``.venv/bin/pytest tests/training/resilience/test_resilience.py`` (real 2- and 4-rank jobs through
-``python -m training.launch.local``: torchrun for in-process restart, NVRx's ft_launcher for
+Run: ``.venv/bin/pytest tests/training/resilience/test_resilience.py`` (real 2- and 4-rank jobs
+through ``python -m training.launch.local``: torchrun for in-process restart, NVRx's ft_launcher for
 in-job restart; real exceptions, hangs, SIGKILL, SIGABRT, SIGSEGV, SIGTERM, crashes during the
 checkpoint write and damaged shards; about 5-6 minutes on 2 cores).
 
