@@ -18,6 +18,7 @@ from typing import Any
 
 from training.durable import write_json_atomic
 from training.runlog import files as runlog_files
+from training.tables import text_table
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Overridable so that tests never overwrite the committed results the planner reads.
@@ -231,11 +232,8 @@ def fmt(value: Any, digits: int = 3) -> str:
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A plain-text table, columns sized to fit."""
-    cells = [[str(h) for h in headers]] + [[fmt(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    cells = [[fmt(c) for c in row] for row in rows]
+    return "\n".join(text_table(cells, headers=[str(h) for h in headers], rule=True))
 
 
 def targets_table(targets: Sequence[dict]) -> str:

@@ -15,6 +15,7 @@ from planner.measured import describe, measured_cpu_model
 from planner.plan import Inputs, plan
 from planner.report import format_report
 from planner.sources import SOURCES
+from training.tables import text_table
 
 PROG = "python -m planner"
 
@@ -173,10 +174,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def list_costs() -> str:
     """The cost parameters, their defaults and sources."""
-    lines = [f"{'name':<30} {'default':>8} {'unit':<7} source: what"]
-    for name, prm in DEFAULTS.items():
-        est = "*" if prm.estimate else ""
-        lines.append(f"{name:<30} {prm.value:>8g} {prm.unit:<7} {prm.source}{est}: {prm.help}")
+    rows = [
+        [name, f"{prm.value:g}", prm.unit, f"{prm.source}{'*' if prm.estimate else ''}: {prm.help}"]
+        for name, prm in DEFAULTS.items()
+    ]
+    lines = text_table(
+        rows, headers=["name", "default", "unit", "source: what"], align="<><", gap=" "
+    )
     lines.append("* = estimate. Sources:")
     lines += [f"  [{k}] {v}" for k, v in SOURCES.items()]
     return "\n".join(lines)

@@ -7,6 +7,7 @@ from planner.costs import DEFAULTS, MODE_LABELS, MODES
 from planner.failures import RATE_SOURCES
 from planner.plan import Inputs, SizePlan
 from planner.sources import SOURCES
+from training.tables import text_table
 
 # The terms table, in the order a recovery meets them: (label, term name).
 TERM_ROWS: tuple[tuple[str, str], ...] = (
@@ -96,47 +97,57 @@ def format_report(*, inputs: Inputs, plans: list[SizePlan], measured_lines: list
     ]
 
     sizes = [p.job.gpus for p in plans]
-    head = "".join(f"{g:>9}" for g in sizes)
     if model.name == "cluster":
         out += ["", "Cost terms, seconds at each GPU count (* = estimate, no published figure)"]
-        out.append(f"  {'term':<31}{head}  source")
-        for label, name in TERM_ROWS:
-            vals = "".join(f"{p.terms[name].seconds:>9.1f}" for p in plans)
-            out.append(f"  {label:<31}{vals}  {_term_source(model, name)}")
+        rows = [
+            [label, *(f"{p.terms[name].seconds:.1f}" for p in plans), _term_source(model, name)]
+            for label, name in TERM_ROWS
+        ]
+        headers = ["term", *(str(g) for g in sizes), "source"]
+        out += text_table(rows, headers=headers, align="<" + ">" * len(sizes), indent="  ")
     else:
         out += ["", "Checkpoint stall, seconds (measured-cpu) " + f"{plans[0].stall_s:.2f}"]
 
     first = next(iter(inputs.failure_rates))
     out += ["", f"Recovery R per failure, seconds ({first} rate; share of failures in brackets)"]
-    for p in plans:
-        r = next(x for x in p.rates if x.rate_name == first)
-        outs = r.modes[MODES[0]].recoveries
-        cols = "  ".join(f"{rec.outcome.kind} [{rec.outcome.share:.0%}]" for rec in outs)
-        out.append(f"  {p.job.gpus:>7} GPUs  {'mode':<10} {cols}   mean")
-        for mode in MODES:
-            mr = r.modes[mode]
-            vals = "".join(
-                f"{rec.seconds:>{len(rec.outcome.kind) + 7}.0f}" for rec in mr.recoveries
-            )
-            out.append(f"  {'':>12}  {mode:<10}{vals}   {mr.mean_recovery_s:>5.0f}")
+    recoveries = [next(x for x in p.rates if x.rate_name == first) for p in plans]
+    # The failure mix is the inputs', so every GPU count has the same kinds and shares.
+    kinds = [
+        f"{rec.outcome.kind} [{rec.outcome.share:.0%}]"
+        for rec in recoveries[0].modes[MODES[0]].recoveries
+    ]
+    rows = [
+        [
+            str(p.job.gpus) if i == 0 else "",
+            mode,
+            *(f"{rec.seconds:.0f}" for rec in r.modes[mode].recoveries),
+            f"{r.modes[mode].mean_recovery_s:.0f}",
+        ]
+        for p, r in zip(plans, recoveries, strict=True)
+        for i, mode in enumerate(MODES)
+    ]
+    headers = ["GPUs", "mode", *kinds, "mean"]
+    out += text_table(rows, headers=headers, align="><" + ">" * (len(kinds) + 1), indent="  ")
 
     out += [
         "",
         "ETTR: formula | Monte Carlo mean (interval = Daly's optimum in whole steps)",
         "  " + "; ".join(f"{m} = {MODE_LABELS[m]}" for m in MODES),
     ]
-    mhead = "".join(f"{m:>17}" for m in MODES)
-    out.append(f"  {'GPUs':>7} {'rate':<7} {'MTBF':>7} {'stall':>6} {'interval':>9}{mhead}")
-    for p in plans:
-        for r in p.rates:
-            cells = "".join(
-                f"{r.modes[m].ettr_formula:>9.1%} |{r.modes[m].mc.mean:>6.1%}" for m in MODES
-            )
-            flag = "!" if r.fsx_limited else " "
-            out.append(
-                f"  {p.job.gpus:>7} {r.rate_name:<7} {r.mtbf_s / 60:>6.1f}m {p.stall_s:>5.2f}s "
-                f"{r.interval_s:>7.0f}s{flag}{cells}"
-            )
+    rows = [
+        [
+            str(p.job.gpus),
+            r.rate_name,
+            f"{r.mtbf_s / 60:.1f}m",
+            f"{p.stall_s:.2f}s",
+            f"{r.interval_s:.0f}s" + ("!" if r.fsx_limited else ""),
+            *(f"{r.modes[m].ettr_formula:.1%} | {r.modes[m].mc.mean:.1%}" for m in MODES),
+        ]
+        for p in plans
+        for r in p.rates
+    ]
+    headers = ["GPUs", "rate", "MTBF", "stall", "interval", *MODES]
+    out += text_table(rows, headers=headers, align="><>>>" + ">" * len(MODES), indent="  ")
     if any(r.fsx_limited for p in plans for r in p.rates):
         out.append("  ! interval lengthened: FSx cannot write a checkpoint within Daly's interval")
 
@@ -145,25 +156,30 @@ def format_report(*, inputs: Inputs, plans: list[SizePlan], measured_lines: list
         "FSx for Lustre PERSISTENT_2 (valid sizes: 1200, 2400, n x 2400 GiB; "
         "125/250/500/1000 MB/s/TiB) [fsx]",
     ]
-    out.append(
-        f"  {'GPUs':>7} {'needs GiB':>10} {'write MB/s':>11} {'capacity':>10} {'tier':>5} "
-        f"{'GB/s':>6} {'write':>7} {'load':>7}  cdk deploy context"
+    rows = [
+        [
+            str(p.job.gpus),
+            f"{p.fsx.storage_need_gib:,.0f}",
+            f"{p.fsx.write_need_mbps:,.0f}" if p.fsx.write_need_mbps else "(given)",
+            f"{p.fsx.capacity_gib:,}",
+            str(p.fsx.tier_mbps_per_tib),
+            f"{p.fsx.throughput_mbps / 1000:.1f}",
+            f"{p.terms['ckpt_write_s'].seconds:.0f}s",
+            f"{p.terms['ckpt_load_s'].seconds:.0f}s",
+            p.fsx.cdk_context(),
+        ]
+        for p in plans
+    ]
+    headers = ["GPUs", "needs GiB", "write MB/s", "capacity", "tier", "GB/s", "write", "load"]
+    out += text_table(
+        rows, headers=[*headers, "cdk deploy context"], align=">" * len(headers), indent="  "
     )
-    for p in plans:
-        f = p.fsx
-        need = f"{f.write_need_mbps:>11,.0f}" if f.write_need_mbps else f"{'(given)':>11}"
-        out.append(
-            f"  {p.job.gpus:>7} {f.storage_need_gib:>10,.0f} {need} {f.capacity_gib:>10,} "
-            f"{f.tier_mbps_per_tib:>5} {f.throughput_mbps / 1000:>6.1f} "
-            f"{p.terms['ckpt_write_s'].seconds:>6.0f}s {p.terms['ckpt_load_s'].seconds:>6.0f}s  "
-            f"{f.cdk_context()}"
-        )
     if plans and plans[0].fsx.chosen_by == "sized":
         tiers = list(plans[0].fsx.by_tier)
         out.append("  smallest valid capacity (GiB) meeting both needs, per tier (MB/s/TiB):")
-        out.append(f"  {'GPUs':>7}" + "".join(f"{t:>10}" for t in tiers))
-        for p in plans:
-            out.append(f"  {p.job.gpus:>7}" + "".join(f"{p.fsx.by_tier[t]:>10,}" for t in tiers))
+        rows = [[str(p.job.gpus), *(f"{p.fsx.by_tier[t]:,}" for t in tiers)] for p in plans]
+        headers = ["GPUs", *(str(t) for t in tiers)]
+        out += text_table(rows, headers=headers, align=">" * len(headers), indent="  ")
 
     out += ["", "Sources ([override] = set with --set)"]
     out += [f"  [{k}] {text}" for k, text in SOURCES.items()]

@@ -25,6 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training",
         "training.exits",
         "training.durable",
+        "training.tables",
         "training.hooks",
         "training.runlog",
         "training.runlog.files",

@@ -47,6 +47,7 @@ from datetime import timedelta
 from typing import Any
 
 from training import exits
+from training.tables import text_table
 
 REPORT_PREFIX = "PREFLIGHT_REPORT "
 PHASES = ("world", "node", "pair")
@@ -239,21 +240,22 @@ def judge(
 def table(report: Report) -> str:
     """A human-readable summary: one line per measurement, then the verdict."""
     names = report.nodes
+    rows = []
+    for m in report.measurements:
+        group = " + ".join(names[n] for n in m.nodes) if m.phase != "world" else "all"
+        first = [m.phase, group, str(m.ranks), str(m.nbytes)]
+        if m.error:
+            rows.append([*first, f"ERROR {m.error}"])
+            continue
+        rows.append([*first, f"{m.seconds * 1e6:.1f}", f"{m.algbw_gbs:.2f}", f"{m.busbw_gbs:.2f}"])
+    headers = ["phase", "group", "ranks", "size", "time us", "algbw GB/s", "busbw GB/s"]
+    error_rows = any(m.error for m in report.measurements)
     lines = [
         f"all-reduce preflight: {report.world_size} ranks on {len(names)} node(s), "
         f"backend {report.backend}",
-        f"{'phase':<6} {'group':<40} {'ranks':>5} {'size':>10} {'time us':>10} "
-        f"{'algbw GB/s':>11} {'busbw GB/s':>11}",
+        # An error's message runs on from the time column: left-aligned when there is one.
+        *text_table(rows, headers=headers, align="<<>>" + ("<" if error_rows else ">") + ">>"),
     ]
-    for m in report.measurements:
-        group = " + ".join(names[n] for n in m.nodes) if m.phase != "world" else "all"
-        if m.error:
-            lines.append(f"{m.phase:<6} {group:<40} {m.ranks:>5} {m.nbytes:>10}  ERROR {m.error}")
-            continue
-        lines.append(
-            f"{m.phase:<6} {group:<40} {m.ranks:>5} {m.nbytes:>10} {m.seconds * 1e6:>10.1f} "
-            f"{m.algbw_gbs:>11.2f} {m.busbw_gbs:>11.2f}"
-        )
     v = report.verdict
     if v.ok:
         lines.append("PASS: no slow or broken node")

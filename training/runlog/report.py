@@ -24,6 +24,7 @@ from training.runlog.accounting import (
 )
 from training.runlog.files import EVENTS_FILE, METRICS_FILE, SUMMARY_FILE, TIMELINE_FILE
 from training.runlog.phases import PHASES
+from training.tables import text_table
 
 __all__ = [
     "PhaseMark",
@@ -83,18 +84,16 @@ def format_phases(summary: RunSummary) -> list[str]:
         return []
     present = {m.phase for _, marks, _ in rows for m in marks}
     cols = [p for p in PHASES if p in present]
-    widths = [max(len(PHASE_SHORT.get(p, p)), 6) for p in cols]
-    head = " ".join(f"{PHASE_SHORT.get(p, p):>{w}}" for p, w in zip(cols, widths, strict=True))
-    lines = ["restart phases (s since the phase reached before it; restarts from the fault)"]
-    lines.append(f"{'#':>5} {head}  costliest")
+    cells = []
     for label, marks, worst in rows:
         by_phase = {m.phase: m for m in marks}
-        cells = " ".join(
-            f"{_fmt_num(by_phase[p].duration_s) if p in by_phase else '-':>{w}}"
-            for p, w in zip(cols, widths, strict=True)
-        )
-        lines.append(f"{label:>5} {cells}  {worst}")
-    return lines
+        times = [_fmt_num(by_phase[p].duration_s) if p in by_phase else "-" for p in cols]
+        cells.append([label, *times, worst])
+    headers = ["#", *(PHASE_SHORT.get(p, p).rjust(6) for p in cols), "costliest"]
+    return [
+        "restart phases (s since the phase reached before it; restarts from the fault)",
+        *text_table(cells, headers=headers, align=">" * (len(cols) + 1), gap=" "),
+    ]
 
 
 def format_summary(summary: RunSummary) -> str:
@@ -124,18 +123,20 @@ def format_summary(summary: RunSummary) -> str:
     ]
     if s.skipped_lines:
         rows.append(("skipped lines", f"{s.skipped_lines} (truncated/invalid JSON)"))
-    width = max(len(k) for k, _ in rows)
-    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    lines = text_table(rows)
     if s.restarts:
         lines.append("")
-        lines.append(
-            f"{'#':>2} {'mode':<9} {'fault':<13} {'at':>9} {'down':>9} {'redo':>9} {'lost':>9}"
-        )
-        for n, r in enumerate(s.restarts, 1):
-            lines.append(
-                f"{n:>2} {r.mode:<9} {(r.fault or '-'):<13} {_fmt_s(r.begin_s):>9} "
-                f"{_fmt_s(r.downtime_s):>9} {_fmt_s(r.recompute_s):>9} {_fmt_s(r.lost_s):>9}"
-            )
+        restarts = [
+            [
+                str(n),
+                r.mode,
+                r.fault or "-",
+                *(_fmt_s(t) for t in (r.begin_s, r.downtime_s, r.recompute_s, r.lost_s)),
+            ]
+            for n, r in enumerate(s.restarts, 1)
+        ]
+        headers = ["#", "mode", "fault", "at", "down", "redo", "lost"]
+        lines += text_table(restarts, headers=headers, align="><<>>>>", gap=" ")
     phase_lines = format_phases(summary)
     if phase_lines:
         lines.append("")
