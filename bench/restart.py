@@ -19,6 +19,13 @@ rank would change the global batch).
     python -m bench.restart            # 3 runs, 25 faults, ~8 min
     python -m bench.restart --quick    # in-process only, 1 fault of each kind
 
+The floor of an in-job restart, measured in the same run (``floor``): the same number of fresh
+processes (torchrun) importing torch and NVRx, forming the process group, building the model
+without initialising it, loading (and verifying) the in-job run's newest checkpoint through
+``CheckpointManager.load_latest`` and running one step. Floor = the last rank's end of that
+step - the first rank's process start (from /proc); median of ``FLOOR_REPEATS``. What an in-job
+restart adds to it is detection, stopping the survivors and ft_launcher's rendezvous.
+
 Writes bench/results/restart.json: ``inprocess_p50_s``, ``injob_p50_s``, ``cold_p50_s`` (p50
 over every fault of that layer, its kinds pooled; the planner reads them) and per-kind detail.
 """
@@ -26,7 +33,9 @@ over every fault of that layer, its kinds pooled; the planner reads them) and pe
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +43,7 @@ from typing import Any
 from bench.common import (
     RUNS_DIR,
     TINY_MODEL,
+    call_logged,
     machine,
     median,
     ratio,
@@ -44,8 +54,13 @@ from bench.common import (
     targets_table,
     write_result,
 )
-from training.runlog.files import EVENTS_FILE, METRICS_FILE
+from training.checkpoint.layout import committed_steps, step_dir
+from training.runlog.files import EVENTS_FILE, METRICS_FILE, append_jsonl
 
+FLOOR_REPEATS = 3
+FLOOR_PHASES = ("imported", "group_up", "built", "loaded", "first_step")
+"""The floor's phases: torch + NVRx imported, process group up, model built, checkpoint
+loaded, one step done."""
 FIRST_FAULT = 25
 SPACING = 20
 PER_KIND = 5
@@ -146,6 +161,97 @@ def run_scenario(scenario: Scenario, *, per_kind: int) -> dict[str, dict[str, An
     return results
 
 
+def floor_worker(argv: list[str]) -> int:
+    """One rank of the floor run, under torchrun: what a restarted rank cannot skip."""
+    from training.runlog.phases import process_start_time
+
+    started = process_start_time() or time.time()
+    import nvidia_resiliency_ext.fault_tolerance  # noqa: F401  (an in-job worker imports it)
+    import torch.distributed as dist
+
+    from training.checkpoint.manager import CheckpointManager
+    from training.overrides import build_config
+    from training.parallel import dist_env_from_environment, init_process_group
+    from training.runlog.metrics import EventLog
+    from training.trainer import Trainer
+
+    imported = time.time()
+    config, _ = build_config(argv)
+    env = dist_env_from_environment(config.parallel)
+    init_process_group(env, timeout_s=config.parallel.pg_timeout_s)
+    group_up = time.time()
+    run_dir = Path(config.run_dir)
+    events = EventLog(run_dir=run_dir, rank=env.rank)
+    checkpoints = CheckpointManager(
+        config=config.checkpoint,
+        root=Path(config.checkpoint_dir),
+        rank=env.rank,
+        world_size=env.world_size,
+        events=events,
+    )
+    resume = checkpoints.resume_expected()
+    trainer = Trainer(config=config, env=env, events=events, initialize=not resume)
+    built = time.time()
+    step = checkpoints.load_latest(trainer)
+    loaded = time.time()
+    trainer.train_step()
+    append_jsonl(
+        run_dir / "floor.jsonl",
+        {
+            "rank": env.rank,
+            "started": started,
+            "imported": imported,
+            "group_up": group_up,
+            "built": built,
+            "loaded": loaded,
+            "first_step": time.time(),
+            "step": step,
+        },
+    )
+    dist.destroy_process_group()
+    return 0
+
+
+def measure_floor(*, source_run: Path, repeats: int) -> dict[str, Any]:
+    """Fresh 2-rank processes loading ``source_run``'s newest committed checkpoint (a copy, so
+    the run's own files stay as they were), ``repeats`` times."""
+    steps = committed_steps(source_run / "checkpoints")
+    if not steps:
+        return {"floor_s": None, "problem": f"no committed checkpoint under {source_run}"}
+    samples: list[dict[str, float]] = []
+    for repeat in range(repeats):
+        run_dir = RUNS_DIR / "restart" / "floor" / f"r{repeat}"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        (run_dir / "checkpoints").mkdir(parents=True)
+        newest = step_dir(source_run / "checkpoints", steps[-1])
+        shutil.copytree(newest, run_dir / "checkpoints" / newest.name)
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "bench.restart",
+            "floor-worker",
+            "--recipe=debug_cpu",
+            f"--run-dir={run_dir}",
+            *TINY_MODEL,
+            "--checkpoint.engine=sync",  # no background writer: nothing is saved
+            *TIMEOUTS,
+        ]
+        code = call_logged(command, log_path=run_dir / "floor.log", timeout_s=180)
+        rows = read_jsonl(run_dir / "floor.jsonl")
+        if code != 0 or len(rows) != 2:
+            return {"floor_s": None, "problem": f"floor run {run_dir} exited {code}"}
+        t0 = min(r["started"] for r in rows)
+        # Per phase, from the first rank's start to the last rank reaching it.
+        sample = {f"{k}_s": max(r[k] for r in rows) - t0 for k in FLOOR_PHASES}
+        samples.append({**sample, "loaded_step": rows[0]["step"]})
+    medians = {key: median(s[key] for s in samples) for key in samples[0] if key.endswith("_s")}
+    return {"floor_s": medians["first_step_s"], "phases_s": medians, "samples": samples}
+
+
 def run(*, quick: bool = False) -> dict[str, Any]:
     """Run the scenarios one after the other, print the table and write the JSON."""
     per_kind = 1 if quick else PER_KIND
@@ -153,6 +259,9 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     results: dict[str, dict[str, Any]] = {}
     for scenario in scenarios:
         results.update(run_scenario(scenario, per_kind=per_kind))
+    floor: dict[str, Any] = {"floor_s": None, "problem": "not measured in --quick"}
+    if not quick:
+        floor = measure_floor(source_run=RUNS_DIR / "restart" / "injob", repeats=FLOOR_REPEATS)
     pooled: dict[str, float | None] = {}
     for layer in ("inprocess", "injob", "cold"):
         values = [
@@ -176,6 +285,12 @@ def run(*, quick: bool = False) -> dict[str, Any]:
             goal=0.6,
             higher_is_better=False,
         ),
+        target(
+            "in-job SIGKILL -> next step / fresh-process floor (p50)",
+            ratio(results.get("injob_sigkill", {}).get("p50_s"), floor["floor_s"]),
+            goal=1.5,
+            higher_is_better=False,
+        ),
     ]
     result = {
         "machine": machine(),
@@ -186,6 +301,7 @@ def run(*, quick: bool = False) -> dict[str, Any]:
         "inprocess_p50_s": pooled["inprocess"],
         "injob_p50_s": pooled["injob"],
         "cold_p50_s": pooled["cold"],
+        "injob_floor": floor,
         "scenarios": results,
         "targets": targets,
     }
@@ -221,12 +337,22 @@ def report(result: dict[str, Any]) -> str:
             "",
             pooled,
             "",
+            "in-job restart floor (fresh processes -> checkpoint loaded -> one step), s from "
+            "the first process start:",
+            table(
+                ["phase", "s"],
+                list((result["injob_floor"].get("phases_s") or {}).items()),
+            ),
+            "",
             targets_table(result["targets"]),
         ]
     )
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["floor-worker"]:
+        return floor_worker(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench.restart", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="in-process only, 2 faults each")
     args = parser.parse_args(argv)

@@ -16,16 +16,13 @@ from typing import Any
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-VENV_BIN = Path(sys.executable).parent
+# The model small enough that a 2-rank CPU step takes tens of milliseconds: one owner, shared
+# with the benchmarks.
+from bench.common import TINY_MODEL  # noqa: F401  (re-exported to the tests)
 
-# A model small enough that a 2-rank CPU step takes tens of milliseconds.
-TINY_MODEL = (
-    "--model.dim=64",
-    "--model.n_layers=2",
-    "--data.seq_len=32",
-    "--model.max_seq_len=64",
-)
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+VENV_BIN = Path(sys.executable).parent
 
 
 def free_port() -> int:

@@ -86,6 +86,13 @@ class CalibratedHangWatchdog:
             self._thread.start()
 
     def _raise(self, signum: int, frame: object) -> None:
+        # An exception already on its way out (this rank's fault, or NVRx's RankShouldRestart
+        # after a peer's) must not be replaced: NVRx's wrapper consumes RankShouldRestart once,
+        # and a HangDetected in its place makes the wrapper end this rank with InternalError.
+        # The handler runs in the main thread, so sys.exc_info() is the exception it is
+        # handling, also in the `finally` blocks and `__exit__`s it unwinds through.
+        if sys.exc_info()[1] is not None:
+            return
         if self._fired and not self._closed.is_set():  # ours, for this attempt
             raise HangDetected(f"no step boundary within {self.timeout_s:.1f} s (calibrated)")
 

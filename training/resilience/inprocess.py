@@ -119,7 +119,8 @@ def give_up_cause(
     has shrunk below ``min_world_size`` (we require the full world: the global batch, and so the
     result, must not change). The second is a rank that died or froze (NVRx's monitor process
     terminated it after the hard timeout): in-process restart cannot bring a rank back, but a
-    replacement pod can, so that exit is retryable. The cap is not."""
+    replacement pod can, so that exit is retryable. The cap is not. Any other end of the
+    wrapper (its ``InternalError``, a barrier timeout) is a fault too: retryable."""
     detail = f"{type(err).__name__}: {err}".strip()
     if type(err).__name__ == "RankDiscarded":  # this rank is the lost one (resumed, or late)
         return exits.FAILED, (
@@ -136,9 +137,17 @@ def give_up_cause(
             f"restart cannot replace a lost rank, so the pod exits for a replacement "
             f"(or use --restart=nested). NVRx: {detail}"
         )
-    return exits.RESTARTS_EXHAUSTED, (
-        f"in-process restart gave up after {max_restarts} restart(s) "
-        f"(resilience.max_restarts): {detail}"
+    iteration = re.search(r"state\.iteration=(\d+) self\.max_iterations=(\d+)", str(err))
+    if iteration and int(iteration.group(1)) >= int(iteration.group(2)):
+        return exits.RESTARTS_EXHAUSTED, (
+            f"in-process restart gave up after {max_restarts} restart(s) "
+            f"(resilience.max_restarts): {detail}"
+        )
+    # Anything else (NVRx's InternalError, a barrier timeout, ...) is not the cap: a replacement
+    # pod may succeed, so the exit stays retryable.
+    return exits.FAILED, (
+        f"NVRx's in-process restart stopped this rank after {attempts} restart(s); the pod "
+        f"exits for a replacement. NVRx: {detail}"
     )
 
 

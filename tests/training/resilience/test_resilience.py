@@ -137,7 +137,8 @@ def test_fault_matrix_ends_bit_identical(
     if layer == "injob":
         expected.add("survivors_stopped")
     assert expected <= phases, f"missing phases: {expected - phases}"
-    assert_init_skipped_on_resume(events(run_dir))
+    # A fault can strike before the first commit: not every case resumes.
+    assert_init_skipped_on_resume(events(run_dir), resumed_at_least_once=False)
     if "corrupt_shard" in faults or "truncate_shard" in faults:
         rejected = [e for e in events(run_dir) if e["kind"] == "checkpoint_rejected"]
         assert rejected, "the damaged newest checkpoint must be rejected"
@@ -154,9 +155,9 @@ def test_fault_matrix_ends_bit_identical(
                 assert event["step"] in committed_before, f"loaded uncommitted {event}"
 
 
-def assert_init_skipped_on_resume(log: list[dict]) -> None:
+def assert_init_skipped_on_resume(log: list[dict], *, resumed_at_least_once: bool) -> None:
     """Per rank, every attempt that loaded a checkpoint built its model without initialising
-    the weights, and every attempt that loaded none initialised them; a restart happened."""
+    the weights, and every attempt that loaded none initialised them."""
     per_rank: dict[int, list[tuple[bool, bool]]] = {}
     for event in log:
         attempts = per_rank.setdefault(event["rank"], [])
@@ -165,7 +166,7 @@ def assert_init_skipped_on_resume(log: list[dict]) -> None:
         elif event["kind"] == "checkpoint_load" and attempts:
             attempts[-1] = (attempts[-1][0], True)
     resumed = [a for attempts in per_rank.values() for a in attempts if a[1]]
-    assert resumed, "no attempt resumed from a checkpoint"
+    assert resumed or not resumed_at_least_once, "no attempt resumed from a checkpoint"
     for rank, attempts in per_rank.items():
         for initialized, loaded in attempts:
             assert initialized != loaded, f"rank {rank}: initialized={initialized}, loaded={loaded}"
@@ -186,7 +187,7 @@ def test_sigterm_checkpoints_then_cold_restart_resumes(
     assert preempted and preempted[0]["step"] == 13
     assert any(e["kind"] == "checkpoint_committed" and e["step"] == 13 for e in log)
     assert any(e["kind"] == "checkpoint_load" and e["step"] == 13 for e in log)
-    assert_init_skipped_on_resume(log)
+    assert_init_skipped_on_resume(log, resumed_at_least_once=True)
     assert_identical(final_state(run_dir), reference)
 
 

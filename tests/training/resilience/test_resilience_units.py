@@ -184,3 +184,72 @@ def test_hang_watchdog_raises_in_the_main_thread_only_after_calibration() -> Non
         watchdog.close()
     assert 0.4 < after < 2.0, after
     assert len(detections) == 1 and detections[0][0] == 0.5
+
+
+def test_hang_watchdog_never_replaces_an_exception_already_in_flight() -> None:
+    """A peer's fault reaches a rank as NVRx's RankShouldRestart, which NVRx's wrapper consumes
+    once; a HangDetected raised over it while it unwinds (through a ``finally``) would end the rank
+    with InternalError (seen in CI: a 2-rank in-process hang run lost its healthy rank). The
+    watchdog fires again and again past its timeout; the exception in flight must survive, and a
+    hang after it is handled is still detected."""
+    import time
+
+    from training.resilience.hang import CalibratedHangWatchdog, HangDetected
+
+    class PeerFault(Exception):
+        pass
+
+    watchdog = CalibratedHangWatchdog(calibrate_after=1, floor_s=0.2)
+    try:
+        watchdog.step_started()
+        watchdog.step_finished()
+        watchdog.step_started()
+        with pytest.raises(PeerFault):
+            try:
+                raise PeerFault("in flight")
+            finally:
+                started = time.monotonic()  # past the timeout while unwinding: several signals
+                while time.monotonic() - started < 1.5:
+                    time.sleep(0.01)
+        with pytest.raises(HangDetected):  # handled; the same step still hangs
+            started = time.monotonic()
+            while time.monotonic() - started < 10:
+                time.sleep(0.01)
+    finally:
+        watchdog.close()
+
+
+@pytest.mark.parametrize(
+    ("make_error", "code", "needle"),
+    [
+        (
+            lambda exc: exc.RestartAbort(
+                "state.iteration=4 self.max_iterations=4 state.world_size=2 "
+                "self.min_world_size=2 state.active_world_size=2 self.min_active_world_size=1"
+            ),
+            "RESTARTS_EXHAUSTED",
+            "resilience.max_restarts",
+        ),
+        (
+            lambda exc: exc.RestartAbort(
+                "state.iteration=1 self.max_iterations=4 state.world_size=1 "
+                "self.min_world_size=2 state.active_world_size=1 self.min_active_world_size=1"
+            ),
+            "FAILED",
+            "1 of 2 rank(s) died",
+        ),
+        (lambda exc: exc.InternalError("State(rank=1, ...)"), "FAILED", "InternalError"),
+        (lambda exc: exc.TimeoutError(), "FAILED", "TimeoutError"),
+    ],
+)
+def test_only_the_restart_cap_is_a_non_retryable_inprocess_exit(make_error, code, needle) -> None:
+    """NVRx's own exception types (0.4.1); the RestartAbort messages are RetryController's
+    format. Only the cap may fail the Job (pod failure policy); every other end is retryable."""
+    from nvidia_resiliency_ext.inprocess import exception
+
+    from training import exits
+    from training.resilience.inprocess import give_up_cause
+
+    got, cause = give_up_cause(make_error(exception), attempts=1, max_restarts=3, world_size=2)
+    assert got == getattr(exits, code)
+    assert needle in cause
