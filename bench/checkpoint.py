@@ -9,7 +9,10 @@ widened so that model + AdamW state is >= 300 MB in total):
 - the floor: a memory copy of one rank's shard (a clone of its local tensors);
 - the first save of each engine against the warm ones (median of the later repeats);
 - background write throughput (bytes / (committed - staged)) against a raw fsynced write of the
-  same bytes to the same disk, by both ranks at once.
+  same bytes to the same disk, by both ranks at once;
+- the phases of each nvrx save (``CheckpointManager.last_save_phases``), first and warm;
+- loading the newest nvrx checkpoint three ways, taking turns: a plain DCP load (the floor),
+  the one-pass verified load the manager uses, and the old two-pass way (CRC pass, then DCP).
 
 The engines take turns within each repeat (the order rotates), so machine noise hits all of
 them alike; every save is waited for and must be committed (checked at the end).
@@ -145,6 +148,8 @@ def worker(*, dim: int, layers: int, repeats: int, root: Path, out: Path) -> Non
                     "repeat": repeat,
                     "step": step,
                     "blocking_s": blocking,
+                    "phases": dict(manager.last_save_phases),
+                    "plan_reused": manager.last_plan_reused,
                     "durable_s": total,
                     "rank_bytes": sum(
                         p.stat().st_size for p in rank_files(step_dir(manager.root, step), rank)
@@ -169,6 +174,14 @@ def worker(*, dim: int, layers: int, repeats: int, root: Path, out: Path) -> Non
         raw.append(time.perf_counter() - started)
         path.unlink()
 
+    loads = _time_loads(
+        trainer,
+        step_dir(managers["nvrx"].root, 10 * repeats),
+        rank=rank,
+        world_size=env.world_size,
+        rounds=max(3, repeats),
+    )
+
     # Every save committed, and the newest of each engine passes its checksums.
     problems = []
     for engine, manager in managers.items():
@@ -183,7 +196,14 @@ def worker(*, dim: int, layers: int, repeats: int, root: Path, out: Path) -> Non
     gathered: list[Any] = [None] * env.world_size
     dist.all_gather_object(
         gathered,
-        {"rank": rank, "rows": rows, "floor_s": floor, "raw_s": raw, "shard_bytes": shard_bytes},
+        {
+            "rank": rank,
+            "rows": rows,
+            "floor_s": floor,
+            "raw_s": raw,
+            "shard_bytes": shard_bytes,
+            "loads": loads,
+        },
     )
     if rank == 0:
         sizes = {engine: _dir_bytes(step_dir(root / engine, 10)) for engine in ENGINES}
@@ -192,6 +212,47 @@ def worker(*, dim: int, layers: int, repeats: int, root: Path, out: Path) -> Non
         )
     dist.barrier()
     dist.destroy_process_group()
+
+
+LOADS = ("plain", "verified", "two_pass")
+
+
+def _time_loads(
+    trainer: Any, path: Path, *, rank: int, world_size: int, rounds: int
+) -> dict[str, list[float]]:
+    """The same committed checkpoint loaded into the trainer three ways, taking turns:
+    ``plain`` (DCP's ``FileSystemReader``, no checks: the floor), ``verified`` (the one-pass
+    ``VerifyingReader`` the manager uses) and ``two_pass`` (the old way: every rank CRCs its
+    share of the files, the ranks agree, then a plain DCP load). One warm-up load first, so
+    every timed load reads from the page cache alike."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from training.checkpoint.integrity import VerifyingReader
+    from training.checkpoint.layout import verify
+
+    def two_pass() -> None:
+        names = sorted(json.loads((path / "commit.json").read_text())["files"])
+        gathered: list[Any] = [None] * world_size
+        dist.all_gather_object(gathered, verify(path, names=names[rank::world_size]))
+        assert not any(gathered), gathered
+        dcp.load({"trainer": trainer}, storage_reader=FileSystemReader(path))
+
+    ways = {
+        "plain": lambda: dcp.load({"trainer": trainer}, storage_reader=FileSystemReader(path)),
+        "verified": lambda: dcp.load({"trainer": trainer}, storage_reader=VerifyingReader(path)),
+        "two_pass": two_pass,
+    }
+    ways["plain"]()  # warm-up
+    times: dict[str, list[float]] = {way: [] for way in LOADS}
+    for k in range(rounds):
+        for way in LOADS[k % 3 :] + LOADS[: k % 3]:
+            dist.barrier()
+            started = time.perf_counter()
+            ways[way]()
+            times[way].append(time.perf_counter() - started)
+    return times
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,24 +300,36 @@ def analyse(raw: dict[str, Any], *, dim: int, layers: int, repeats: int) -> dict
     raw_s = median(max(r["raw_s"][k] for r in ranks) for k in range(raw_n))
     raw_mbps = total_state / raw_s / 1e6 if raw_s else None
     nv, ta, sy = engines["nvrx"], engines["torch_async"], engines["sync"]
+    loads = {
+        way: median(
+            max(r["loads"][way][k] for r in ranks) for k in range(len(ranks[0]["loads"][way]))
+        )
+        for way in LOADS
+    }
     targets = [
-        target(
-            "nvrx blocking / sync durable save",
-            ratio(nv["warm_blocking_s"], sy["warm_blocking_s"]),
-            goal=0.05,
-            higher_is_better=False,
-        ),
-        target(
-            "nvrx blocking / torch DCP async blocking",
-            ratio(nv["warm_blocking_s"], ta["warm_blocking_s"]),
-            goal=1.0,
-            higher_is_better=False,
-        ),
-        target(
-            "nvrx first save / warm save",
-            ratio(nv["first_blocking_s"], nv["warm_blocking_s"]),
+        _target(
+            "nvrx warm blocking <= 2x the clone floor of the shard",
+            value=nv["warm_blocking_s"],
+            floor=floor_s,
             goal=2.0,
-            higher_is_better=False,
+        ),
+        _target(
+            "nvrx first save <= 1.5x a warm one",
+            value=nv["first_blocking_s"],
+            floor=nv["warm_blocking_s"],
+            goal=1.5,
+        ),
+        _target(
+            "verified load <= 1.1x a plain DCP load",
+            value=loads["verified"],
+            floor=loads["plain"],
+            goal=1.1,
+        ),
+        _target(
+            "nvrx warm blocking <= 0.05x a sync durable save",
+            value=nv["warm_blocking_s"],
+            floor=sy["warm_blocking_s"],
+            goal=0.05,
         ),
     ]
     return {
@@ -275,9 +348,33 @@ def analyse(raw: dict[str, Any], *, dim: int, layers: int, repeats: int) -> dict
         "torch_async_blocking_s": ta["warm_blocking_s"],
         "sync_blocking_s": sy["warm_blocking_s"],
         "nvrx_background_vs_raw": ratio(nv["background_MBps"], raw_mbps),
+        "nvrx_phases": {
+            "first": _phases(ranks, "nvrx", repeats=[0]),
+            "warm": _phases(ranks, "nvrx", repeats=list(range(1, repeats)) or [0]),
+        },
+        "load_s": loads,
         "all_committed": not raw["problems"],
         "problems": raw["problems"],
         "targets": targets,
+    }
+
+
+def _target(name: str, *, value: float | None, floor: float | None, goal: float) -> dict:
+    """``bench.common.target`` on value / floor, both kept beside the verdict."""
+    entry = target(name, ratio(value, floor), goal=goal, higher_is_better=False)
+    return {**entry, "value_s": value, "floor_s": floor}
+
+
+def _phases(ranks: list[dict], engine: str, *, repeats: list[int]) -> dict[str, float]:
+    """Median seconds of each save phase over ``repeats``, on the slowest rank of each."""
+    rows = [row for r in ranks for row in r["rows"] if row["engine"] == engine]
+    names = sorted({name for row in rows for name in row["phases"]})
+    return {
+        name: median(
+            max(row["phases"].get(name, 0.0) for row in rows if row["repeat"] == rep)
+            for rep in repeats
+        )
+        for name in names
     }
 
 
@@ -315,7 +412,33 @@ def report(result: dict[str, Any]) -> str:
         ],
         rows,
     )
-    return "\n".join([header, body, "", targets_table(result["targets"])])
+    phases = result["nvrx_phases"]
+    phase_rows = [
+        (name, phases["first"].get(name), phases["warm"].get(name))
+        for name in phases["first"] | phases["warm"]
+    ]
+    loads = result["load_s"]
+    load_rows = [(way, loads[way], ratio(loads[way], loads["plain"])) for way in LOADS]
+    target_rows = [
+        (t["target"], t["floor_s"], t["value_s"], t["value"], t["goal"], t["verdict"])
+        for t in result["targets"]
+    ]
+    return "\n".join(
+        [
+            header,
+            body,
+            "",
+            "nvrx save phases (s, slowest rank)",
+            table(["phase", "first", "warm"], phase_rows),
+            "",
+            "load of the newest nvrx checkpoint (s, slowest rank, median)",
+            table(["reader", "seconds", "x plain"], load_rows),
+            "",
+            table(["target", "floor s", "value s", "ratio", "goal", "verdict"], target_rows),
+            "",
+            targets_table(result["targets"]),
+        ]
+    )
 
 
 def run(*, quick: bool = False, repeats: int | None = None, timeout_s: float = 900) -> dict:

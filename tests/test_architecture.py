@@ -68,6 +68,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.data",
         "training.model",
         "training.checkpoint.layout",
+        "training.checkpoint.integrity",
+        "training.checkpoint.staging",
         "training.launch.command",
     ),
     (

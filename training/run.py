@@ -100,7 +100,12 @@ def run_training(
             events, phase=MODEL_BUILT, attempt=attempt, mode=mode, weights_initialized=not resume
         )
         _LEFTOVERS.append(checkpoints)
-        checkpoints.start()
+        # Checkpoint I/O, like the load: starting the NVRx worker (a fresh process importing
+        # torch, seconds on a busy node) must not read as a hang to the restart layers'
+        # watchdogs. Outside a section it outlasted a short soft timeout after every restart
+        # that had to replace the worker, and in-process restart looped until its cap.
+        with step_hooks.section("checkpoint_start"):
+            checkpoints.start()
         result = trainer.fit(checkpoints=checkpoints)
         checkpoints.close()
         _LEFTOVERS.remove(checkpoints)

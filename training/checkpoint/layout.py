@@ -5,15 +5,17 @@ Layout under the checkpoint root (FSx in the cluster, a local directory here)::
     step_00000100/
         __0_0.distcp, __1_0.distcp, ...   one file per rank, written by that rank (DCP format)
         .metadata                         DCP's global metadata (rank 0)
-        .shards/rank_00000.json           per rank: its files' sizes and CRC32s, fsynced
+        .shards/rank_00000.json           per rank: its files' sizes, CRC32s and per-item CRC32s
         commit.json                       the commit record; written last, atomically
 
 A checkpoint is *committed* once ``commit.json`` exists: rank 0 writes it (temp file, fsync,
 rename, fsync of the directory) only after every rank's shard files and manifest are durable.
-Anything without it is torn and is never loaded. Loading verifies sizes and checksums (spread
-across ranks) and falls back to the previous committed checkpoint, with a warning, when the
-newest is damaged. Retention keeps the newest ``keep_last`` (plus every ``keep_every``-th step)
-and never deletes the newest committed checkpoint.
+Anything without it is torn and is never loaded. Checksums are taken while the files are
+written and checked while the load reads them (``training.checkpoint.integrity``); a damaged
+checkpoint is rejected by every rank before any state is modified, and the load falls back
+to the previous committed checkpoint, with a warning. Retention keeps the newest
+``keep_last`` (plus every ``keep_every``-th step) and never deletes the newest committed
+checkpoint.
 
 Engines: ``nvrx`` (NVRx async, persistent worker; default), ``torch_async`` (torch DCP
 ``async_save`` in a process), ``sync`` (blocking DCP save). All three produce the same layout.
@@ -22,7 +24,6 @@ Engines: ``nvrx`` (NVRx async, persistent worker; default), ``torch_async`` (tor
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 import zlib
@@ -58,19 +59,14 @@ def rank_files(checkpoint_dir: Path, rank: int) -> list[Path]:
     return sorted(checkpoint_dir.glob(f"__{rank}_*.distcp"))
 
 
-def write_rank_manifest(checkpoint_dir: str, rank: int) -> None:
-    """Record this rank's shard files (size + CRC32) once they are written and fsynced.
+def write_rank_manifest(checkpoint_dir: str, rank: int, files: dict[str, Any]) -> None:
+    """Record this rank's shard files once they are written and fsynced: per file its size,
+    CRC32 and per-item CRCs, all taken while the bytes were written
+    (``training.checkpoint.integrity``); nothing is read back.
 
-    Module-level so that NVRx's persistent worker can run it right after the write."""
+    Module-level so that NVRx's persistent worker can run it right after the write
+    (``partial(write_rank_manifest, dir, rank)(files)``)."""
     directory = Path(checkpoint_dir)
-    files = {}
-    for path in rank_files(directory, rank):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # cheap if the writer already synced; makes torch's engines durable too
-        finally:
-            os.close(fd)
-        files[path.name] = {"size": path.stat().st_size, "crc32": file_crc32(path)}
     (directory / SHARDS).mkdir(exist_ok=True)
     write_json_atomic(directory / SHARDS / f"rank_{rank:05d}.json", {"rank": rank, "files": files})
 
@@ -82,10 +78,14 @@ def commit(checkpoint_dir: Path, *, step: int, world_size: int, engine: str) -> 
         manifest_path = checkpoint_dir / SHARDS / f"rank_{rank:05d}.json"
         if not manifest_path.is_file():
             raise CheckpointError(f"cannot commit {checkpoint_dir}: rank {rank} has no manifest")
-        files.update(json.loads(manifest_path.read_text())["files"])
+        shards = json.loads(manifest_path.read_text())["files"]
+        # Per-file size and CRC only: the per-item CRCs stay in the rank manifests (the
+        # commit record stays small at any scale; a reader loads the manifests it needs).
+        files.update({name: {"size": s["size"], "crc32": s["crc32"]} for name, s in shards.items()})
     metadata = checkpoint_dir / ".metadata"
     if not metadata.is_file():
         raise CheckpointError(f"cannot commit {checkpoint_dir}: DCP .metadata is missing")
+    # .metadata is written by DCP's finish on this rank (KBs to a few MB): read back once here.
     files[".metadata"] = {"size": metadata.stat().st_size, "crc32": file_crc32(metadata)}
     fsync_dir(checkpoint_dir)
     record = {

@@ -4,7 +4,6 @@ The on-disk layout and the commit protocol are in ``training.checkpoint.layout``
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -17,8 +16,10 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
+from training.checkpoint.integrity import CheckpointDamaged, ChecksummingWriter, VerifyingReader
 from training.checkpoint.layout import (
     COMMIT,
     SHARDS,
@@ -28,9 +29,9 @@ from training.checkpoint.layout import (
     committed_steps,
     retention_victims,
     step_dir,
-    verify,
     write_rank_manifest,
 )
+from training.checkpoint.staging import structure_key
 from training.config import CheckpointConfig
 from training.runlog.metrics import EventLog
 
@@ -46,6 +47,32 @@ class StatefulTrainer(Protocol):
 # ---------------------------------------------------------------------------------------------
 # the manager
 # ---------------------------------------------------------------------------------------------
+
+
+class CachingSavePlanner(DefaultSavePlanner):
+    """torch's save planner with its plan caching on (torch 2.13 ``default_planner.py``:
+    ``enable_plan_caching``; each rank still compares its local plan with the cached one and
+    sends an empty plan when it is unchanged), under a key of its own: torch keys its
+    class-level cache by class name, so two managers (a restart with another world size in the
+    same process) would otherwise share, and mix, their plans. Module-level: torch_async pickles
+    it into its background process, where the cache then lives."""
+
+    def __init__(self, *, key: str) -> None:
+        super().__init__(enable_plan_caching=True)
+        self._cached_plans_key = key
+
+
+class _Phases:
+    """Seconds spent in each phase of one save (the blocking part), in order."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._last
+        self._last = now
 
 
 @dataclass
@@ -95,6 +122,11 @@ class CheckpointManager:
             self._nvrx = AsyncCheckpointQueue()
         self._local_pending = False
         self._sources: tuple[list[int], int | None] | None = None
+        # The structure the cached save plan was made for (nvrx), and torch's cache key.
+        self._plan_key: tuple | None = None
+        self._torch_plan_key = f"{type(self).__name__}/{os.getpid()}/{id(self)}/{world_size}"
+        self.last_save_phases: dict[str, float] = {}
+        self.last_plan_reused = False
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -137,8 +169,10 @@ class CheckpointManager:
         return self._latest_committed
 
     def save(self, trainer: StatefulTrainer, *, step: int, blocking: bool) -> float:
-        """Save ``trainer``'s state for ``step``. Returns the time training was blocked."""
+        """Save ``trainer``'s state for ``step``. Returns the time training was blocked; the
+        time of each phase is in ``last_save_phases`` and the ``checkpoint_staged`` event."""
         started = time.perf_counter()
+        phases = _Phases()
         path = step_dir(self.root, step)
         if self.rank == 0:
             if path.exists():
@@ -147,42 +181,78 @@ class CheckpointManager:
                 (path / COMMIT).unlink(missing_ok=True)
                 shutil.rmtree(path)
             path.mkdir(parents=True)
-        dist.barrier()  # the directory exists before any rank writes into it
         state = {"trainer": trainer.state_dict()}
+        phases.mark("state_dict")
+        # Collective: the directory exists before any rank writes into it, and every rank
+        # agrees whether the cached plan still fits (one all-reduce, in place of a barrier).
+        reuse_plan = self._agree_plan_reuse(state)
+        phases.mark("agree")
         engine = self.config.engine
         pending = _Pending(step=step, path=path, started=time.time())
         if engine == "sync":
-            dcp.save(state, storage_writer=FileSystemWriter(path, sync_files=True))
-            write_rank_manifest(str(path), self.rank)
+            dcp.save(state, storage_writer=self._writer(path), planner=self._torch_planner())
+            phases.mark("write")
             self._finalize(pending)
+            phases.mark("commit")
         elif engine == "torch_async":
             # torch's async_save stages on the caller and writes in a background process.
             from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
             # On CPU nothing copies the live tensors before the background write: clone them.
             staged = state if torch.cuda.is_available() else _snapshot(state)
+            phases.mark("snapshot")
             pending.future = dcp.async_save(
                 staged,
-                storage_writer=FileSystemWriter(path, sync_files=True),
+                storage_writer=self._writer(path),
+                planner=self._torch_planner(),
                 async_checkpointer_type=AsyncCheckpointerType.PROCESS,
             )
+            phases.mark("schedule")
             self._pending.append(pending)
         else:
             assert self._nvrx is not None
             self._wait_for_own_writes()
+            phases.mark("wait_previous")
             self._nvrx.schedule_save(
                 state_dict=state,
                 checkpoint_dir=str(path),
+                reuse_plan=reuse_plan,
                 after_write=partial(write_rank_manifest, str(path), self.rank),
                 finalize=partial(self._finalize, pending),
+                phases=phases.mark,
             )
             self._pending.append(pending)
         blocking_s = time.perf_counter() - started
-        self.events.emit("checkpoint_staged", step=step, blocking_s=blocking_s, engine=engine)
+        self.last_save_phases = dict(phases.seconds)
+        self.last_plan_reused = reuse_plan
+        self.events.emit(
+            "checkpoint_staged",
+            step=step,
+            blocking_s=blocking_s,
+            engine=engine,
+            phases=self.last_save_phases,
+            plan_reused=reuse_plan,
+        )
         self.point_hook("staged", step)
         if blocking:
             self.wait()
         return blocking_s
+
+    def _writer(self, path: Path) -> ChecksummingWriter:
+        return ChecksummingWriter(path, rank=self.rank)
+
+    def _torch_planner(self) -> CachingSavePlanner:
+        return CachingSavePlanner(key=self._torch_plan_key)
+
+    def _agree_plan_reuse(self, state: dict[str, Any]) -> bool:
+        """Whether every rank's state has the structure of its cached plan (nvrx). Collective;
+        a changed rank makes every rank plan afresh (the plan's collectives need all ranks)."""
+        key = structure_key(state) if self._nvrx is not None else None
+        fits = key is not None and key == self._plan_key and self._nvrx.has_plan()
+        self._plan_key = key
+        flag = torch.tensor([1 if fits else 0], dtype=torch.int32, device=collective_device())
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
 
     def _wait_for_own_writes(self) -> None:
         """Wait, in Python, until the worker has written this rank's earlier saves.
@@ -245,8 +315,7 @@ class CheckpointManager:
             dist.all_reduce(done, op=dist.ReduceOp.MIN)
             if not done.item():
                 return
-            head.future.result()  # re-raises a failed write
-            write_rank_manifest(str(head.path), self.rank)
+            head.future.result()  # re-raises a failed write; the manifest is written by then
             self._finalize(head)
 
     def _finalize(self, pending: _Pending) -> None:
@@ -322,7 +391,8 @@ class CheckpointManager:
             return step
         for step in reversed(candidates):
             path = step_dir(self.root, step)
-            problem = self._verify_collectively(path) if self.config.verify_on_load else None
+            started = time.perf_counter()
+            problem = self._load_verified(trainer, path)
             if problem is not None:
                 message = f"checkpoint {path} is damaged ({problem}); falling back to the previous"
                 if self.rank == 0:
@@ -330,8 +400,6 @@ class CheckpointManager:
                     print(f"WARNING: {message}", flush=True)
                 self.events.emit("checkpoint_rejected", step=step, path=str(path), problem=problem)
                 continue
-            started = time.perf_counter()
-            dcp.load({"trainer": trainer}, storage_reader=FileSystemReader(path))
             seconds = time.perf_counter() - started
             self.events.emit("checkpoint_load", step=step, path=str(path), seconds=seconds)
             self._latest_committed = step
@@ -343,18 +411,29 @@ class CheckpointManager:
             )
         return None
 
-    def _verify_collectively(self, path: Path) -> str | None:
+    def _load_verified(self, trainer: StatefulTrainer, path: Path) -> str | None:
+        """Load ``path`` into ``trainer`` in one read pass; the problem if it is damaged.
+
+        With ``verify_on_load`` the reader checks every byte it loads against the CRCs taken at
+        write time, and all ranks agree before any state is modified
+        (``integrity.VerifyingReader``). DCP raises on every rank when any rank fails (its
+        collective ``reduce_scatter`` / ``all_gather`` steps); the ranks then pool what their
+        readers found, so that all of them reject the checkpoint, or all re-raise an error that
+        is not damage."""
+        if not self.config.verify_on_load:
+            dcp.load({"trainer": trainer}, storage_reader=FileSystemReader(path))
+            return None
+        reader = VerifyingReader(path)
         try:
-            record = json.loads((path / COMMIT).read_text())
-            names = sorted(record["files"])
-            mine = names[self.rank :: self.world_size]
-            problem = verify(path, names=mine)
-        except (OSError, ValueError, KeyError) as err:
-            problem = f"unreadable commit record ({err})"
-        gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, problem)
-        problems = [p for p in gathered if p]
-        return problems[0] if problems else None
+            dcp.load({"trainer": trainer}, storage_reader=reader)
+            return None
+        except (CheckpointException, CheckpointDamaged) as err:
+            gathered: list[Any] = [None] * self.world_size
+            dist.all_gather_object(gathered, reader.problem)
+            problem = next((p for p in gathered if p), None)
+            if problem is None:
+                raise err
+            return problem
 
 
 def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:

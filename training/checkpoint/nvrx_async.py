@@ -50,6 +50,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -61,8 +62,12 @@ from nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver import (
     save_state_dict_async_finalize,
     save_state_dict_async_plan,
 )
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.utils import _DistWrapper
 
+from training.checkpoint.integrity import write_buckets
 from training.checkpoint.lifetime import die_with_parent
+from training.checkpoint.staging import HostStaging, unstage
 
 log = logging.getLogger(__name__)
 
@@ -168,16 +173,24 @@ def _bind_worker(parent_pid: int, device: int | None = None) -> None:
         torch.cuda.set_device(device)
 
 
-def _write_then(write_fn: Callable, after_write: Callable, *args: Any) -> None:
-    """Runs in the persistent worker: NVRx's write (files fsynced), then our per-rank manifest.
-    The staged host copies are released right after (the worker's loop would keep them until
-    its next request)."""
+def _write_then(
+    write_fn: Callable, after_write: Callable, *args: Any, staging: torch.Tensor | None = None
+) -> None:
+    """Runs in the persistent worker: the write (files fsynced, CRCs taken on the way:
+    :func:`training.checkpoint.integrity.write_buckets`), then our per-rank manifest from what
+    it returns (``after_write(files)``). ``staging`` is the host staging buffer the buckets'
+    slots point into (None when :func:`stage` already made host copies). The staged host
+    copies are released right after (the worker's loop would keep them until its next
+    request)."""
+    buckets = args[1]
     try:
-        write_fn(*args)
+        if staging is not None:
+            buckets[:] = unstage(buckets, staging)
+        files = write_fn(*args)
     finally:
-        if len(args) > 1 and isinstance(args[1], list):
-            args[1].clear()
-    after_write()
+        buckets.clear()
+        del staging
+    after_write(files)
 
 
 # The stop signal our worker handles by exiting cleanly (SIGTERM is ignored on purpose).
@@ -260,11 +273,23 @@ def stop_shared_worker() -> None:
 atexit.register(stop_shared_worker)
 
 
+@dataclass(frozen=True, kw_only=True)
+class _CachedPlan:
+    """The finished central plan of this rank and (coordinator) the global metadata."""
+
+    plan: Any
+    metadata: Any
+
+
 class AsyncCheckpointQueue:
     """NVRx async checkpointing with a persistent background worker per rank."""
 
     def __init__(self) -> None:
         self._queue = AsyncCallsQueue(persistent=True)
+        # Per queue, so per CheckpointManager, so per attempt: a restart (new world size, new
+        # shards) never reuses a plan or a staging layout made for another state.
+        self._plan: _CachedPlan | None = None
+        self._staging = HostStaging()
         if _SHARED_CALLER is not None and _SHARED_CALLER.process is not None:
             self._queue.persistent_caller = _SHARED_CALLER
 
@@ -290,32 +315,61 @@ class AsyncCheckpointQueue:
         *,
         state_dict: dict[str, Any],
         checkpoint_dir: str,
-        after_write: Callable[[], None],
+        after_write: Callable[[Any], None],
         finalize: Callable[[], None],
+        reuse_plan: bool = False,
+        phases: Callable[[str], None] = lambda name: None,
     ) -> None:
-        """Plan the DCP save, stage the tensors and hand the write to the worker.
+        """Plan the DCP save (or reuse the last plan), stage the tensors, hand the write to the
+        worker.
 
-        ``after_write`` runs in the worker after this rank's files are written and fsynced (it
-        must be picklable); ``finalize`` runs on every rank once all ranks' writes are done.
+        ``reuse_plan``: every rank agreed that the state's structure is the one the cached plan
+        was made for (collective decision, :meth:`CheckpointManager.save`). ``after_write(files)``
+        runs in the worker after this rank's files are written and fsynced (it must be
+        picklable); ``finalize`` runs on every rank once all ranks' writes are done.
+        ``phases(name)`` marks the end of each phase (plan, stage, schedule) for the caller.
         """
         writer = FileSystemWriterAsync(checkpoint_dir, thread_count=1)
-        with cpu_collectives():
-            writer, metadata, dist_wrapper = save_state_dict_async_plan(state_dict, writer)
-        save_fn, preload_fn, save_args = writer.get_save_function_and_args()
-        if preload_fn is not None:
-            # Ours, not NVRx's: it synchronizes the right device (see :func:`stage`).
+        if reuse_plan and self._plan is not None:
+            writer, metadata, dist_wrapper = self._prepare_with_cached_plan(state_dict, writer)
+        else:
+            self._plan = None
+            self._staging.reset()
+            planner = DefaultSavePlanner()
+            with cpu_collectives():
+                writer, metadata, dist_wrapper = save_state_dict_async_plan(
+                    state_dict, writer, planner=planner
+                )
+            self._plan = _CachedPlan(plan=planner.plan, metadata=metadata)
+        phases("plan")
+        buckets = writer.write_buckets or []
+        staging = None
+        preload_fn = None
+        if any(t.device.type != "cpu" for _, _, (_, data) in buckets for _, t in data):
+            # GPU: the worker copies to host (:func:`stage`) while the trainer waits.
             preload_fn = partial(stage, writer.write_buckets)
-        if cuda_usable():
             # The worker's copies run on its own stream in its own context: the kernels that
             # produced these tensors (the optimizer step) must be complete first. CUDA IPC's
             # event covers the stream current at pickling only, so wait for the whole device.
             torch.cuda.synchronize()
+            args = [torch.distributed.get_rank(), writer.write_buckets, writer.results_queue]
+        else:
+            # CPU: the trainer copies into the persistent staging buffer (the snapshot itself);
+            # the worker then needs no preload and the trainer does not wait for it.
+            staged = self._staging.stage(buckets)
+            args = [torch.distributed.get_rank(), staged, writer.results_queue]
+            staging = self._staging.buffer
+        phases("stage")
         # With nothing to write on this rank (tiny models on many ranks) the worker still runs
         # ``after_write`` so that the rank takes part in ordering and finalize collectives.
-        async_fn = partial(_write_then, save_fn, after_write) if save_fn else after_write
+        async_fn = (
+            partial(_write_then, write_buckets, after_write, staging=staging)
+            if buckets
+            else partial(after_write, {})
+        )
         request = AsyncRequest(
             async_fn=async_fn,
-            async_fn_args=tuple(save_args) if save_fn else (),
+            async_fn_args=tuple(args) if buckets else (),
             finalize_fns=[
                 partial(save_state_dict_async_finalize, writer, metadata, dist_wrapper),
                 finalize,
@@ -323,6 +377,29 @@ class AsyncCheckpointQueue:
             preload_fn=preload_fn,
         )
         self._queue.schedule_async_request(request)
+        phases("schedule")  # GPU: includes the worker's host copies (preload)
+
+    def _prepare_with_cached_plan(
+        self, state_dict: dict[str, Any], writer: FileSystemWriterAsync
+    ) -> tuple[FileSystemWriterAsync, Any, _DistWrapper]:
+        """NVRx's ``save_state_dict_async_plan`` with a validated cache (its "Passed cache
+        reusable" branch, NVRx 0.4.1 ``state_dict_saver.py``), minus its validation: set up
+        the planner and writer, reuse the central plan, resolve the write data. No collective:
+        the plan's validity was agreed before (``reuse_plan``). Only the coordinator holds the
+        global metadata (NVRx's cache does the same)."""
+        assert self._plan is not None
+        dist_wrapper = _DistWrapper(None, True, 0)
+        planner = DefaultSavePlanner()
+        planner.set_up_planner(state_dict, is_coordinator=dist_wrapper.is_coordinator)
+        writer.set_up_storage_writer(dist_wrapper.is_coordinator)
+        plan = planner.finish_plan(writer.prepare_local_plan(self._plan.plan))
+        writer.prepare_write_data(plan, planner)
+        metadata = self._plan.metadata if dist_wrapper.is_coordinator else None
+        return writer, metadata, dist_wrapper
+
+    def has_plan(self) -> bool:
+        """A plan from an earlier save of this queue is cached."""
+        return self._plan is not None
 
     def worker_alive(self) -> bool:
         """The persistent worker is running (a dead one never finishes a write)."""

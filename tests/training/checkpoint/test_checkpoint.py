@@ -21,6 +21,7 @@ from training.checkpoint.layout import (
     CheckpointError,
     commit,
     committed_steps,
+    file_crc32,
     retention_victims,
     step_dir,
     verify,
@@ -50,13 +51,18 @@ def test_collective_device_follows_the_group_backend(monkeypatch: pytest.MonkeyP
         dist.destroy_process_group()
 
 
+def _sums(*files: Path) -> dict:
+    return {f.name: {"size": f.stat().st_size, "crc32": file_crc32(f)} for f in files}
+
+
 def fake_checkpoint(root: Path, step: int, *, world_size: int = 2) -> Path:
     """A checkpoint directory with real files, manifests and commit record (no torch needed)."""
     path = step_dir(root, step)
     path.mkdir(parents=True)
     for rank in range(world_size):
-        (path / f"__{rank}_0.distcp").write_bytes(os.urandom(4096 + rank))
-        write_rank_manifest(str(path), rank)
+        shard = path / f"__{rank}_0.distcp"
+        shard.write_bytes(os.urandom(4096 + rank))
+        write_rank_manifest(str(path), rank, files=_sums(shard))
     (path / ".metadata").write_bytes(b"metadata" * 10)
     commit(path, step=step, world_size=world_size, engine="sync")
     return path
@@ -76,7 +82,7 @@ def test_commit_refuses_when_a_rank_manifest_is_missing(tmp_path: Path) -> None:
     path = step_dir(tmp_path, 5)
     path.mkdir(parents=True)
     (path / "__0_0.distcp").write_bytes(b"x")
-    write_rank_manifest(str(path), 0)
+    write_rank_manifest(str(path), 0, files=_sums(path / "__0_0.distcp"))
     (path / ".metadata").write_bytes(b"m")
     with pytest.raises(CheckpointError, match="rank 1 has no manifest"):
         commit(path, step=5, world_size=2, engine="sync")
@@ -137,13 +143,19 @@ def test_retention(steps, keep_last, keep_every, victims) -> None:
 
 
 @pytest.mark.distributed
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("engine", ["nvrx", "torch_async", "sync"])
 def test_async_save_is_an_exact_snapshot(tmp_path: Path, corpus: Path, engine: str) -> None:
-    """Every parameter and optimizer tensor is changed right after ``save`` returns; the loaded
-    checkpoint must equal the state at save time (on CPU nothing stages NVRx's live tensors
-    unless we do: without the clone in training/checkpoint/nvrx_async.py this fails for
-    ``nvrx``)."""
+    """Real 2-rank saves and loads (tests/training/probes/snapshot_probe.py), per engine:
+
+    - every parameter and optimizer tensor is changed right after ``save`` returns; the loaded
+      checkpoint equals the state at save time (on CPU nothing stages NVRx's live tensors
+      unless we do: training/checkpoint/staging.py);
+    - a warm save (cached plan, nvrx) writes shard files byte-identical to a fresh manager's;
+    - the CRCs recorded while writing equal CRCs of the final files, item by item;
+    - a shard damaged after commit fails the one-pass verified load on every rank without
+      changing any rank's state, and ``load_latest`` falls back to the previous checkpoint,
+      which equals what was saved."""
     result_dir = tmp_path / engine
     command = [
         str(VENV_BIN / "torchrun"),
@@ -157,14 +169,27 @@ def test_async_save_is_an_exact_snapshot(tmp_path: Path, corpus: Path, engine: s
         *TINY_MODEL,
     ]
     proc = subprocess.run(
-        command, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=150
+        command, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=220
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for rank in range(2):
-        report = json.loads((result_dir / f"probe_rank{rank}.json").read_text())
+    reports = [json.loads((result_dir / f"probe_rank{r}.json").read_text()) for r in range(2)]
+    for rank, report in enumerate(reports):
         assert report["step"] == 1
         assert report["tensors"] > 20
         assert report["mismatched"] == [], f"rank {rank}: state leaked into the checkpoint"
+        assert report["damaged_load_raised"], f"rank {rank}: the damaged shard was loaded"
+        assert "__1_0.distcp fails its checksum" in report["damaged_load_problem"]
+        assert report["touched_by_rejected_load"] == [], f"rank {rank}: half-loaded state"
+        assert report["fallback_step"] == 2
+        assert report["fallback_mismatched"] == [], f"rank {rank}: fallback differs"
+        assert report["step2_plan_reused"] == (engine == "nvrx")
+        assert report["step3_plan_reused"] is False
+    assert reports[0]["shard_files"] == ["__0_0.distcp", "__1_0.distcp"]
+    assert reports[0]["cached_differs"] == [], "a cached-plan save wrote different bytes"
+    assert reports[0]["crc_problems"] == []
+    events = [json.loads(line) for line in (result_dir / "events.jsonl").read_text().splitlines()]
+    rejected = [e for e in events if e["kind"] == "checkpoint_rejected"]
+    assert {e["step"] for e in rejected} == {3}
 
 
 def _alive(pid: int) -> bool:

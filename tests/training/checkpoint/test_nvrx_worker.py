@@ -119,7 +119,7 @@ class _CountTensors:
         self.out.append(sum(len(data) for _, _, (_, data) in buckets))
 
 
-def _noop() -> None:
+def _noop(*args: object) -> None:
     pass
 
 
