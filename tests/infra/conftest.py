@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from aws_cdk.assertions import Template
 from infra_synth import VARIANT_CONTEXT, synth
 
 
@@ -21,3 +22,15 @@ def default_template(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]
 def variant_template(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The template of VARIANT_CONTEXT."""
     return synth(VARIANT_CONTEXT, outdir=tmp_path_factory.mktemp("cdk-variant"))[0]
+
+
+# The same two templates for aws_cdk.assertions: built from the dicts above, so no extra synth
+# (the snapshots, cfn-lint and infra.nag's own checks read the plain dicts).
+@pytest.fixture(scope="session")
+def default_assertions(default_template: dict[str, Any]) -> Template:
+    return Template.from_json(default_template)
+
+
+@pytest.fixture(scope="session")
+def variant_assertions(variant_template: dict[str, Any]) -> Template:
+    return Template.from_json(variant_template)

@@ -81,8 +81,3 @@ _HASH = re.compile(r"[0-9a-f]{64}")
 def mask_asset_hashes(template: dict[str, Any]) -> dict[str, Any]:
     """Replace asset hashes (they change with any file in the image's build context)."""
     return json.loads(_HASH.sub("<asset-hash>", json.dumps(template)))
-
-
-def resources(template: dict[str, Any], type_: str) -> dict[str, dict[str, Any]]:
-    """Logical id -> resource, for one CloudFormation type."""
-    return {k: v for k, v in template["Resources"].items() if v["Type"] == type_}

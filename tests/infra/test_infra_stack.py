@@ -3,6 +3,12 @@ node groups, FSx, Pod Identity, Helm charts, cluster security, Kubernetes object
 
     .venv/bin/pytest tests/infra/test_infra_stack.py      # ~40 s (two syntheses, 2 cores)
 
+The checks use aws_cdk.assertions.Template. Its patterns match objects partly (extra keys are
+allowed) and arrays exactly (length and order); `Match.exact` / `Match.object_equals` mark the
+places where the whole value is pinned. Where a pattern cannot say it (text inside an Fn::Join,
+the user-data script, sets of values), a Capture or find_resources hands the value to a short
+Python check.
+
 Everything runs offline; whether AWS accepts the template (capacity, quotas, the charts being
 reachable) can only be seen by `make deploy` in an account.
 """
@@ -15,7 +21,8 @@ import subprocess
 from typing import Any
 
 import pytest
-from infra_synth import VARIANT_CONTEXT, resources
+from aws_cdk.assertions import Capture, Match, Template
+from infra_synth import VARIANT_CONTEXT
 
 from infra.addons import CHARTS, DCGM_EXPORTER, EFA_DEVICE_PLUGIN, NVIDIA_DEVICE_PLUGIN
 from infra.gpu_nodegroup import hugepages_2mi_count
@@ -23,193 +30,299 @@ from infra.nag import CHECKOV_KUBECTL_PROVIDER, eks_cluster_findings
 from infra.storage import AUTO_EXPORT_EVENTS, CHECKPOINTS_PATH
 from manifests import render
 
-Template = dict[str, Any]
+LAUNCH_TEMPLATE = "AWS::EC2::LaunchTemplate"
+NODEGROUP = "AWS::EKS::Nodegroup"
+GPU_AMI = {"AmiType": "AL2023_x86_64_NVIDIA"}
+HELM_CHART = "Custom::AWSCDK-EKS-HelmChart"
+K8S_RESOURCE = "Custom::AWSCDK-EKS-KubernetesResource"
 
 
-def one(template: Template, type_: str, **match: Any) -> dict[str, Any]:
-    """The single resource of a type whose properties include `match`."""
-    found = [
-        r["Properties"]
-        for r in resources(template, type_).values()
-        if all(r["Properties"].get(k) == v for k, v in match.items())
-    ]
-    assert len(found) == 1, f"{len(found)} {type_} resources match {match}"
-    return found[0]
+def only_one_has(
+    template: Template,
+    type_: str,
+    props: dict[str, Any],
+    *,
+    selector: dict[str, Any] | None = None,
+) -> None:
+    """Exactly one `type_` resource matches `selector` (all of that type when none), and that
+    one has `props` too: a second resource that matches would hide a wrong first one."""
+    if selector:
+        template.resource_properties_count_is(type_, selector, 1)
+    else:
+        template.resource_count_is(type_, 1)
+    template.has_resource_properties(type_, {**(selector or {}), **props})
 
 
-def logical_id(template: Template, type_: str, **match: Any) -> str:
-    ids = [
-        k
-        for k, r in resources(template, type_).items()
-        if all(r["Properties"].get(k2) == v for k2, v in match.items())
-    ]
-    assert len(ids) == 1
-    return ids[0]
+def launch_template_has(template: Template, data: dict[str, Any]) -> None:
+    """The stack's one launch template has `data` in its LaunchTemplateData."""
+    only_one_has(template, LAUNCH_TEMPLATE, {"LaunchTemplateData": data})
 
 
-def launch_template(template: Template) -> dict[str, Any]:
-    return one(template, "AWS::EC2::LaunchTemplate")["LaunchTemplateData"]
+def gpu_nodegroup_has(template: Template, props: dict[str, Any]) -> None:
+    only_one_has(template, NODEGROUP, props, selector=GPU_AMI)
 
 
-def gpu_nodegroup(template: Template) -> dict[str, Any]:
-    return one(template, "AWS::EKS::Nodegroup", AmiType="AL2023_x86_64_NVIDIA")
+def resource_has(template: Template, logical_id: str, type_: str, props: dict[str, Any]) -> None:
+    """The resource `logical_id` is a `type_` whose properties match `props` (template_matches
+    fills no Capture: capture through has_resource_properties instead)."""
+    template.template_matches({"Resources": {logical_id: {"Type": type_, "Properties": props}}})
 
 
-def efa_group(template: Template) -> dict[str, Any]:
-    return {"Fn::GetAtt": [logical_id_of_efa_sg(template), "GroupId"]}
+def cluster_security_group(template: Template) -> dict[str, Any]:
+    """The EKS-created security group that every node (and the primary interface) is in."""
+    return {"Fn::GetAtt": [template.get_resource_id("AWS::EKS::Cluster"), "ClusterSecurityGroupId"]}
 
 
-def logical_id_of_efa_sg(template: Template) -> str:
-    (sg,) = [
-        k
-        for k, r in resources(template, "AWS::EC2::SecurityGroup").items()
-        if "EFA" in r["Properties"]["GroupDescription"]
-    ]
-    return sg
+def efa_security_group_id(template: Template) -> str:
+    return template.get_resource_id(
+        "AWS::EC2::SecurityGroup",
+        {"Properties": {"GroupDescription": Match.string_like_regexp("EFA")}},
+    )
+
+
+def gpu_subnets(template: Template) -> list[Any]:
+    subnets = Capture()
+    gpu_nodegroup_has(template, {"Subnets": subnets})
+    return subnets.as_array()
 
 
 # --- GPU nodes -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("fixture", "secondary"), [("default_template", "efa-only"), ("variant_template", "efa")]
+    ("fixture", "secondary"), [("default_assertions", "efa-only"), ("variant_assertions", "efa")]
 )
 def test_all_32_network_cards_carry_efa(
     fixture: str, secondary: str, request: pytest.FixtureRequest
 ) -> None:
-    template = request.getfixturevalue(fixture)
-    data = launch_template(template)
-    interfaces = data["NetworkInterfaces"]
-    assert data["InstanceType"] == "p5.48xlarge"
-    assert len(interfaces) == 32
-    assert sorted(i["NetworkCardIndex"] for i in interfaces) == list(range(32))
-    primary = next(i for i in interfaces if i["NetworkCardIndex"] == 0)
-    assert (primary["DeviceIndex"], primary["InterfaceType"]) == (0, "efa")
-    cluster_sg = {
-        "Fn::GetAtt": [logical_id(template, "AWS::EKS::Cluster"), "ClusterSecurityGroupId"]
+    template: Template = request.getfixturevalue(fixture)
+    efa_sg = {"Fn::GetAtt": [efa_security_group_id(template), "GroupId"]}
+    primary = {
+        "NetworkCardIndex": 0,
+        "DeviceIndex": 0,
+        "InterfaceType": "efa",
+        "Groups": Match.exact([cluster_security_group(template), efa_sg]),
     }
-    assert primary["Groups"] == [cluster_sg, efa_group(template)]
-    for secondary_interface in interfaces[1:]:
-        assert secondary_interface["DeviceIndex"] == 1
-        assert secondary_interface["InterfaceType"] == secondary
-        assert secondary_interface["Groups"] == [efa_group(template)]
-    # A managed node group's launch template must leave these to EKS.
-    for forbidden in ("SecurityGroupIds", "SubnetId", "IamInstanceProfile", "ImageId"):
-        assert forbidden not in data
-
-
-def test_placement_group_is_cluster_and_used(default_template: Template) -> None:
-    placement_id = logical_id(default_template, "AWS::EC2::PlacementGroup", Strategy="cluster")
-    data = launch_template(default_template)
-    assert data["Placement"] == {"GroupName": {"Ref": placement_id}}
-
-
-def test_imdsv2_root_volume_and_raid0(default_template: Template) -> None:
-    data = launch_template(default_template)
-    assert data["MetadataOptions"]["HttpTokens"] == "required"
-    (root,) = data["BlockDeviceMappings"]
-    assert root["DeviceName"] == "/dev/xvda"
-    assert root["Ebs"] == {
-        "DeleteOnTermination": True,
-        "Encrypted": True,
-        "Iops": 3000,
-        "Throughput": 250,
-        "VolumeSize": 500,
-        "VolumeType": "gp3",
-    }
-    user_data = data["UserData"]["Fn::Base64"]
-    assert "Content-Type: application/node.eks.aws" in user_data
-    assert "strategy: RAID0" in user_data
-    assert "CapacityReservationSpecification" not in data  # on-demand by default
-
-
-def test_gpu_nodegroup(default_template: Template) -> None:
-    group = gpu_nodegroup(default_template)
-    assert "InstanceTypes" not in group  # in the launch template: eks_v2 rejects p5 here
-    assert group["CapacityType"] == "ON_DEMAND"
-    assert group["Taints"] == [
-        {"Effect": "NO_SCHEDULE", "Key": "nvidia.com/gpu", "Value": "true"},
-        # Removed by the FSx CSI node driver once its Lustre client is ready.
-        {"Effect": "NO_EXECUTE", "Key": "fsx.csi.aws.com/agent-not-ready"},
-    ]
-    assert group["Labels"]["vpc.amazonaws.com/efa.present"] == "true"
-    assert group["NodeRepairConfig"] == {"Enabled": True}
-    # No p5 starts unless asked: -c gpuNodesDesired=N is the one command that asks.
-    assert group["ScalingConfig"] == {"DesiredSize": 0, "MaxSize": 16, "MinSize": 0}
-    # One subnet, the private subnet in the GPU AZ (a cluster placement group is single-AZ).
-    (subnet,) = group["Subnets"]
-    subnet_props = default_template["Resources"][subnet["Ref"]]["Properties"]
-    assert subnet_props["AvailabilityZone"] == "us-east-2a"
-    assert subnet_props["MapPublicIpOnLaunch"] is False
-
-
-def test_capacity_block_targeting(variant_template: Template) -> None:
-    data = launch_template(variant_template)
-    assert data["CapacityReservationSpecification"] == {
-        "CapacityReservationTarget": {
-            "CapacityReservationId": VARIANT_CONTEXT["capacityReservationId"]
+    # Cards 1..31 in card order (the stack writes them so), EFA only on the EFA group.
+    secondaries = [
+        {
+            "NetworkCardIndex": card,
+            "DeviceIndex": 1,
+            "InterfaceType": secondary,
+            "Groups": Match.exact([efa_sg]),
         }
-    }
-    assert data["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
-    assert gpu_nodegroup(variant_template)["CapacityType"] == "CAPACITY_BLOCK"
+        for card in range(1, 32)
+    ]
+    launch_template_has(
+        template,
+        {
+            "InstanceType": "p5.48xlarge",
+            "NetworkInterfaces": [primary, *secondaries],  # a list pattern: exactly 32
+            # A managed node group's launch template must leave these to EKS.
+            "SecurityGroupIds": Match.absent(),
+            "SubnetId": Match.absent(),
+            "IamInstanceProfile": Match.absent(),
+            "ImageId": Match.absent(),
+        },
+    )
+
+
+def test_placement_group_is_cluster_and_used(default_assertions: Template) -> None:
+    placement_id = default_assertions.get_resource_id(
+        "AWS::EC2::PlacementGroup", {"Properties": {"Strategy": "cluster"}}
+    )
+    launch_template_has(
+        default_assertions, {"Placement": Match.exact({"GroupName": {"Ref": placement_id}})}
+    )
+
+
+def test_imdsv2_root_volume_and_raid0(default_assertions: Template) -> None:
+    launch_template_has(
+        default_assertions,
+        {
+            "MetadataOptions": {"HttpTokens": "required"},
+            "BlockDeviceMappings": [
+                {
+                    "DeviceName": "/dev/xvda",
+                    "Ebs": Match.object_equals(
+                        {
+                            "DeleteOnTermination": True,
+                            "Encrypted": True,
+                            "Iops": 3000,
+                            "Throughput": 250,
+                            "VolumeSize": 500,
+                            "VolumeType": "gp3",
+                        }
+                    ),
+                }
+            ],
+            # The nodeadm part asks for RAID0 over the instance stores.
+            "UserData": {
+                "Fn::Base64": Match.string_like_regexp(
+                    r"Content-Type: application/node\.eks\.aws[\s\S]*strategy: RAID0"
+                )
+            },
+            "CapacityReservationSpecification": Match.absent(),  # on-demand by default
+        },
+    )
+
+
+def test_gpu_nodegroup(default_assertions: Template) -> None:
+    subnet_id = Capture()
+    gpu_nodegroup_has(
+        default_assertions,
+        {
+            "InstanceTypes": Match.absent(),  # in the launch template: eks_v2 rejects p5 here
+            "CapacityType": "ON_DEMAND",
+            "Taints": Match.exact(
+                [
+                    {"Effect": "NO_SCHEDULE", "Key": "nvidia.com/gpu", "Value": "true"},
+                    # Removed by the FSx CSI node driver once its Lustre client is ready.
+                    {"Effect": "NO_EXECUTE", "Key": "fsx.csi.aws.com/agent-not-ready"},
+                ]
+            ),
+            "Labels": {"vpc.amazonaws.com/efa.present": "true"},
+            "NodeRepairConfig": Match.exact({"Enabled": True}),
+            # No p5 starts unless asked: -c gpuNodesDesired=N is the one command that asks.
+            "ScalingConfig": Match.exact({"DesiredSize": 0, "MaxSize": 16, "MinSize": 0}),
+            # One subnet, the private subnet in the GPU AZ (a cluster placement group is
+            # single-AZ).
+            "Subnets": [{"Ref": subnet_id}],
+        },
+    )
+    resource_has(
+        default_assertions,
+        subnet_id.as_string(),
+        "AWS::EC2::Subnet",
+        {"AvailabilityZone": "us-east-2a", "MapPublicIpOnLaunch": False},
+    )
+
+
+def test_capacity_block_targeting(variant_assertions: Template) -> None:
+    launch_template_has(
+        variant_assertions,
+        {
+            "CapacityReservationSpecification": Match.exact(
+                {
+                    "CapacityReservationTarget": {
+                        "CapacityReservationId": VARIANT_CONTEXT["capacityReservationId"]
+                    }
+                }
+            ),
+            "InstanceMarketOptions": Match.exact({"MarketType": "capacity-block"}),
+        },
+    )
+    gpu_nodegroup_has(variant_assertions, {"CapacityType": "CAPACITY_BLOCK"})
 
 
 def test_efa_security_group_allows_all_traffic_to_and_from_itself(
-    default_template: Template,
+    default_assertions: Template,
 ) -> None:
-    sg_id = logical_id_of_efa_sg(default_template)
-    sg = default_template["Resources"][sg_id]["Properties"]
-    self_ref = {"Fn::GetAtt": [sg_id, "GroupId"]}
+    sg_id = efa_security_group_id(default_assertions)
+    self_ref = Match.exact({"Fn::GetAtt": [sg_id, "GroupId"]})
     # allow_all_outbound=False: no rule to the internet on the EFA interfaces.
-    assert all(rule.get("CidrIp") != "0.0.0.0/0" for rule in sg.get("SecurityGroupEgress", []))
-    ingress = one(default_template, "AWS::EC2::SecurityGroupIngress", GroupId=self_ref)
-    assert (ingress["IpProtocol"], ingress["SourceSecurityGroupId"]) == ("-1", self_ref)
-    egress = one(default_template, "AWS::EC2::SecurityGroupEgress", GroupId=self_ref)
-    assert (egress["IpProtocol"], egress["DestinationSecurityGroupId"]) == ("-1", self_ref)
+    open_egress = default_assertions.find_resources(
+        "AWS::EC2::SecurityGroup",
+        {
+            "Properties": {
+                "SecurityGroupEgress": Match.array_with(
+                    [Match.object_like({"CidrIp": "0.0.0.0/0"})]
+                )
+            }
+        },
+    )
+    assert sg_id not in open_egress
+    only_one_has(
+        default_assertions,
+        "AWS::EC2::SecurityGroupIngress",
+        {"IpProtocol": "-1", "SourceSecurityGroupId": self_ref},
+        selector={"GroupId": self_ref},
+    )
+    only_one_has(
+        default_assertions,
+        "AWS::EC2::SecurityGroupEgress",
+        {"IpProtocol": "-1", "DestinationSecurityGroupId": self_ref},
+        selector={"GroupId": self_ref},
+    )
 
 
-def test_system_nodegroup_is_small_and_on_demand(default_template: Template) -> None:
-    group = one(default_template, "AWS::EKS::Nodegroup", AmiType="AL2023_x86_64_STANDARD")
-    assert group["CapacityType"] == "ON_DEMAND"
-    assert group["InstanceTypes"] == ["m7i.xlarge"]
-    assert group["ScalingConfig"]["DesiredSize"] == 2
+def test_system_nodegroup_is_small_and_on_demand(default_assertions: Template) -> None:
+    only_one_has(
+        default_assertions,
+        NODEGROUP,
+        {
+            "CapacityType": "ON_DEMAND",
+            "InstanceTypes": ["m7i.xlarge"],
+            "ScalingConfig": {"DesiredSize": 2},
+        },
+        selector={"AmiType": "AL2023_x86_64_STANDARD"},
+    )
 
 
 # --- network ---------------------------------------------------------------------------------
 
 
-def test_vpc_layout(default_template: Template) -> None:
-    subnets = resources(default_template, "AWS::EC2::Subnet").values()
-    public = [s for s in subnets if s["Properties"]["MapPublicIpOnLaunch"]]
-    private = [s for s in subnets if not s["Properties"]["MapPublicIpOnLaunch"]]
-    assert len({s["Properties"]["AvailabilityZone"] for s in public}) >= 2
-    assert len({s["Properties"]["AvailabilityZone"] for s in private}) >= 2
-    assert len(resources(default_template, "AWS::EC2::NatGateway")) >= 1
-    (endpoint,) = resources(default_template, "AWS::EC2::VPCEndpoint").values()
-    assert endpoint["Properties"]["VpcEndpointType"] == "Gateway"
-    assert ".s3" in json.dumps(endpoint["Properties"]["ServiceName"])
-    assert len(resources(default_template, "AWS::EC2::FlowLog")) == 1
+def test_vpc_layout(default_assertions: Template) -> None:
+    # Distinct AZs per tier: a count over the matches, which a pattern cannot state.
+    for public in (True, False):
+        subnets = default_assertions.find_resources(
+            "AWS::EC2::Subnet", {"Properties": {"MapPublicIpOnLaunch": public}}
+        )
+        assert len({s["Properties"]["AvailabilityZone"] for s in subnets.values()}) >= 2, public
+    assert len(default_assertions.find_resources("AWS::EC2::NatGateway")) >= 1
+    # The S3 service name is an Fn::Join over the region: look for ".s3" in its JSON.
+    service_name = Capture()
+    only_one_has(
+        default_assertions,
+        "AWS::EC2::VPCEndpoint",
+        {"VpcEndpointType": "Gateway", "ServiceName": service_name},
+    )
+    assert ".s3" in json.dumps(service_name.as_object())
+    default_assertions.resource_count_is("AWS::EC2::FlowLog", 1)
 
 
 # --- cluster ---------------------------------------------------------------------------------
 
 
-def test_cluster_security(default_template: Template, variant_template: Template) -> None:
-    cluster = one(default_template, "AWS::EKS::Cluster")
-    assert cluster["Version"] == "1.36"
-    vpc_config = cluster["ResourcesVpcConfig"]
-    assert vpc_config["EndpointPublicAccess"] is False  # no CIDRs configured: private only
-    assert vpc_config["EndpointPrivateAccess"] is True
-    variant = one(variant_template, "AWS::EKS::Cluster")["ResourcesVpcConfig"]
-    assert variant["EndpointPublicAccess"] is True
-    assert variant["PublicAccessCidrs"] == ["203.0.113.7/32", "198.51.100.0/24"]
+def test_cluster_security(
+    default_assertions: Template,
+    variant_assertions: Template,
+    default_template: dict[str, Any],
+    variant_template: dict[str, Any],
+) -> None:
+    only_one_has(
+        default_assertions,
+        "AWS::EKS::Cluster",
+        {
+            "Version": "1.36",
+            "ResourcesVpcConfig": {
+                "EndpointPublicAccess": False,  # no CIDRs configured: private only
+                "EndpointPrivateAccess": True,
+            },
+        },
+    )
+    only_one_has(
+        variant_assertions,
+        "AWS::EKS::Cluster",
+        {
+            "ResourcesVpcConfig": {
+                "EndpointPublicAccess": True,
+                "PublicAccessCidrs": ["203.0.113.7/32", "198.51.100.0/24"],
+            }
+        },
+    )
+    # infra.nag's own checks read plain dicts (they run on cdk.out too).
     assert eks_cluster_findings(default_template) == []
     assert eks_cluster_findings(variant_template) == []
 
 
-def test_own_eks_checks_catch_an_open_cluster(default_template: Template) -> None:
+def test_own_eks_checks_catch_an_open_cluster(
+    default_assertions: Template, default_template: dict[str, Any]
+) -> None:
+    # A broken copy of the plain dict: Template offers no way to edit a template.
     template = json.loads(json.dumps(default_template))
-    cluster = one(template, "AWS::EKS::Cluster")
+    cluster_id = default_assertions.get_resource_id("AWS::EKS::Cluster")
+    cluster = template["Resources"][cluster_id]["Properties"]
     cluster["ResourcesVpcConfig"].update(EndpointPublicAccess=True, PublicAccessCidrs=[])
     cluster["Logging"]["ClusterLogging"]["EnabledTypes"] = [{"Type": "api"}]
     del cluster["EncryptionConfig"]
@@ -219,109 +332,143 @@ def test_own_eks_checks_catch_an_open_cluster(default_template: Template) -> Non
     assert "not encrypted" in findings
 
 
-def test_admin_access_entry(default_template: Template, variant_template: Template) -> None:
-    def admin_entries(template: Template) -> list[dict[str, Any]]:
-        return [
-            r["Properties"]
-            for r in resources(template, "AWS::EKS::AccessEntry").values()
-            if r["Properties"]["PrincipalArn"] == VARIANT_CONTEXT["adminPrincipalArn"]
-        ]
+def test_admin_access_entry(default_assertions: Template, variant_assertions: Template) -> None:
+    admin = {"PrincipalArn": VARIANT_CONTEXT["adminPrincipalArn"]}
+    default_assertions.resource_properties_count_is("AWS::EKS::AccessEntry", admin, 0)
+    # The policy ARN is an Fn::Join over the partition: look for its name in the JSON.
+    policy_arn = Capture()
+    only_one_has(
+        variant_assertions,
+        "AWS::EKS::AccessEntry",
+        {
+            "AccessPolicies": [
+                {"AccessScope": Match.exact({"Type": "cluster"}), "PolicyArn": policy_arn}
+            ]
+        },
+        selector=admin,
+    )
+    assert "AmazonEKSClusterAdminPolicy" in json.dumps(policy_arn.as_object())
 
-    assert admin_entries(default_template) == []
-    (entry,) = admin_entries(variant_template)
-    (policy,) = entry["AccessPolicies"]
-    assert policy["AccessScope"] == {"Type": "cluster"}
-    assert "AmazonEKSClusterAdminPolicy" in json.dumps(policy["PolicyArn"])
 
-
-def test_core_addons(default_template: Template) -> None:
-    names = {
-        r["Properties"]["AddonName"]
-        for r in resources(default_template, "AWS::EKS::Addon").values()
-    }
+def test_core_addons(default_assertions: Template) -> None:
+    addons = default_assertions.find_resources("AWS::EKS::Addon")
+    names = {r["Properties"]["AddonName"] for r in addons.values()}
     assert names == {"eks-pod-identity-agent", "eks-node-monitoring-agent", "aws-fsx-csi-driver"}
 
 
 # --- storage ---------------------------------------------------------------------------------
 
 
-def test_fsx_file_system(default_template: Template, variant_template: Template) -> None:
-    fs = one(default_template, "AWS::FSx::FileSystem")
-    assert fs["LustreConfiguration"] == {
-        "AutomaticBackupRetentionDays": 7,
-        "DataCompressionType": "LZ4",
-        "DeploymentType": "PERSISTENT_2",
-        "PerUnitStorageThroughput": 250,
-    }
-    # Sized for the largest overlay (16node, p5_70b): infra/sizing.py.
-    assert fs["StorageCapacity"] == 4800
-    # Same subnet as the GPU nodes.
-    assert fs["SubnetIds"] == gpu_nodegroup(default_template)["Subnets"]
-    variant = one(variant_template, "AWS::FSx::FileSystem")
-    assert variant["StorageCapacity"] == 4800
-    assert variant["LustreConfiguration"]["PerUnitStorageThroughput"] == 500
-    assert resources(default_template, "AWS::FSx::DataRepositoryAssociation") == {}
-    link = one(variant_template, "AWS::FSx::DataRepositoryAssociation")
-    assert link["DataRepositoryPath"] == VARIANT_CONTEXT["fsxS3Link"]
-    assert link["FileSystemPath"] == "/"  # the whole file system, checkpoints included
+def test_fsx_file_system(default_assertions: Template, variant_assertions: Template) -> None:
+    only_one_has(
+        default_assertions,
+        "AWS::FSx::FileSystem",
+        {
+            "LustreConfiguration": Match.object_equals(
+                {
+                    "AutomaticBackupRetentionDays": 7,
+                    "DataCompressionType": "LZ4",
+                    "DeploymentType": "PERSISTENT_2",
+                    "PerUnitStorageThroughput": 250,
+                }
+            ),
+            # Sized for the largest overlay (16node, p5_70b): infra/sizing.py.
+            "StorageCapacity": 4800,
+            # Same subnet as the GPU nodes.
+            "SubnetIds": Match.exact(gpu_subnets(default_assertions)),
+        },
+    )
+    only_one_has(
+        variant_assertions,
+        "AWS::FSx::FileSystem",
+        {"StorageCapacity": 4800, "LustreConfiguration": {"PerUnitStorageThroughput": 500}},
+    )
+    default_assertions.resource_count_is("AWS::FSx::DataRepositoryAssociation", 0)
+    only_one_has(
+        variant_assertions,
+        "AWS::FSx::DataRepositoryAssociation",
+        {
+            "DataRepositoryPath": VARIANT_CONTEXT["fsxS3Link"],
+            "FileSystemPath": "/",  # the whole file system, checkpoints included
+        },
+    )
 
 
-def test_lustre_ports_open_only_from_the_nodes(default_template: Template) -> None:
-    fs = one(default_template, "AWS::FSx::FileSystem")
-    (fsx_sg,) = fs["SecurityGroupIds"]
-    cluster_sg = {
-        "Fn::GetAtt": [logical_id(default_template, "AWS::EKS::Cluster"), "ClusterSecurityGroupId"]
-    }
-    rules = [
-        r["Properties"]
-        for r in resources(default_template, "AWS::EC2::SecurityGroupIngress").values()
-        if r["Properties"]["GroupId"] == fsx_sg
-    ]
-    inline = default_template["Resources"][fsx_sg["Fn::GetAtt"][0]]["Properties"]
-    assert "SecurityGroupIngress" not in inline
-    from_nodes = {
-        (r["FromPort"], r["ToPort"]) for r in rules if r["SourceSecurityGroupId"] == cluster_sg
-    }
-    assert from_nodes == {(988, 988), (1018, 1023)}
-    # Every other rule is the file system talking to itself.
-    assert all(r["SourceSecurityGroupId"] in (cluster_sg, fsx_sg) for r in rules)
-    assert all("CidrIp" not in r for r in rules)
+def test_lustre_ports_open_only_from_the_nodes(default_assertions: Template) -> None:
+    fsx_sg_capture = Capture()
+    only_one_has(default_assertions, "AWS::FSx::FileSystem", {"SecurityGroupIds": [fsx_sg_capture]})
+    fsx_sg = fsx_sg_capture.as_object()
+    cluster_sg = cluster_security_group(default_assertions)
+    resource_has(
+        default_assertions,
+        fsx_sg["Fn::GetAtt"][0],
+        "AWS::EC2::SecurityGroup",
+        {"SecurityGroupIngress": Match.absent()},
+    )
+    rules = default_assertions.find_resources(
+        "AWS::EC2::SecurityGroupIngress", {"Properties": {"GroupId": Match.exact(fsx_sg)}}
+    )
+    from_nodes = default_assertions.find_resources(
+        "AWS::EC2::SecurityGroupIngress",
+        {
+            "Properties": {
+                "GroupId": Match.exact(fsx_sg),
+                "SourceSecurityGroupId": Match.exact(cluster_sg),
+            }
+        },
+    )
+    ports = {(r["Properties"]["FromPort"], r["Properties"]["ToPort"]) for r in from_nodes.values()}
+    assert ports == {(988, 988), (1018, 1023)}
+    # Every other rule is the file system talking to itself (a property of every match, which
+    # a pattern over one resource cannot state).
+    for rule in rules.values():
+        assert rule["Properties"]["SourceSecurityGroupId"] in (cluster_sg, fsx_sg)
+        assert "CidrIp" not in rule["Properties"]
 
 
-def test_fsx_csi_driver_uses_pod_identity(default_template: Template) -> None:
-    addon = one(default_template, "AWS::EKS::Addon", AddonName="aws-fsx-csi-driver")
-    (association,) = addon["PodIdentityAssociations"]
-    assert association["ServiceAccount"] == "fsx-csi-controller-sa"
-    role_id = association["RoleArn"]["Fn::GetAtt"][0]
-    trust = default_template["Resources"][role_id]["Properties"]["AssumeRolePolicyDocument"]
+def test_fsx_csi_driver_uses_pod_identity(default_assertions: Template) -> None:
+    fsx_csi = {"AddonName": "aws-fsx-csi-driver"}
+    role_id = Capture()
+    only_one_has(
+        default_assertions,
+        "AWS::EKS::Addon",
+        {
+            "PodIdentityAssociations": [
+                {
+                    "ServiceAccount": "fsx-csi-controller-sa",
+                    "RoleArn": {"Fn::GetAtt": [role_id, Match.any_value()]},
+                }
+            ]
+        },
+        selector=fsx_csi,
+    )
+    role = default_assertions.find_resources("AWS::IAM::Role")[role_id.as_string()]
+    # Actions and principals may be spread over several statements: gather them.
+    statements = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
     actions = {
         a
-        for s in trust["Statement"]
+        for s in statements
         for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
     }
     assert {"sts:AssumeRole", "sts:TagSession"} <= actions
-    assert {s["Principal"]["Service"] for s in trust["Statement"]} == {"pods.eks.amazonaws.com"}
-    pod_identity = logical_id(
-        default_template, "AWS::EKS::Addon", AddonName="eks-pod-identity-agent"
+    assert {s["Principal"]["Service"] for s in statements} == {"pods.eks.amazonaws.com"}
+    # The driver's credentials come from the Pod Identity agent: it must be there first.
+    pod_identity = default_assertions.get_resource_id(
+        "AWS::EKS::Addon", {"Properties": {"AddonName": "eks-pod-identity-agent"}}
     )
-    assert (
-        pod_identity
-        in default_template["Resources"][
-            logical_id(default_template, "AWS::EKS::Addon", AddonName="aws-fsx-csi-driver")
-        ]["DependsOn"]
+    default_assertions.has_resource(
+        "AWS::EKS::Addon",
+        {"Properties": fsx_csi, "DependsOn": Match.array_with([pod_identity])},
     )
 
 
 # --- Helm charts -----------------------------------------------------------------------------
 
 
-def test_charts_are_pinned_in_one_place(default_template: Template) -> None:
-    charts = {
-        r["Properties"]["Chart"]: r["Properties"]
-        for r in resources(default_template, "Custom::AWSCDK-EKS-HelmChart").values()
-    }
+def test_charts_are_pinned_in_one_place(default_assertions: Template) -> None:
+    charts = default_assertions.find_resources(HELM_CHART)
     assert (
-        set(charts)
+        {r["Properties"]["Chart"] for r in charts.values()}
         == {c.name for c in CHARTS}
         == {
             "nvidia-device-plugin",
@@ -331,53 +478,72 @@ def test_charts_are_pinned_in_one_place(default_template: Template) -> None:
     )
     assert {NVIDIA_DEVICE_PLUGIN, EFA_DEVICE_PLUGIN, DCGM_EXPORTER} == set(CHARTS)
     for pinned in CHARTS:
-        chart = charts[pinned.name]
-        assert (chart["Version"], chart["Repository"]) == (pinned.version, pinned.repository)
-        assert re.fullmatch(r"v?\d+\.\d+\.\d+", chart["Version"]), chart["Version"]
-    efa_values = json.loads(charts["aws-efa-k8s-device-plugin"]["Values"])
-    assert efa_values["nodeSelector"] == {"vpc.amazonaws.com/efa.present": "true"}
-    assert efa_values["tolerations"][0]["key"] == "nvidia.com/gpu"
+        only_one_has(
+            default_assertions,
+            HELM_CHART,
+            {"Version": pinned.version, "Repository": pinned.repository},
+            selector={"Chart": pinned.name},
+        )
+        assert re.fullmatch(r"v?\d+\.\d+\.\d+", pinned.version), pinned.version
+    efa_values = {
+        "nodeSelector": Match.exact({"vpc.amazonaws.com/efa.present": "true"}),
+        "tolerations": [{"key": "nvidia.com/gpu"}],
+    }
+    default_assertions.has_resource_properties(
+        HELM_CHART,
+        {
+            "Chart": "aws-efa-k8s-device-plugin",
+            "Values": Match.serialized_json(Match.object_like(efa_values)),
+        },
+    )
 
 
-def test_dcgm_exporter_on_gpu_nodes_only(default_template: Template) -> None:
-    (chart,) = [
-        r["Properties"]
-        for r in resources(default_template, "Custom::AWSCDK-EKS-HelmChart").values()
-        if r["Properties"]["Chart"] == "dcgm-exporter"
-    ]
-    values = json.loads(chart["Values"])
-    # The GPU nodes' label (set by the node group) and the GPU taint's toleration, nothing more.
-    assert values["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
-    assert gpu_nodegroup(default_template)["Labels"]["nvidia.com/gpu.present"] == "true"
-    assert values["tolerations"] == [
-        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-    ]
-    # No ServiceMonitor: its CRD (Prometheus Operator) is not installed by this stack.
-    assert values["serviceMonitor"] == {"enabled": False}
+def test_dcgm_exporter_on_gpu_nodes_only(default_assertions: Template) -> None:
+    values = {
+        # The GPU nodes' label (set by the node group) and the GPU taint's toleration, nothing
+        # more.
+        "nodeSelector": Match.exact({"nvidia.com/gpu.present": "true"}),
+        "tolerations": Match.exact(
+            [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        ),
+        # No ServiceMonitor: its CRD (Prometheus Operator) is not installed by this stack.
+        "serviceMonitor": Match.exact({"enabled": False}),
+    }
+    only_one_has(
+        default_assertions,
+        HELM_CHART,
+        {"Values": Match.serialized_json(Match.object_like(values))},
+        selector={"Chart": "dcgm-exporter"},
+    )
+    gpu_nodegroup_has(default_assertions, {"Labels": {"nvidia.com/gpu.present": "true"}})
 
 
 # --- Kubernetes objects ----------------------------------------------------------------------
 
 
 def k8s_manifests(template: Template) -> dict[str, dict[str, Any]]:
-    return resources(template, "Custom::AWSCDK-EKS-KubernetesResource")
+    """The two KubernetesResource custom resources: the namespace, then the shared objects."""
+    template.resource_count_is(K8S_RESOURCE, 2)  # no training job without -c train=...
+    return dict(template.find_resources(K8S_RESOURCE))
 
 
 def manifest_text(resource: dict[str, Any]) -> str:
+    # A manifest is JSON text, or an Fn::Join of text and references: search its JSON.
     return json.dumps(resource["Properties"]["Manifest"])
 
 
-def test_shared_objects_order_and_fsx_volume(default_template: Template) -> None:
-    manifests = k8s_manifests(default_template)
-    assert len(manifests) == 2  # no training job without -c train=...
+def test_shared_objects_order_and_fsx_volume(default_assertions: Template) -> None:
+    manifests = k8s_manifests(default_assertions)
     (namespace_id,) = [
         k for k, r in manifests.items() if '\\"kind\\":\\"Namespace\\"' in manifest_text(r)
     ]
     (shared_id,) = [k for k in manifests if k != namespace_id]
-    csi = logical_id(default_template, "AWS::EKS::Addon", AddonName="aws-fsx-csi-driver")
+    csi = default_assertions.get_resource_id(
+        "AWS::EKS::Addon", {"Properties": {"AddonName": "aws-fsx-csi-driver"}}
+    )
     assert {namespace_id, csi} <= set(manifests[shared_id]["DependsOn"])
     text = manifest_text(manifests[shared_id])
-    fs_id = logical_id(default_template, "AWS::FSx::FileSystem")
+    fs_id = default_assertions.get_resource_id("AWS::FSx::FileSystem")
     for expected in (
         "PersistentVolume",
         "PersistentVolumeClaim",
@@ -388,14 +554,12 @@ def test_shared_objects_order_and_fsx_volume(default_template: Template) -> None
         assert expected in text
 
 
-@pytest.mark.parametrize("fixture", ["default_template", "variant_template"])
+@pytest.mark.parametrize("fixture", ["default_assertions", "variant_assertions"])
 def test_the_stack_owns_no_job(fixture: str, request: pytest.FixtureRequest) -> None:
     """No stack operation can fail on, delete or rerun training: no Job is a stack resource
     (the Job is submitted by `make train TARGET=eks`; infra/workloads.py says why)."""
-    template = request.getfixturevalue(fixture)
-    manifests = k8s_manifests(template)
-    assert len(manifests) == 2  # the namespace, then the shared objects
-    for resource in manifests.values():
+    template: Template = request.getfixturevalue(fixture)
+    for resource in k8s_manifests(template).values():
         kinds = set(re.findall(r'\\"kind\\":\\"(\w+)\\"', manifest_text(resource)))
         assert kinds
         assert "Job" not in kinds
@@ -416,17 +580,25 @@ SHARED_ARGS = {
 # --- image and outputs -----------------------------------------------------------------------
 
 
-def test_image_repository_and_asset(default_template: Template, variant_template: Template) -> None:
-    repo = one(default_template, "AWS::ECR::Repository")
-    assert repo["ImageTagMutability"] == "IMMUTABLE"
-    assert repo["ImageScanningConfiguration"] == {"ScanOnPush": True}
-    image = json.dumps(default_template["Outputs"]["ImageUri"]["Value"])
-    assert "container-assets" in image  # built from training/Dockerfile at deploy time
-    assert variant_template["Outputs"]["ImageUri"]["Value"] == VARIANT_CONTEXT["imageUri"]
+def test_image_repository_and_asset(
+    default_assertions: Template, variant_assertions: Template
+) -> None:
+    only_one_has(
+        default_assertions,
+        "AWS::ECR::Repository",
+        {
+            "ImageTagMutability": "IMMUTABLE",
+            "ImageScanningConfiguration": Match.exact({"ScanOnPush": True}),
+        },
+    )
+    # Built from training/Dockerfile at deploy time: an Fn::Sub naming CDK's asset repository.
+    image = Capture()
+    default_assertions.has_output("ImageUri", {"Value": image})
+    assert "container-assets" in json.dumps(image.as_object())
+    variant_assertions.has_output("ImageUri", {"Value": VARIANT_CONTEXT["imageUri"]})
 
 
-def test_outputs_for_the_job_launcher(default_template: Template) -> None:
-    outputs = default_template["Outputs"]
+def test_outputs_for_the_job_launcher(default_assertions: Template) -> None:
     for name in (
         "ClusterName",
         "UpdateKubeconfigCommand",
@@ -437,57 +609,70 @@ def test_outputs_for_the_job_launcher(default_template: Template) -> None:
         "TrainingNamespace",
         "Region",
     ):
-        assert name in outputs, name
-    assert outputs["ClusterName"]["Value"] == "fsdp-resilient"
-    assert outputs["TrainingNamespace"]["Value"] == "training"
-    assert outputs["UpdateKubeconfigCommand"]["Value"] == (
-        "aws eks update-kubeconfig --region us-east-2 --name fsdp-resilient"
+        default_assertions.has_output(name, Match.any_value())
+    default_assertions.has_output("ClusterName", {"Value": "fsdp-resilient"})
+    default_assertions.has_output("TrainingNamespace", {"Value": "training"})
+    default_assertions.has_output(
+        "UpdateKubeconfigCommand",
+        {"Value": "aws eks update-kubeconfig --region us-east-2 --name fsdp-resilient"},
     )
 
 
-def test_imds_hop_limit_is_one(default_template: Template) -> None:
-    options = launch_template(default_template)["MetadataOptions"]
-    assert options["HttpPutResponseHopLimit"] == 1
-    assert options["HttpTokens"] == "required"
+def test_imds_hop_limit_is_one(default_assertions: Template) -> None:
+    launch_template_has(
+        default_assertions,
+        {"MetadataOptions": {"HttpPutResponseHopLimit": 1, "HttpTokens": "required"}},
+    )
 
 
-def test_no_placement_group_for_capacity_blocks(variant_template: Template) -> None:
+def test_no_placement_group_for_capacity_blocks(variant_assertions: Template) -> None:
     """EC2: a Capacity Block needs no cluster placement group; forcing one fails to launch."""
-    assert resources(variant_template, "AWS::EC2::PlacementGroup") == {}
-    assert "Placement" not in launch_template(variant_template)
+    variant_assertions.resource_count_is("AWS::EC2::PlacementGroup", 0)
+    launch_template_has(variant_assertions, {"Placement": Match.absent()})
 
 
-def test_fsx_is_retained_with_backups(default_template: Template) -> None:
-    (fs,) = resources(default_template, "AWS::FSx::FileSystem").values()
-    assert fs["DeletionPolicy"] == "Retain"
-    assert fs["UpdateReplacePolicy"] == "Retain"
-    assert fs["Properties"]["LustreConfiguration"]["AutomaticBackupRetentionDays"] == 7
+def test_fsx_is_retained_with_backups(default_assertions: Template) -> None:
+    default_assertions.resource_count_is("AWS::FSx::FileSystem", 1)
+    default_assertions.has_resource(
+        "AWS::FSx::FileSystem",
+        {
+            "DeletionPolicy": "Retain",
+            "UpdateReplacePolicy": "Retain",
+            "Properties": {"LustreConfiguration": {"AutomaticBackupRetentionDays": 7}},
+        },
+    )
 
 
 # --- node updates, huge pages ------------------------------------------------------------------
 
 
-def test_gpu_updates_need_no_spare_capacity(default_template: Template) -> None:
+def test_gpu_updates_need_no_spare_capacity(default_assertions: Template) -> None:
     """A launch-template change replaces every GPU node: one at a time, the old instance
     terminated before its replacement launches (MINIMAL), so reservations, Capacity Blocks and
     a full placement group, which have no spare p5, can be updated."""
-    assert gpu_nodegroup(default_template)["UpdateConfig"] == {
-        "MaxUnavailable": 1,
-        "UpdateStrategy": "MINIMAL",
-    }
-    # The node group follows the template's latest version: a change rolls the nodes.
-    version = gpu_nodegroup(default_template)["LaunchTemplate"]["Version"]
-    assert version["Fn::GetAtt"][1] == "LatestVersionNumber"
+    gpu_nodegroup_has(
+        default_assertions,
+        {
+            "UpdateConfig": Match.object_equals({"MaxUnavailable": 1, "UpdateStrategy": "MINIMAL"}),
+            # The node group follows the template's latest version: a change rolls the nodes.
+            "LaunchTemplate": {
+                "Version": {"Fn::GetAtt": [Match.any_value(), "LatestVersionNumber"]}
+            },
+        },
+    )
 
 
 def user_data(template: Template) -> str:
-    return launch_template(template)["UserData"]["Fn::Base64"]
+    """The launch template's user data: a MIME document, checked as text below."""
+    text = Capture()
+    launch_template_has(template, {"UserData": {"Fn::Base64": text}})
+    return text.as_string()
 
 
 def test_hugepages_allocated_at_boot_for_what_the_pods_request(
-    default_template: Template,
+    default_assertions: Template,
 ) -> None:
-    text = user_data(default_template)
+    text = user_data(default_assertions)
     assert text.startswith("MIME-Version: 1.0\nContent-Type: multipart/mixed;")
     parts = text.split("--==NODEADM==")
     assert parts[-1].strip() == "--"  # closed multi-part document
@@ -514,14 +699,20 @@ def test_hugepages_allocated_at_boot_for_what_the_pods_request(
 # --- FSx: S3 export, sizing --------------------------------------------------------------------
 
 
-def test_s3_link_exports_the_checkpoints(variant_template: Template) -> None:
-    link = one(variant_template, "AWS::FSx::DataRepositoryAssociation")
-    assert link["DataRepositoryPath"] == VARIANT_CONTEXT["fsxS3Link"]
-    path = link["FileSystemPath"]
-    assert CHECKPOINTS_PATH.startswith(path)  # the association covers the checkpoints
-    assert link["S3"]["AutoExportPolicy"]["Events"] == AUTO_EXPORT_EVENTS
+def test_s3_link_exports_the_checkpoints(variant_assertions: Template) -> None:
+    path = Capture()
+    only_one_has(
+        variant_assertions,
+        "AWS::FSx::DataRepositoryAssociation",
+        {
+            "DataRepositoryPath": VARIANT_CONTEXT["fsxS3Link"],
+            "FileSystemPath": path,
+            "S3": {"AutoExportPolicy": {"Events": AUTO_EXPORT_EVENTS}},
+            "BatchImportMetaDataOnCreate": True,
+        },
+    )
+    assert CHECKPOINTS_PATH.startswith(path.as_string())  # the association covers the checkpoints
     assert set(AUTO_EXPORT_EVENTS) == {"NEW", "CHANGED", "DELETED"}
-    assert link["BatchImportMetaDataOnCreate"] is True
     # Every overlay's trainer writes its checkpoints there (the PV mounts the file system root).
     for overlay in render.OVERLAYS:
         (job,) = [
@@ -534,54 +725,80 @@ def test_s3_link_exports_the_checkpoints(variant_template: Template) -> None:
         assert ckpt.split("=", 1)[1].startswith(render.FSX_MOUNT + CHECKPOINTS_PATH + "/")
 
 
-def test_flow_logs_encrypted_with_the_stacks_key(default_template: Template) -> None:
-    (group,) = resources(default_template, "AWS::Logs::LogGroup").values()
-    key_id = group["Properties"]["KmsKeyId"]["Fn::GetAtt"][0]
-    flow_log = one(default_template, "AWS::EC2::FlowLog")
-    assert flow_log["LogGroupName"] == {"Ref": logical_id_of(default_template, group)}
-    statements = default_template["Resources"][key_id]["Properties"]["KeyPolicy"]["Statement"]
-    (logs,) = [s for s in statements if s.get("Sid") == "CloudWatchLogsUseOfTheKey"]
-    assert logs["Principal"]["Service"] == {
-        "Fn::Join": ["", ["logs.", {"Ref": "AWS::Region"}, ".amazonaws.com"]]
-    }
-    assert "kms:GenerateDataKey*" in logs["Action"]
-    assert "kms:EncryptionContext:aws:logs:arn" in logs["Condition"]["ArnLike"]
-
-
-def logical_id_of(template: Template, resource: dict[str, Any]) -> str:
-    (found,) = [k for k, r in template["Resources"].items() if r is resource]
-    return found
+def test_flow_logs_encrypted_with_the_stacks_key(default_assertions: Template) -> None:
+    key_id = Capture()
+    only_one_has(
+        default_assertions,
+        "AWS::Logs::LogGroup",
+        {"KmsKeyId": {"Fn::GetAtt": [key_id, Match.any_value()]}},
+    )
+    group_id = default_assertions.get_resource_id("AWS::Logs::LogGroup")
+    only_one_has(
+        default_assertions, "AWS::EC2::FlowLog", {"LogGroupName": Match.exact({"Ref": group_id})}
+    )
+    sid = "CloudWatchLogsUseOfTheKey"
+    logs_statement = Match.object_like(
+        {
+            "Sid": sid,
+            "Principal": {
+                "Service": Match.exact(
+                    {"Fn::Join": ["", ["logs.", {"Ref": "AWS::Region"}, ".amazonaws.com"]]}
+                )
+            },
+            "Action": Match.array_with(["kms:GenerateDataKey*"]),
+            "Condition": {"ArnLike": {"kms:EncryptionContext:aws:logs:arn": Match.any_value()}},
+        }
+    )
+    resource_has(
+        default_assertions,
+        key_id.as_string(),
+        "AWS::KMS::Key",
+        {"KeyPolicy": {"Statement": Match.array_with([logs_statement])}},
+    )
+    # And it is the only statement of that Sid (array_with would accept a second one).
+    key = default_assertions.find_resources("AWS::KMS::Key")[key_id.as_string()]
+    statements = key["Properties"]["KeyPolicy"]["Statement"]
+    assert [s.get("Sid") for s in statements].count(sid) == 1
 
 
 # --- IaC scan (checkov) ------------------------------------------------------------------------
 
 
-def test_checkov_findings_are_acknowledged_on_their_resources(default_template: Template) -> None:
+def test_checkov_findings_are_acknowledged_on_their_resources(
+    default_assertions: Template, default_template: dict[str, Any]
+) -> None:
     """checkov 3.3.30 over the default and variant templates found only these, on aws-cdk-lib's
     kubectl provider functions; each carries its acknowledgment (infra/nag.py) in the template,
     where `checkov -d cdk.out` reads it."""
-    functions = resources(default_template, "AWS::Lambda::Function")
-    assert functions
-    for function in functions.values():
-        (skips,) = [function["Metadata"]["checkov"]["skip"]]
-        assert {s["id"] for s in skips} == set(CHECKOV_KUBECTL_PROVIDER)
-        assert all(len(s["comment"]) > 40 for s in skips)
+    # Every function (all_resources fails when there is none), in the table's order, each
+    # comment over 40 characters.
+    skips = [
+        {"id": rule, "comment": Match.string_like_regexp(r"[\s\S]{41}")}
+        for rule in CHECKOV_KUBECTL_PROVIDER
+    ]
+    default_assertions.all_resources(
+        "AWS::Lambda::Function", {"Metadata": {"checkov": {"skip": skips}}}
+    )
     # Fixed rather than acknowledged: ECR encrypted with KMS (CKV_AWS_136).
-    repo = one(default_template, "AWS::ECR::Repository")
-    assert repo["EncryptionConfiguration"] == {"EncryptionType": "KMS"}
-    # Nothing else is skipped anywhere.
+    only_one_has(
+        default_assertions,
+        "AWS::ECR::Repository",
+        {"EncryptionConfiguration": Match.exact({"EncryptionType": "KMS"})},
+    )
+    # Nothing else is skipped anywhere: over resources of every type, which Template's
+    # look-ups (one type at a time) cannot span, so over the plain dict.
     skipped = [
         k for k, r in default_template["Resources"].items() if "checkov" in r.get("Metadata", {})
     ]
-    assert set(skipped) == set(functions)
+    assert set(skipped) == set(default_assertions.find_resources("AWS::Lambda::Function"))
 
 
 @pytest.mark.parametrize(("before", "after"), [(0, None), (4096, 4096)])
 def test_hugepage_script_raises_the_count_never_lowers_it(
-    default_template: Template, tmp_path: Any, before: int, after: int | None
+    default_assertions: Template, tmp_path: Any, before: int, after: int | None
 ) -> None:
     """The user data's script run against a stand-in /proc and /etc (sysctl stubbed)."""
-    (script,) = [p for p in user_data(default_template).split("--==NODEADM==") if "#!/bin" in p]
+    (script,) = [p for p in user_data(default_assertions).split("--==NODEADM==") if "#!/bin" in p]
     body = script.split("\n\n", 1)[1]
     nr, etc = tmp_path / "nr_hugepages", tmp_path / "sysctl.d"
     etc.mkdir()
