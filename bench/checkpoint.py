@@ -111,9 +111,13 @@ def worker(*, dim: int, layers: int, repeats: int, root: Path, out: Path) -> Non
     local = _local_tensors(trainer.state_dict())
     shard_bytes = sum(t.numel() * t.element_size() for t in local)
     managers = {
-        engine: CheckpointManager(
-            config=dataclasses.replace(config.checkpoint, engine=engine),
-            root=root / engine,
+        engine: CheckpointManager.for_job(
+            config=dataclasses.replace(
+                config,
+                checkpoint=dataclasses.replace(
+                    config.checkpoint, engine=engine, dir=str(root / engine)
+                ),
+            ),
             rank=rank,
             world_size=env.world_size,
             events=events,

@@ -182,9 +182,8 @@ def floor_worker(argv: list[str]) -> int:
     group_up = time.time()
     run_dir = Path(config.run_dir)
     events = EventLog(run_dir=run_dir, rank=env.rank)
-    checkpoints = CheckpointManager(
-        config=config.checkpoint,
-        root=Path(config.checkpoint_dir),
+    checkpoints = CheckpointManager.for_job(
+        config=config,
         rank=env.rank,
         world_size=env.world_size,
         events=events,

@@ -79,9 +79,8 @@ def run_training(
         )
         # The layer's hooks first: a heartbeat or section is recorded before a fault fires.
         step_hooks = HookChain([*([hooks] if hooks is not None else []), faults])
-        checkpoints = CheckpointManager(
-            config=config.checkpoint,
-            root=Path(config.checkpoint_dir),
+        checkpoints = CheckpointManager.for_job(
+            config=config,
             rank=env.rank,
             world_size=env.world_size,
             events=events,

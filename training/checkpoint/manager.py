@@ -32,7 +32,7 @@ from training.checkpoint.layout import (
     write_rank_manifest,
 )
 from training.checkpoint.staging import structure_key
-from training.config import CheckpointConfig
+from training.config import CheckpointConfig, JobConfig
 from training.runlog.metrics import EventLog
 
 
@@ -84,7 +84,30 @@ class _Pending:
 
 
 class CheckpointManager:
-    """Save, commit, retain and load checkpoints. Collective: call on every rank in step."""
+    """Save, commit, retain and load checkpoints. Collective: call on every rank in step.
+
+    Build it with :meth:`for_job` (the run, the probes and the benchmarks do): the job's config
+    owns the root and the engine."""
+
+    @classmethod
+    def for_job(
+        cls,
+        *,
+        config: JobConfig,
+        rank: int,
+        world_size: int,
+        events: EventLog,
+        point_hook=None,
+    ) -> CheckpointManager:
+        """The job's checkpoint manager: ``config.checkpoint`` under ``config.checkpoint_dir``."""
+        return cls(
+            config=config.checkpoint,
+            root=Path(config.checkpoint_dir),
+            rank=rank,
+            world_size=world_size,
+            events=events,
+            point_hook=point_hook,
+        )
 
     def __init__(
         self,

@@ -96,9 +96,8 @@ def main() -> None:
     root = Path(config.checkpoint_dir)
 
     def manager() -> CheckpointManager:
-        return CheckpointManager(
-            config=config.checkpoint,
-            root=root,
+        return CheckpointManager.for_job(
+            config=config,
             rank=env.rank,
             world_size=env.world_size,
             events=events,
