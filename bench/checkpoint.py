@@ -49,6 +49,9 @@ from bench.common import (
 )
 
 ENGINES = ("nvrx", "torch_async", "sync")
+PREPARE_STEPS = 3
+"""Steps between ``CheckpointManager.prepare`` (the trainer calls it after step 1) and the
+first save; any checkpoint interval of the recipes is longer."""
 FULL = {"dim": 1024, "layers": 3, "repeats": 3}
 QUICK = {"dim": 256, "layers": 2, "repeats": 2}
 
@@ -127,6 +130,9 @@ def worker(*, dim: int, layers: int, repeats: int, root: Path, out: Path) -> Non
     for manager in managers.values():
         manager.start()
         manager.wait()  # the NVRx worker is up, as it is long before a run's first save
+        manager.prepare(trainer)  # as the trainer does after its first step
+    for _ in range(PREPARE_STEPS):  # a run trains at least a few steps before its first save
+        trainer.train_step()
 
     rows: list[dict[str, Any]] = []
     floor: list[float] = []

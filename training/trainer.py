@@ -255,6 +255,7 @@ class Trainer:
                 elapsed = time.perf_counter() - started
                 if self.step == start_step + 1:
                     emit_phase(self.events, phase=FIRST_STEP, attempt=self.attempt, mode=mode)
+                    checkpoints.prepare(self)  # the optimizer state exists from here on
                 if logger is not None:
                     logger.log(
                         step=self.step,

@@ -31,7 +31,7 @@ from training.checkpoint.layout import (
     step_dir,
     write_rank_manifest,
 )
-from training.checkpoint.staging import structure_key
+from training.checkpoint.staging import staged_bytes, structure_key
 from training.config import CheckpointConfig, JobConfig
 from training.runlog.metrics import EventLog
 
@@ -190,6 +190,16 @@ class CheckpointManager:
     # -- saving --------------------------------------------------------------------------------
     def latest_step(self) -> int | None:
         return self._latest_committed
+
+    def prepare(self, trainer: StatefulTrainer) -> None:
+        """Ready what the first save of this attempt would otherwise pay for, in the background:
+        the NVRx staging buffer of CPU state (call once the optimizer state exists, after the
+        first step). Not collective."""
+        if self._nvrx is None:
+            return
+        nbytes = staged_bytes(trainer.state_dict())
+        if nbytes:
+            self._nvrx.reserve_staging(nbytes)
 
     def save(self, trainer: StatefulTrainer, *, step: int, blocking: bool) -> float:
         """Save ``trainer``'s state for ``step``. Returns the time training was blocked; the

@@ -301,12 +301,15 @@ class AsyncCheckpointQueue:
         global _SHARED_CALLER
         reap_stopping_workers()
         start_write_results_queue()
-        caller = self._queue.persistent_caller
-        if caller is None or caller.process is None:
-            # NVRx's worker waits on a queue whose pipe it holds both ends of: without this
-            # binding, a SIGKILLed rank would leave it orphaned, holding its host memory, for good.
-            first = AsyncRequest(partial(_bind_worker, os.getpid(), worker_device()), (), [])
-            self._queue.schedule_async_request(first)
+        # NVRx's worker waits on a queue whose pipe it holds both ends of: without this binding,
+        # a SIGKILLed rank would leave it orphaned, holding its host memory, for good. Every rank
+        # sends it, also to a worker kept from the previous attempt (binding again is harmless):
+        # the poll below is collective and NVRx numbers each queue's requests, so a rank that
+        # skipped it would meet its peers' all-reduce in another collective and number its saves
+        # one lower than theirs (a rank whose save was in flight at the fault gets a new worker,
+        # its peers keep theirs: in-process restart then looped to its cap).
+        first = AsyncRequest(partial(_bind_worker, os.getpid(), worker_device()), (), [])
+        self._queue.schedule_async_request(first)
         self.poll(blocking=True)
         _SHARED_CALLER = self._queue.persistent_caller
 
@@ -396,6 +399,10 @@ class AsyncCheckpointQueue:
         writer.prepare_write_data(plan, planner)
         metadata = self._plan.metadata if dist_wrapper.is_coordinator else None
         return writer, metadata, dist_wrapper
+
+    def reserve_staging(self, nbytes: int) -> None:
+        """Have the first save's staging buffer ready (background; see ``HostStaging.reserve``)."""
+        self._staging.reserve(nbytes)
 
     def has_plan(self) -> bool:
         """A plan from an earlier save of this queue is cached."""

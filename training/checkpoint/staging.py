@@ -13,6 +13,7 @@ dtypes, shapes, DTensor placements and meshes). A change on any rank invalidates
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,12 +55,55 @@ def _key(value: Any, path: str) -> tuple:
     return ((path, type(value).__name__),)
 
 
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def staged_bytes(state: Any) -> int | None:
+    """An upper bound of the staging buffer a save of ``state`` lays out (every tensor's local
+    shard, aligned; DCP writes a replicated tensor from one rank only), or None when a tensor
+    is not on the CPU (the worker stages those, :func:`training.checkpoint.nvrx_async.stage`)."""
+    total = 0
+    pending = [state]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, list | tuple):
+            pending.extend(value)
+        elif isinstance(value, torch.Tensor):
+            local = value.to_local() if hasattr(value, "to_local") else value
+            if local.device.type != "cpu":
+                return None
+            total += _aligned(local.numel() * local.element_size())
+    return total
+
+
 class HostStaging:
     """The persistent staging buffer of one rank (see the module docstring)."""
 
     def __init__(self) -> None:
         self.buffer: torch.Tensor | None = None
         self._slots: list[list[Slot]] | None = None
+        self._reserved: torch.Tensor | None = None
+        self._reserving: threading.Thread | None = None
+
+    def reserve(self, nbytes: int) -> None:
+        """Map and fault in a buffer of ``nbytes`` in a background thread, for the first save's
+        layout: fresh shared memory costs more than the copy into it (measured: 0.45 s of a
+        0.50 s first save for 212 MB per rank, against 0.03 s warm)."""
+        if self._reserving is not None or (
+            self.buffer is not None and self.buffer.numel() >= nbytes
+        ):
+            return
+
+        def allocate() -> None:
+            buffer = torch.empty(max(nbytes, ALIGN), dtype=torch.uint8).share_memory_()
+            buffer.fill_(0)  # every page faulted in now, not during the save
+            self._reserved = buffer
+
+        self._reserving = threading.Thread(target=allocate, name="staging-reserve", daemon=True)
+        self._reserving.start()
 
     def reset(self) -> None:
         """The plan changed: lay the buffer out again at the next save."""
@@ -95,10 +139,17 @@ class HostStaging:
                         shape=tuple(tensor.shape),
                     )
                 )
-                offset += -(-tensor.numel() * tensor.element_size() // ALIGN) * ALIGN
+                offset += _aligned(tensor.numel() * tensor.element_size())
             layout.append(slots)
-        # share_memory_ on an empty tensor maps fresh shared memory (no copy of anything)
-        self.buffer = torch.empty(max(offset, ALIGN), dtype=torch.uint8).share_memory_()
+        if self._reserving is not None:
+            self._reserving.join()
+            self._reserving = None
+        reserved, self._reserved = self._reserved, None
+        if reserved is not None and reserved.numel() >= offset:
+            self.buffer = reserved
+        else:
+            # share_memory_ on an empty tensor maps fresh shared memory (no copy of anything)
+            self.buffer = torch.empty(max(offset, ALIGN), dtype=torch.uint8).share_memory_()
         self._slots = layout
 
 

@@ -8,16 +8,20 @@ recorded through fakes, the stop sequence runs on real spawned workers of a 1-ra
 from __future__ import annotations
 
 import gc
+import json
 import os
 import pickle
 import signal
+import subprocess
 import time
 import weakref
 from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
 from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
+from support import REPO_ROOT, VENV_BIN, subprocess_env
 
 from training.checkpoint import nvrx_async as nvrx
 
@@ -213,3 +217,38 @@ def test_an_interrupted_stop_is_finished_before_the_next_worker_starts(one_rank_
     assert nvrx._STOPPING == []
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+def test_the_attempt_after_a_fault_starts_when_only_some_ranks_need_a_new_worker(
+    tmp_path: Path,
+) -> None:
+    """A rank whose save was in flight at the fault gets a new worker; its peers keep their
+    idle ones. ``start_worker`` must still be the same collective on every rank, and the ranks'
+    saves must keep matching request numbers: when only the new worker's rank sent the binding
+    request, its blocking poll met the peer's next collective and in-process restart looped to
+    its cap (CI). Real 2-rank torchrun, real NVRx workers
+    (tests/training/probes/worker_reuse_probe.py)."""
+    command = [
+        str(VENV_BIN / "torchrun"),
+        "--standalone",
+        "--nproc-per-node=2",
+        str(REPO_ROOT / "tests/training/probes/worker_reuse_probe.py"),
+        str(tmp_path),
+    ]
+    try:
+        proc = subprocess.run(
+            command,
+            cwd=REPO_ROOT,
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+            timeout=150,
+        )
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"the attempt after the fault never finished its save: {err.stdout!r:.3000}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["finalized"] for r in reports] == [[0], [1]]
+    assert [r["kept_worker"] for r in reports] == [True, False]  # the case under test
