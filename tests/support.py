@@ -83,8 +83,15 @@ def run_torchrun(
         str(run_dir),
         *args,
     ]
+    proc = run_in_repo(command, timeout=timeout)
+    return RunResult(returncode=proc.returncode, output=proc.stdout, run_dir=run_dir)
+
+
+def run_in_repo(command: list[str], *, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``command`` from the repository root with the test environment, stdout and stderr
+    together in ``.stdout``; a timeout fails the test with the output's tail."""
     try:
-        proc = subprocess.run(
+        return subprocess.run(
             command,
             cwd=REPO_ROOT,
             env=subprocess_env(),
@@ -95,8 +102,7 @@ def run_torchrun(
         )
     except subprocess.TimeoutExpired as err:
         output = err.stdout.decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
-        pytest.fail(f"torchrun timed out after {timeout}s:\n{output[-4000:]}")
-    return RunResult(returncode=proc.returncode, output=proc.stdout, run_dir=run_dir)
+        pytest.fail(f"{Path(command[0]).name} timed out after {timeout}s:\n{output[-4000:]}")
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -101,8 +101,7 @@ def run_training(
         _LEFTOVERS.append(checkpoints)
         # Checkpoint I/O, like the load: starting the NVRx worker (a fresh process importing
         # torch, seconds on a busy node) must not read as a hang to the restart layers'
-        # watchdogs. Outside a section it outlasted a short soft timeout after every restart
-        # that had to replace the worker, and in-process restart looped until its cap.
+        # watchdogs.
         with step_hooks.section("checkpoint_start"):
             checkpoints.start()
         result = trainer.fit(checkpoints=checkpoints)

@@ -195,8 +195,8 @@ class CheckpointManager:
         """Ready what the first save of this attempt would otherwise pay for, in the background:
         the NVRx staging buffer of CPU state (call once the optimizer state exists, after the
         first step). Not collective."""
-        if self._nvrx is None:
-            return
+        if self._nvrx is None or not (self.config.interval or self.config.save_final):
+            return  # no save will use it
         nbytes = staged_bytes(trainer.state_dict())
         if nbytes:
             self._nvrx.reserve_staging(nbytes)

@@ -12,7 +12,6 @@ import json
 import os
 import pickle
 import signal
-import subprocess
 import time
 import weakref
 from functools import partial
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
-from support import REPO_ROOT, VENV_BIN, subprocess_env
+from support import REPO_ROOT, VENV_BIN, run_in_repo
 
 from training.checkpoint import nvrx_async as nvrx
 
@@ -237,18 +236,8 @@ def test_the_attempt_after_a_fault_starts_when_only_some_ranks_need_a_new_worker
         str(REPO_ROOT / "tests/training/probes/worker_reuse_probe.py"),
         str(tmp_path),
     ]
-    try:
-        proc = subprocess.run(
-            command,
-            cwd=REPO_ROOT,
-            env=subprocess_env(),
-            capture_output=True,
-            text=True,
-            timeout=150,
-        )
-    except subprocess.TimeoutExpired as err:
-        pytest.fail(f"the attempt after the fault never finished its save: {err.stdout!r:.3000}")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_in_repo(command, timeout=150)  # a timeout: the attempt never saved
+    assert proc.returncode == 0, proc.stdout[-3000:]
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["finalized"] for r in reports] == [[0], [1]]
     assert [r["kept_worker"] for r in reports] == [True, False]  # the case under test
