@@ -26,7 +26,6 @@ import json
 import mmap
 import os
 import re
-import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -48,7 +47,13 @@ from torch.distributed.checkpoint.planner import (
     WriteItem,
 )
 
-from training.checkpoint.layout import COMMIT, SHARDS, CheckpointError, write_rank_manifest
+from training.checkpoint.layout import (
+    COMMIT,
+    SHARDS,
+    CheckpointError,
+    crc32,
+    write_rank_manifest,
+)
 
 # file name -> {"size", "crc32", "items": {offset: [length, crc32]}} (offsets as strings: JSON)
 FileSums = dict[str, dict[str, Any]]
@@ -91,8 +96,8 @@ class _ChecksummingStream(io.IOBase):
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        self._crc = zlib.crc32(view, self._crc)
-        self._file.crc = zlib.crc32(view, self._file.crc)
+        self._crc = crc32(view, self._crc)
+        self._file.crc = crc32(view, self._file.crc)
         self._length += len(view)
         self._file.size += len(view)
         return self._inner.write(view)
@@ -288,7 +293,7 @@ class VerifyingReader(FileSystemReader):
             data = path.read_bytes()
         except OSError as err:
             raise CheckpointDamaged(f".metadata is unreadable ({err})") from err
-        if len(data) != expected.get("size") or zlib.crc32(data) != expected.get("crc32"):
+        if len(data) != expected.get("size") or crc32(data) != expected.get("crc32"):
             raise CheckpointDamaged(".metadata fails its checksum")
         self._maps[str(path)] = memoryview(data)
 
@@ -327,7 +332,7 @@ class VerifyingReader(FileSystemReader):
                     return f"{name}: no checksum for the item at offset {info.offset}"
                 _populate(view, info.offset, info.length)
                 chunk = view[info.offset : info.offset + info.length]
-                if zlib.crc32(chunk) != recorded[1]:
+                if crc32(chunk) != recorded[1]:
                     return f"{name} fails its checksum (item at offset {info.offset})"
         return None
 
