@@ -35,6 +35,23 @@ TINY_MODEL: tuple[str, ...] = (
 )
 
 
+# The hang timeouts of the fault benchmarks (restart, goodput): short fixed ones, so that a hang
+# costs seconds here, and calibration on after 10 steps of an attempt (the restart benchmark's
+# faults are 20 steps apart), so that a hang is caught after max(2 s, 5 x the step times) by
+# the in-process watchdog or the in-job step section; the fixed ones stay as the backstops.
+# The hard timeout must leave room for a whole in-process recovery after the soft one: a run
+# with soft 5 s / hard 15 s on a loaded 2-core machine had NVRx terminate a rank in the middle
+# of recovering from a hang.
+HANG_TIMEOUTS: tuple[str, ...] = (
+    "--resilience.calibrate_timeouts_after=10",
+    "--resilience.soft_timeout_s=8",
+    "--resilience.hard_timeout_s=20",
+    "--resilience.heartbeat_timeout_s=10",
+    "--resilience.step_section_timeout_s=10",
+    "--resilience.checkpoint_section_timeout_s=30",
+    "--parallel.pg_timeout_s=60",
+)
+
 # The corpus every benchmark trains on (the recipes' default ``data.path``).
 CORPUS_DIR = REPO_ROOT / "data" / "stdlib"
 
@@ -160,6 +177,20 @@ def local_command(
         "--train.log_every=1000",
         *overrides,
     ]
+
+
+def wait_until_quiet(*, busy_below_pct: float = 10.0, timeout_s: float = 60.0) -> float:
+    """Flush dirty pages and wait until the CPUs are idle (under ``busy_below_pct`` busy over a
+    second): a previous run's processes exiting and its files being written back would slow the
+    next run's steps. Returns the seconds waited (``timeout_s`` at most)."""
+    import psutil
+
+    started = time.monotonic()
+    os.sync()
+    while time.monotonic() - started < timeout_s:
+        if psutil.cpu_percent(interval=1.0) < busy_below_pct:
+            break
+    return time.monotonic() - started
 
 
 def run_local(

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    HANG_TIMEOUTS,
     REPO_ROOT,
     RUNS_DIR,
     TINY_MODEL,
@@ -79,14 +80,6 @@ FIRST_FAULT = 450
 FAULT_EVERY = 800
 CKPT_EVERY = 100
 BASELINE_PG_TIMEOUT_S = 20
-HANG_TIMEOUTS: tuple[str, ...] = (
-    "--resilience.soft_timeout_s=8",
-    "--resilience.hard_timeout_s=20",
-    "--resilience.heartbeat_timeout_s=10",
-    "--resilience.step_section_timeout_s=10",
-    "--resilience.checkpoint_section_timeout_s=30",
-    "--parallel.pg_timeout_s=60",
-)
 ALL_KINDS = ("exception", "hang", "sigkill")
 MODES: dict[str, dict[str, Any]] = {
     "baseline": {

@@ -43,6 +43,7 @@ from bench.common import (
     table,
     target,
     targets_table,
+    wait_until_quiet,
     write_result,
 )
 from training.runlog.files import METRICS_FILE
@@ -75,6 +76,7 @@ def steady_state(run_dir, *, warmup: int) -> dict[str, Any]:
 
 
 def _one(*, nproc: int, mode: str, steps: int, run_dir, overrides=()) -> dict[str, Any]:
+    quiet_wait_s = wait_until_quiet()
     done = run_local(
         run_dir=run_dir,
         nproc=nproc,
@@ -82,13 +84,15 @@ def _one(*, nproc: int, mode: str, steps: int, run_dir, overrides=()) -> dict[st
         overrides=(
             f"--train.steps={steps}",
             "--checkpoint.interval=0",
+            # No final save: its write-back would still be flushing when the next run starts.
+            "--checkpoint.save_final=false",
             "--resilience.heartbeat_timeout_s=60",
             *overrides,
         ),
         timeout_s=300,
     )
     stats = steady_state(run_dir, warmup=min(WARMUP, steps // 3))
-    stats.update(returncode=done.returncode, wall_s=done.wall_s)
+    stats.update(returncode=done.returncode, wall_s=done.wall_s, quiet_wait_s=quiet_wait_s)
     return stats
 
 

@@ -10,11 +10,7 @@ steps), 5 faults of each kind per run, one fault every 20 steps, kinds and ranks
 
 Latency of one fault = (end of the first step started after the fault event) - (fault event
 time), from events.jsonl and metrics.jsonl; p50 and max per layer and kind. Hangs are detected
-by short timeouts (``TIMEOUTS``): in-process soft 8 s / hard 20 s, in-job heartbeat and step
-section 10 s, checkpoint section 30 s. The hard timeout must leave room for a whole in-process
-recovery after the soft one: a run with soft 5 s / hard 15 s on this loaded 2-core machine had
-NVRx terminate a rank in the middle of recovering from a hang (and the job stop, since a lost
-rank would change the global batch).
+by the calibrated detectors, short fixed timeouts backing them (``bench.common.HANG_TIMEOUTS``).
 
     python -m bench.restart            # 3 runs, 25 faults, ~8 min
     python -m bench.restart --quick    # in-process only, 1 fault of each kind
@@ -41,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    HANG_TIMEOUTS,
     RUNS_DIR,
     TINY_MODEL,
     call_logged,
@@ -64,14 +61,6 @@ loaded, one step done."""
 FIRST_FAULT = 25
 SPACING = 20
 PER_KIND = 5
-TIMEOUTS: tuple[str, ...] = (
-    "--resilience.soft_timeout_s=8",
-    "--resilience.hard_timeout_s=20",
-    "--resilience.heartbeat_timeout_s=10",
-    "--resilience.step_section_timeout_s=10",
-    "--resilience.checkpoint_section_timeout_s=30",
-    "--parallel.pg_timeout_s=60",
-)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,7 +125,7 @@ def run_scenario(scenario: Scenario, *, per_kind: int) -> dict[str, dict[str, An
             f"--train.steps={fault_steps[-1] + 10}",
             "--checkpoint.interval=10",
             f"--resilience.max_restarts={count + 3}",
-            *TIMEOUTS,
+            *HANG_TIMEOUTS,
         ),
         timeout_s=600,
     )
@@ -237,7 +226,7 @@ def measure_floor(*, source_run: Path, repeats: int) -> dict[str, Any]:
             f"--run-dir={run_dir}",
             *TINY_MODEL,
             "--checkpoint.engine=sync",  # no background writer: nothing is saved
-            *TIMEOUTS,
+            *HANG_TIMEOUTS,
         ]
         code = call_logged(command, log_path=run_dir / "floor.log", timeout_s=180)
         rows = read_jsonl(run_dir / "floor.jsonl")
@@ -296,7 +285,7 @@ def run(*, quick: bool = False) -> dict[str, Any]:
         "quick": quick,
         "faults_per_kind": per_kind,
         "fault_spacing_steps": SPACING,
-        "timeouts": list(TIMEOUTS),
+        "timeouts": list(HANG_TIMEOUTS),
         "inprocess_p50_s": pooled["inprocess"],
         "injob_p50_s": pooled["injob"],
         "cold_p50_s": pooled["cold"],

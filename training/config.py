@@ -275,12 +275,14 @@ class ResilienceConfig:
     """In-job: longest a checkpoint load or save staging may take."""
     calibrate_timeouts_after: int = 0
     """After this many steps of an attempt, calibrate hang detection from the observed step
-    times; 0 keeps the configured timeouts. In-job: NVRx computes the section and heartbeat
-    timeouts (observed maxima times its safety factor). In-process: a rank with no step boundary
-    for max(hang_floor_s, 5 x p99 step time) raises (training/resilience/hang.py); the
-    configured soft timeout stays as the backstop."""
+    times; 0 keeps the configured timeouts. In-job: the step section's timeout becomes
+    max(hang_floor_s, NVRx's calculation: 5 x the longest step of any rank); heartbeat,
+    checkpoint and out-of-section timeouts stay as configured (training/resilience/injob.py).
+    In-process: a rank with no step boundary for max(hang_floor_s, 5 x p99 step time) raises
+    (training/resilience/hang.py); the configured soft timeout stays as the backstop."""
     hang_floor_s: float = 2.0
-    """In-process: the least calibrated hang timeout (seconds)."""
+    """The least calibrated hang timeout (seconds), both layers; the rank monitors check their
+    timeouts every hang_floor_s / 2."""
     stop_timeout_s: float = 10.0
     """A rank asked to stop (SIGTERM) that is still blocked (e.g. in a collective with a dead
     peer) after this long exits anyway; also ft_launcher's ``--workers-stop-timeout``."""

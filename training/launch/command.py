@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from training.config import JobConfig
+from training.config import JobConfig, ResilienceConfig
 from training.resilience.sections import section_timeouts
 
 LAUNCHERS = {
@@ -93,9 +93,19 @@ def launcher_flags(
         f"--ft-restart-policy={RESTART_POLICIES[r.restart]}",
         f"--ft-initial-rank-heartbeat-timeout={_seconds(r.initial_heartbeat_timeout_s)}",
         *monitor,
+        # The rank monitors compare the clock with the timeouts this often (NVRx's default is
+        # 5 s, which would add up to 5 s to every detection, and more than the 2 s a calibrated
+        # step timeout may be).
+        f"--ft-workload-check-interval={_seconds(hang_check_interval_s(r))}",
         f"--workers-stop-timeout={_seconds(r.stop_timeout_s)}",
         f"--term-timeout={_seconds(r.term_timeout_s)}",
     ]
+
+
+def hang_check_interval_s(resilience: ResilienceConfig) -> float:
+    """How often the rank monitors check for a missed heartbeat or an overrun section: half
+    the least hang timeout calibration may set, so detection waits at most that much longer."""
+    return resilience.hang_floor_s / 2
 
 
 def launcher_command(

@@ -4,9 +4,10 @@ Each rank reports to its rank monitor through ``RankMonitorClient``: a heartbeat
 sections around the step, checkpoint loading and checkpoint staging. When a worker is killed,
 segfaults, aborts, raises (OOM included) or hangs past its section/heartbeat timeout, the
 launcher stops the survivors and spawns new workers (``--max-restarts`` caps it); they resume
-from the newest committed checkpoint. After enough steps have been observed, the section
-timeouts are computed from the measured timings (NVRx's timeouts calculator, synchronized across
-ranks) instead of the configured upper bounds (``resilience.calibrate_timeouts_after``).
+from the newest committed checkpoint. After ``resilience.calibrate_timeouts_after`` steps of an
+attempt, the step section's timeout is computed from the measured steps (NVRx's timeouts
+calculator, synchronized across ranks, at least ``resilience.hang_floor_s``) instead of the
+configured upper bound; the other timeouts stay as configured (:func:`calibrate_step_timeout`).
 
 Lack of progress and the restart cap: every attempt records the best step reached before it in
 ``<run_dir>/.attempts/<rendezvous id>/``; when ``NO_PROGRESS_ATTEMPTS`` restarts in a row end
@@ -48,12 +49,42 @@ def attempt_number() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
-class MonitorHooks(StepHooks):
-    """Heartbeats and sections for the rank monitor."""
+def calibrate_step_timeout(client, *, floor_s: float) -> float | None:
+    """Set the step section's timeout from the steps observed so far: NVRx's calculation
+    (``TimeoutsCalc.get_section_timeouts``: its safety factor, 5, times the longest step any
+    rank has timed; ``synchronize_all`` is an all-reduce, so call it on every rank), but at
+    least ``floor_s``. Returns the timeout set, or None when no step has been timed yet.
 
-    def __init__(self, client, *, calibrate_after: int) -> None:
+    Only the step section: heartbeats come once per step, so their intervals also span the
+    checkpoint saves and the final save and wait, which the first steps of an attempt never
+    show; NVRx's ``calculate_and_set_hb_timeouts`` (and the checkpoint and out-of-section
+    timeouts) calibrated from them would kill a healthy rank while it saves. Those keep their
+    configured values. ``calculate_and_set_section_timeouts`` has no floor, so the calculated
+    timeouts go to the rank monitor through the client's own setter (NVRx 0.4.1
+    ``rank_monitor_client.py`` ``_set_calculated_timeouts``), as that method does."""
+    calc = client.timeouts_calc
+    calc.synchronize_all()
+    if not calc.can_get_section_timeouts(selected_sections=[STEP], calc_out_of_section=False):
+        return None
+    timeouts = calc.get_section_timeouts(
+        selected_sections=[STEP], calc_out_of_section=False, current=client.section_timeouts
+    )
+    timeouts.section[STEP] = max(timeouts.section[STEP], floor_s)
+    client._set_calculated_timeouts(new_hb_timeouts=None, new_section_timeouts=timeouts)
+    return timeouts.section[STEP]
+
+
+class MonitorHooks(StepHooks):
+    """Heartbeats and sections for the rank monitor; the step section's timeout calibrated
+    after ``calibrate_after`` steps (0: never)."""
+
+    def __init__(
+        self, client, *, calibrate_after: int, floor_s: float, events: EventLog | None = None
+    ) -> None:
         self.client = client
         self.calibrate_after = calibrate_after
+        self.floor_s = floor_s
+        self.events = events
         self.steps_seen = 0
         self.calibrated = False
 
@@ -65,10 +96,12 @@ class MonitorHooks(StepHooks):
         self.client.end_section(STEP)
         self.steps_seen += 1
         if self.calibrate_after and not self.calibrated and self.steps_seen >= self.calibrate_after:
-            # Collective across ranks (NVRx synchronizes the calculated timeouts).
-            self.client.calculate_and_set_section_timeouts(skip_if_not_ready=True)
-            self.client.calculate_and_set_hb_timeouts(skip_if_not_ready=True)
             self.calibrated = True
+            timeout = calibrate_step_timeout(self.client, floor_s=self.floor_s)  # collective
+            if timeout is not None and self.events is not None:
+                self.events.emit(
+                    "hang_timeout_calibrated", step=step, mode="injob", timeout_s=round(timeout, 3)
+                )
 
     @contextlib.contextmanager
     def section(self, name: str) -> Iterator[None]:
@@ -180,7 +213,12 @@ def run_injob(config: JobConfig) -> int:
             code = check_attempt(config, client=client, events=events)
             if code is not None:
                 return code
-        hooks = MonitorHooks(client, calibrate_after=config.resilience.calibrate_timeouts_after)
+        hooks = MonitorHooks(
+            client,
+            calibrate_after=config.resilience.calibrate_timeouts_after,
+            floor_s=config.resilience.hang_floor_s,
+            events=events,
+        )
         try:
             result = run_training(config, hooks=hooks, attempt=attempt)
         except BaseException:

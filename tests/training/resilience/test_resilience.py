@@ -293,3 +293,36 @@ def test_inprocess_hang_detection_calibrated_from_step_times(
     resumed = [m for m in read_metrics(run_dir) if m["time"] - m["step_time_s"] > hang["time"]]
     assert resumed and min(m["time"] for m in resumed) - hang["time"] < 30
     assert_identical(final_state(run_dir), reference)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_injob_hang_detection_calibrated_from_step_times(
+    tmp_path: Path, corpus: Path, reference: dict
+) -> None:
+    """In-job, with calibration on: after 5 steps the step section's timeout becomes
+    max(2 s, NVRx's 5 x the longest step), the rank monitor (checking every hang_floor_s / 2)
+    catches the hang long before the configured 60 s, ft_launcher respawns the ranks and the
+    run ends bit-identical. The heartbeat timeout stays as configured (120 s): the checkpoint
+    saves after the calibration, longer than any step before it, kill no rank."""
+    run_dir = tmp_path / "run"
+    proc = launch(
+        run_dir,
+        corpus,
+        "--restart=injob",
+        "--faults=hang@1:14",
+        "--resilience.calibrate_timeouts_after=5",
+        "--resilience.step_section_timeout_s=60",
+        "--resilience.heartbeat_timeout_s=120",
+    )
+    assert proc.returncode == 0, tail(proc.log)
+    log = events(run_dir)
+    calibrated = [e for e in log if e["kind"] == "hang_timeout_calibrated"]
+    assert calibrated, "the step section's timeout must have been calibrated"
+    assert all(e["mode"] == "injob" and 2.0 <= e["timeout_s"] < 60 for e in calibrated)
+    (hang,) = [e for e in log if e["kind"] == "fault"]
+    assert hang["fault"] == "hang"
+    resumed = [m for m in read_metrics(run_dir) if m["time"] - m["step_time_s"] > hang["time"]]
+    assert resumed and min(m["time"] for m in resumed) - hang["time"] < 40
+    assert len([e for e in log if e["kind"] == "restart_begin"]) <= 2  # the hang's one restart
+    assert_identical(final_state(run_dir), reference)
