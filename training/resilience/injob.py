@@ -78,9 +78,7 @@ class MonitorHooks(StepHooks):
     """Heartbeats and sections for the rank monitor; the step section's timeout calibrated
     after ``calibrate_after`` steps (0: never)."""
 
-    def __init__(
-        self, client, *, calibrate_after: int, floor_s: float, events: EventLog | None = None
-    ) -> None:
+    def __init__(self, client, *, calibrate_after: int, floor_s: float, events: EventLog) -> None:
         self.client = client
         self.calibrate_after = calibrate_after
         self.floor_s = floor_s
@@ -98,7 +96,7 @@ class MonitorHooks(StepHooks):
         if self.calibrate_after and not self.calibrated and self.steps_seen >= self.calibrate_after:
             self.calibrated = True
             timeout = calibrate_step_timeout(self.client, floor_s=self.floor_s)  # collective
-            if timeout is not None and self.events is not None:
+            if timeout is not None:
                 self.events.emit(
                     "hang_timeout_calibrated", step=step, mode="injob", timeout_s=round(timeout, 3)
                 )
