@@ -192,12 +192,17 @@ class CheckpointManager:
         return self._latest_committed
 
     def prepare(self, trainer: StatefulTrainer) -> None:
-        """Ready what the first save of this attempt would otherwise pay for, in the background:
-        the NVRx staging buffer of CPU state (call once the optimizer state exists, after the
-        first step). Not collective."""
+        """Ready what the first save of this attempt would otherwise pay for (call once the
+        optimizer state exists, after the first step): the NVRx save plan, made here and
+        cached (:meth:`AsyncCheckpointQueue.plan_ahead`), and the staging buffer of CPU state,
+        reserved in the background. Collective (the plan gathers every rank's local plan):
+        every rank calls it at the same step."""
         if self._nvrx is None or not (self.config.interval or self.config.save_final):
             return  # no save will use it
-        nbytes = staged_bytes(trainer.state_dict())
+        state = {"trainer": trainer.state_dict()}  # as :meth:`save` builds it
+        self._nvrx.plan_ahead(state_dict=state, checkpoint_root=str(self.root))
+        self._plan_key = structure_key(state)
+        nbytes = staged_bytes(state)
         if nbytes:
             self._nvrx.reserve_staging(nbytes)
 

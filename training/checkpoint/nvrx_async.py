@@ -382,6 +382,19 @@ class AsyncCheckpointQueue:
         self._queue.schedule_async_request(request)
         phases("schedule")  # GPU: includes the worker's host copies (preload)
 
+    def plan_ahead(self, *, state_dict: dict[str, Any], checkpoint_root: str) -> None:
+        """Make and cache the save plan of ``state_dict`` now, as the first save would (NVRx's
+        ``save_state_dict_async_plan``: DCP's local plans, their gather, the central plan), so
+        that the first save of the attempt reuses it like every later one. Nothing is written:
+        the writer only checks ``checkpoint_root`` for a DCP ``.metadata`` (there is none; each
+        checkpoint is a step directory below it) and resolves the write items. Collective."""
+        self._plan = None
+        writer = FileSystemWriterAsync(checkpoint_root, thread_count=1)
+        planner = DefaultSavePlanner()
+        with cpu_collectives():
+            _, metadata, _ = save_state_dict_async_plan(state_dict, writer, planner=planner)
+        self._plan = _CachedPlan(plan=planner.plan, metadata=metadata)
+
     def _prepare_with_cached_plan(
         self, state_dict: dict[str, Any], writer: FileSystemWriterAsync
     ) -> tuple[FileSystemWriterAsync, Any, _DistWrapper]:

@@ -151,7 +151,8 @@ def test_async_save_is_an_exact_snapshot(tmp_path: Path, corpus: Path, engine: s
     - every parameter and optimizer tensor is changed right after ``save`` returns; the loaded
       checkpoint equals the state at save time (on CPU nothing stages NVRx's live tensors
       unless we do: training/checkpoint/staging.py);
-    - a warm save (cached plan, nvrx) writes shard files byte-identical to a fresh manager's;
+    - a warm save (cached plan, nvrx) and a first save with the plan made in ``prepare`` reuse
+      that plan and write shard files byte-identical to a fresh manager's;
     - the CRCs recorded while writing equal CRCs of the final files, item by item;
     - a shard damaged after commit fails the one-pass verified load on every rank without
       changing any rank's state, and ``load_latest`` falls back to the previous checkpoint,
@@ -180,16 +181,18 @@ def test_async_save_is_an_exact_snapshot(tmp_path: Path, corpus: Path, engine: s
         assert report["damaged_load_raised"], f"rank {rank}: the damaged shard was loaded"
         assert "__1_0.distcp fails its checksum" in report["damaged_load_problem"]
         assert report["touched_by_rejected_load"] == [], f"rank {rank}: half-loaded state"
-        assert report["fallback_step"] == 2
+        assert report["fallback_step"] == 3
         assert report["fallback_mismatched"] == [], f"rank {rank}: fallback differs"
         assert report["step2_plan_reused"] == (engine == "nvrx")
-        assert report["step3_plan_reused"] is False
+        assert report["step3_plan_reused"] == (engine == "nvrx"), "prepare made no plan"
+        assert report["step4_plan_reused"] is False
     assert reports[0]["shard_files"] == ["__0_0.distcp", "__1_0.distcp"]
     assert reports[0]["cached_differs"] == [], "a cached-plan save wrote different bytes"
+    assert reports[0]["prepared_differs"] == [], "a prepared-plan save wrote different bytes"
     assert reports[0]["crc_problems"] == []
     events = [json.loads(line) for line in (result_dir / "events.jsonl").read_text().splitlines()]
     rejected = [e for e in events if e["kind"] == "checkpoint_rejected"]
-    assert {e["step"] for e in rejected} == {3}
+    assert {e["step"] for e in rejected} == {4}
 
 
 def _alive(pid: int) -> bool:

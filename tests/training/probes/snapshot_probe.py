@@ -128,26 +128,35 @@ def main() -> None:
     saver.save(trainer, step=2, blocking=True)  # warm: the cached plan
     report: dict = {"step2_plan_reused": saver.last_plan_reused}
     saver.close()
-    # trainer.step stays 2: the state of steps 2 and 3 is the same, so must their bytes be
+    # trainer.step stays 2: the state of steps 2, 3 and 4 is the same, so must their bytes be
+    prepared_saver = manager()  # plans in prepare, as the trainer does after its first step
+    prepared_saver.start()
+    prepared_saver.prepare(trainer)
+    prepared_saver.save(trainer, step=3, blocking=True)  # the first save: the prepared plan
+    report["step3_plan_reused"] = prepared_saver.last_plan_reused
+    prepared_saver.close()
     fresh_saver = manager()  # no cache: plans from scratch
     fresh_saver.start()
-    fresh_saver.save(trainer, step=3, blocking=True)
+    fresh_saver.save(trainer, step=4, blocking=True)
     fresh_saver.close()
     expected2 = flat_tensors(trainer.state_dict())
     dist.barrier()
 
-    report["step3_plan_reused"] = fresh_saver.last_plan_reused
+    report["step4_plan_reused"] = fresh_saver.last_plan_reused
     if env.rank == 0:
-        s2, s3 = step_dir(root, 2), step_dir(root, 3)
+        s2, s3, s4 = step_dir(root, 2), step_dir(root, 3), step_dir(root, 4)
         names = sorted(p.name for p in s2.glob("*.distcp"))
         report["shard_files"] = names
         report["cached_differs"] = [
-            n for n in names if (s2 / n).read_bytes() != (s3 / n).read_bytes()
+            n for n in names if (s2 / n).read_bytes() != (s4 / n).read_bytes()
+        ]
+        report["prepared_differs"] = [
+            n for n in names if (s3 / n).read_bytes() != (s4 / n).read_bytes()
         ]
         report["crc_problems"] = [
-            p for s in (1, 2, 3) for p in manifest_problems(step_dir(root, s), env.world_size)
+            p for s in (1, 2, 3, 4) for p in manifest_problems(step_dir(root, s), env.world_size)
         ]
-        shard = s3 / "__1_0.distcp"  # damage after commit: one bit in the middle
+        shard = s4 / "__1_0.distcp"  # damage after commit: one bit in the middle
         data = bytearray(shard.read_bytes())
         data[len(data) // 2] ^= 0x01
         shard.write_bytes(bytes(data))
@@ -156,7 +165,7 @@ def main() -> None:
     # A direct verified load of the damaged step: every rank fails, no rank's state changes.
     victim = fresh_trainer()
     before = flat_tensors(victim.state_dict())
-    reader = VerifyingReader(step_dir(root, 3))
+    reader = VerifyingReader(step_dir(root, 4))
     try:
         dcp.load({"trainer": victim}, storage_reader=reader)
         report["damaged_load_raised"] = False
@@ -165,14 +174,14 @@ def main() -> None:
     report["damaged_load_problem"] = reader.problem
     report["touched_by_rejected_load"] = mismatches(before, victim)
 
-    # The fallback: step 3 rejected, step 2 loaded, equal to what was saved.
+    # The fallback: step 4 rejected, step 3 loaded, equal to what was saved.
     restored = fresh_trainer()
     report["fallback_step"] = manager().load_latest(restored)
     report["fallback_mismatched"] = mismatches(expected2, restored)
     dist.barrier()
 
     if env.rank == 0:  # leave step 1 the newest committed checkpoint
-        for step in (2, 3):
+        for step in (2, 3, 4):
             (step_dir(root, step) / COMMIT).unlink()
     dist.barrier()
     fresh = fresh_trainer()
