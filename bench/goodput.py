@@ -2,12 +2,19 @@
 
 Each mode trains the same job (``NPROC`` = 2 CPU ranks, gloo, the tiny model, a checkpoint
 every ``CKPT_EVERY`` steps) for a fixed window of ``WINDOW_S`` = 300 s of wall time counted from
-the end of its first step, with faults of mixed kinds about every 60 s: the first at step
-``FIRST_FAULT``, then one every ``FAULT_EVERY`` steps (at the ~60 ms steps of this job on a
-loaded 2-core machine: ~27 s, then ~50 s of training apart, ~60 s of wall with the recovery).
-The faults are placed by step, half-way between two checkpoints (the average case: a restart
-recomputes half an interval), so a mode that loses more time sees them further apart in wall
-time; the table shows their mean spacing. At the end of the window the run is killed (`kill_tree`).
+the end of its first step, with faults of mixed kinds every ``FAULT_EVERY_S`` = 60 s of wall
+time, the first ``FAULT_FIRST_S`` = 30 s in: timed faults (``KIND@RANK:SECONDSs``, the clock
+starting at the run's first step), so every mode meets the same five faults in its window
+however fast it recovers, and each lands wherever it falls between two checkpoints (on average
+half an interval is recomputed). Faults placed by step, as before, came every 38-46 s once the
+steps had got faster (~40 ms), more often for the modes that recovered faster.
+At the end of the window the run is killed (`kill_tree`).
+
+``CKPT_EVERY`` = 100 steps is the optimum of the planner's model (``planner.ettr``: Young's
+sqrt(2 x stall x MTBF)) for this job: fault-free in-process runs of 30 s measured ETTR 0.979
+with a checkpoint every 100 steps and 0.931 every 35, i.e. ~0.09 s outside the steps per
+checkpoint (the commit's collectives and files on top of the 0.01 s blocking snapshot); with
+one fault a minute that gives sqrt(2 x 0.09 x 60) = 3.3 s, ~100 steps of ~33 ms.
 2 ranks, not 4: on a 2-core machine 4 ranks plus their NVRx checkpoint workers, rank monitors
 and launchers oversubscribe the cores (see bench/overhead.py ``--diagnose``).
 
@@ -76,8 +83,8 @@ from training.runlog.files import METRICS_FILE
 NPROC = 2
 WINDOW_S = 300.0
 QUICK_WINDOW_S = 40.0
-FIRST_FAULT = 450
-FAULT_EVERY = 800
+FAULT_FIRST_S = 30.0
+FAULT_EVERY_S = 60.0
 CKPT_EVERY = 100
 BASELINE_PG_TIMEOUT_S = 20
 ALL_KINDS = ("exception", "hang", "sigkill")
@@ -102,11 +109,12 @@ MODES: dict[str, dict[str, Any]] = {
 BEST_OF = ("inprocess", "injob", "nested")
 
 
-def fault_spec(*, kinds: tuple[str, ...], faults: int, first: int, every: int) -> str:
-    """Faults at ``first``, ``first + every``, ...; kinds in turn; ranks 1..NPROC-1 in turn."""
+def fault_spec(*, kinds: tuple[str, ...], faults: int, first_s: float, every_s: float) -> str:
+    """Timed faults at ``first_s``, ``first_s + every_s``, ... seconds after the run's first
+    step; kinds in turn; ranks 1..NPROC-1 in turn."""
     ranks = max(1, NPROC - 1)
     return ";".join(
-        f"{kinds[i % len(kinds)]}@{(1 + i % ranks) % NPROC}:{first + every * i}"
+        f"{kinds[i % len(kinds)]}@{(1 + i % ranks) % NPROC}:{first_s + every_s * i:g}s"
         for i in range(faults)
     )
 
@@ -263,9 +271,11 @@ def run(*, quick: bool = False, only: tuple[str, ...] = ()) -> dict[str, Any]:
     for name in names:
         mode = MODES[name]
         if quick:
-            spec = fault_spec(kinds=("exception",), faults=1, first=60, every=1)
+            spec = fault_spec(kinds=("exception",), faults=1, first_s=10.0, every_s=1.0)
         else:
-            spec = fault_spec(kinds=mode["kinds"], faults=12, first=FIRST_FAULT, every=FAULT_EVERY)
+            spec = fault_spec(
+                kinds=mode["kinds"], faults=8, first_s=FAULT_FIRST_S, every_s=FAULT_EVERY_S
+            )
         run_dir = RUNS_DIR / "goodput" / name
         command = local_command(
             run_dir=run_dir,
@@ -310,8 +320,8 @@ def run(*, quick: bool = False, only: tuple[str, ...] = ()) -> dict[str, Any]:
         "quick": quick,
         "nproc": NPROC,
         "window_s": window_s,
-        "fault_first_step": FIRST_FAULT,
-        "fault_every_steps": FAULT_EVERY,
+        "fault_first_s": FAULT_FIRST_S,
+        "fault_every_s": FAULT_EVERY_S,
         "checkpoint_every_steps": CKPT_EVERY,
         "hang_timeouts": list(HANG_TIMEOUTS),
         "baseline_pg_timeout_s": BASELINE_PG_TIMEOUT_S,
@@ -399,8 +409,8 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(
         [
             f"goodput: {result['nproc']} ranks, tiny model, {result['window_s']:.0f} s window "
-            f"after the first step, a fault at step {result['fault_first_step']} and every "
-            f"{result['fault_every_steps']} steps, checkpoint every "
+            f"after the first step, a fault {result['fault_first_s']:g} s in and every "
+            f"{result['fault_every_s']:g} s, checkpoint every "
             f"{result['checkpoint_every_steps']} steps",
             table(
                 [

@@ -75,6 +75,8 @@ def test_goodput_window_counts_only_the_last_occurrence_of_each_step(tmp_path: P
     assert cost["downtime_s"] == pytest.approx(60.1 - 50.5)
     assert cost["recompute_s"] == pytest.approx(10 * 0.9)
     assert stats["unrecovered"] == 0
-    assert fault_spec(kinds=("exception", "hang"), faults=3, first=10, every=20) == (
-        "exception@1:10;hang@1:30;exception@1:50"
-    )
+    spec = fault_spec(kinds=("exception", "hang"), faults=3, first_s=30.0, every_s=60.0)
+    assert spec == "exception@1:30s;hang@1:90s;exception@1:150s"
+    from training.resilience.faults import parse_faults
+
+    assert [f.after_s for f in parse_faults(spec)] == [30.0, 90.0, 150.0]

@@ -4,6 +4,9 @@ only, so that checking a config never imports torch; ``training.resilience.injec
 Spec (``--faults`` / ``FAULTS=`` / ``TRAIN_FAULTS`` env), faults separated by ``;``::
 
     KIND@RANK:STEP[:POINT]        e.g. exception@1:40   sigkill@0:80   ckpt_crash@0:50:staged
+    KIND@RANK:SECONDSs            at the first step RANK starts SECONDS of wall time after the
+                                  run's first step (e.g. hang@1:90s): a fault rate in time,
+                                  the same for every restart strategy however fast it recovers
     random:seed=S:every=N[:kinds=a|b|c][:ranks=R]
                                   about one fault per N steps, kind and rank drawn from seed S
     always:KIND@RANK:STEP         fire on every attempt, not once (tests the restart cap)
@@ -27,7 +30,9 @@ Kinds:
 
 Each fault fires once per run (``always:`` ones excepted): a marker file in
 ``<run_dir>/.faults/`` records it, so replayed steps after a restart (in-process or a new
-process) do not fire it again.
+process) do not fire it again. The clock of timed faults starts at the run's first step (the
+first ``before_step`` of any rank, any attempt; recorded in the same folder), so a restarted
+process keeps the schedule.
 """
 
 from __future__ import annotations
@@ -63,6 +68,9 @@ class Fault:
     kind: str
     rank: int
     step: int
+    """The step it fires at; 0 for a timed fault (``after_s``)."""
+    after_s: float | None = None
+    """Timed: fire at the first step starting this many seconds after the run's first step."""
     point: str = ""
     index: int = 0
     """Position in the spec; names the fault's fired-marker file."""
@@ -74,7 +82,7 @@ def _fail(problem: str) -> None:
     raise ConfigError(
         "faults",
         f"{problem}. Format: KIND@RANK:STEP[:POINT] joined by ';' or "
-        "random:seed=S:every=N[:kinds=a|b]; kinds: " + ", ".join(KINDS),
+        "KIND@RANK:SECONDSs, or random:seed=S:every=N[:kinds=a|b]; kinds: " + ", ".join(KINDS),
     )
 
 
@@ -128,10 +136,17 @@ def parse_faults(spec: str) -> list[Fault]:
         parts = where.split(":")
         if len(parts) not in (2, 3):
             _fail(f"fault {text!r} needs RANK:STEP")
+        after_s: float | None = None
         try:
-            rank, step = int(parts[0]), int(parts[1])
+            rank = int(parts[0])
+            if parts[1].endswith("s"):
+                after_s, step = float(parts[1][:-1]), 0
+            else:
+                step = int(parts[1])
         except ValueError:
-            _fail(f"fault {text!r}: RANK and STEP must be integers")
+            _fail(f"fault {text!r}: RANK must be an integer and STEP an integer or SECONDSs")
+        if after_s is not None and (not after_s >= 0 or kind == "ckpt_crash" or always):
+            _fail(f"fault {text!r}: a timed fault needs SECONDS >= 0, not ckpt_crash or always:")
         point = parts[2] if len(parts) == 3 else ""
         if kind == "ckpt_crash":
             point = point or "staged"
@@ -139,9 +154,17 @@ def parse_faults(spec: str) -> list[Fault]:
                 _fail(f"ckpt_crash point must be one of {', '.join(CKPT_POINTS)}, got {point!r}")
         elif point:
             _fail(f"only ckpt_crash takes a POINT, not {kind}")
-        if rank < 0 or step < 1:
+        if rank < 0 or (after_s is None and step < 1):
             _fail(f"fault {text!r}: RANK must be >= 0 and STEP >= 1")
         faults.append(
-            Fault(kind=kind, rank=rank, step=step, point=point, index=len(faults), always=always)
+            Fault(
+                kind=kind,
+                rank=rank,
+                step=step,
+                after_s=after_s,
+                point=point,
+                index=len(faults),
+                always=always,
+            )
         )
     return faults

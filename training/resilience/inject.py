@@ -1,7 +1,8 @@
 """Fires the faults of ``training.resilience.faults`` in a rank, as a step hook: once per run,
 at their step or checkpoint point. Each fault fires once per run (``always:`` ones excepted): a
 marker file in ``<run_dir>/.faults/`` records it, so replayed steps after a restart (in-process
-or a new process) do not fire it again."""
+or a new process) do not fire it again. Timed faults count from the run's first step, whose
+time the first rank to start one records there (``clock_origin``)."""
 
 from __future__ import annotations
 
@@ -35,9 +36,16 @@ class FaultInjector(StepHooks):
         self.events = events
         self.marker_dir = run_dir / ".faults"
         self.by_step: dict[int, list[Fault]] = {}
+        self.timed: list[Fault] = []
         for fault in faults:
-            if fault.rank == rank:
+            if fault.rank != rank:
+                continue
+            if fault.after_s is None:
                 self.by_step.setdefault(fault.step, []).append(fault)
+            else:
+                self.timed.append(fault)
+        self.timed.sort(key=lambda fault: fault.after_s)
+        self._origin: float | None = None
 
     @classmethod
     def from_spec(
@@ -60,10 +68,10 @@ class FaultInjector(StepHooks):
         )
 
     # -- bookkeeping -----------------------------------------------------------------------------
-    def _claim(self, fault: Fault) -> bool:
+    def _claim(self, fault: Fault, step: int | None = None) -> bool:
         """True exactly once per fault per run, across processes and restarts."""
         if fault.always:
-            self._record(fault)
+            self._record(fault, step)
             return True
         self.marker_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -73,18 +81,44 @@ class FaultInjector(StepHooks):
         except FileExistsError:
             return False
         os.close(fd)
-        self._record(fault)
+        self._record(fault, step)
         return True
 
-    def _record(self, fault: Fault) -> None:
+    def _record(self, fault: Fault, step: int | None = None) -> None:
         if self.events is not None:
-            self.events.emit("fault", step=fault.step, fault=fault.kind, point=fault.point or None)
+            self.events.emit(
+                "fault", step=step or fault.step, fault=fault.kind, point=fault.point or None
+            )
+
+    def clock_origin(self) -> float:
+        """The wall time of the run's first step: recorded once per run by whichever rank gets
+        there first (written whole, then linked into place, so no reader sees it half-written),
+        read by every later process."""
+        if self._origin is None:
+            self.marker_dir.mkdir(parents=True, exist_ok=True)
+            origin = self.marker_dir / "clock_origin"
+            draft = self.marker_dir / f".clock_origin.{os.getpid()}"
+            draft.write_text(repr(time.time()))
+            try:
+                os.link(draft, origin)
+            except FileExistsError:
+                pass
+            finally:
+                draft.unlink()
+            self._origin = float(origin.read_text())
+        return self._origin
 
     # -- step hooks ---------------------------------------------------------------
     def before_step(self, step: int) -> None:
         for fault in self.by_step.get(step, ()):
             if fault.kind != "ckpt_crash" and self._claim(fault):
-                self._fire(fault)
+                self._fire(fault, step)
+        if self.timed:
+            elapsed = time.time() - self.clock_origin()
+            while self.timed and self.timed[0].after_s <= elapsed:
+                fault = self.timed.pop(0)
+                if self._claim(fault, step):
+                    self._fire(fault, step)
 
     def checkpoint_point(self, point: str, step: int) -> None:
         for fault in self.by_step.get(step, ()):
@@ -95,9 +129,9 @@ class FaultInjector(StepHooks):
                 os.kill(os.getpid(), signal.SIGKILL)
 
     # -- the faults ----------------------------------------------------------------------------
-    def _fire(self, fault: Fault) -> None:
+    def _fire(self, fault: Fault, step: int) -> None:
         kind = fault.kind
-        where = f"rank {self.rank} step {fault.step}"
+        where = f"rank {self.rank} step {step}"
         if kind == "exception":
             raise InjectedFault(f"injected exception at {where}")
         if kind == "oom":

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,11 @@ def test_fault_spec_parses_every_form() -> None:
     gaps = [b.step - a.step for a, b in itertools.pairwise(randoms)][:50]
     assert all(10 <= gap <= 30 for gap in gaps)
     assert parse_faults("random:seed=3:every=20") == parse_faults("random:seed=3:every=20")
+    timed = parse_faults("hang@1:90s;exception@0:1.5s")
+    assert [(f.kind, f.rank, f.step, f.after_s) for f in timed] == [
+        ("hang", 1, 0, 90.0),
+        ("exception", 0, 0, 1.5),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -38,7 +44,11 @@ def test_fault_spec_parses_every_form() -> None:
     [
         ("explode@1:4", "unknown fault kind 'explode'"),
         ("exception@1", "needs RANK:STEP"),
-        ("exception@a:4", "must be integers"),
+        ("exception@a:4", "RANK must be an integer"),
+        ("exception@1:4.5", "STEP an integer or SECONDSs"),
+        ("exception@1:-3s", "SECONDS >= 0"),
+        ("ckpt_crash@0:30s", "not ckpt_crash"),
+        ("always:exception@0:30s", "or always:"),
         ("exception@1:0", "STEP >= 1"),
         ("ckpt_crash@0:8:later", "ckpt_crash point must be one of"),
         ("sigkill@0:8:staged", "only ckpt_crash takes a POINT"),
@@ -62,6 +72,27 @@ def test_a_fault_fires_once_per_run_across_processes(tmp_path: Path) -> None:
     FaultInjector(faults=faults, rank=0, run_dir=tmp_path).before_step(3)
     # Another rank's fault is not this rank's.
     FaultInjector(faults=parse_faults("exception@1:3"), rank=0, run_dir=tmp_path).before_step(3)
+
+
+def test_timed_faults_keep_the_run_clock_across_processes(tmp_path: Path) -> None:
+    """The clock starts at the run's first step and is shared by every later process: a
+    restarted rank fires the fault due at its time, once, and not the later one."""
+    faults = parse_faults("exception@0:0.3s;sigkill@0:3600s")
+    first = FaultInjector(faults=faults, rank=0, run_dir=tmp_path)
+    first.before_step(1)  # starts the clock; nothing is due yet
+    origin = first.clock_origin()
+    assert (tmp_path / ".faults" / "clock_origin").is_file()
+    while time.time() - origin < 0.3:
+        time.sleep(0.05)
+    restarted = FaultInjector(faults=faults, rank=0, run_dir=tmp_path)  # a new process
+    assert restarted.clock_origin() == origin
+    with pytest.raises(InjectedFault, match="rank 0 step 7"):
+        restarted.before_step(7)
+    FaultInjector(faults=faults, rank=0, run_dir=tmp_path).before_step(7)  # fired already
+    assert sorted(p.name for p in (tmp_path / ".faults").iterdir()) == [
+        "00000.fired",
+        "clock_origin",
+    ]
 
 
 def test_always_faults_fire_on_every_attempt(tmp_path: Path) -> None:
