@@ -99,9 +99,9 @@ def run_training(
             events, phase=MODEL_BUILT, attempt=attempt, mode=mode, weights_initialized=not resume
         )
         _LEFTOVERS.append(checkpoints)
-        # Checkpoint I/O, like the load: starting the NVRx worker (a fresh process importing
-        # torch, seconds on a busy node) must not read as a hang to the restart layers'
-        # watchdogs.
+        # Checkpoint I/O, like the load: the torn-checkpoint sweep and a barrier. The NVRx
+        # worker is only spawned here; it imports torch (seconds) during the load and step 1,
+        # and ``CheckpointManager.prepare`` waits for it, in a section too.
         with step_hooks.section("checkpoint_start"):
             checkpoints.start()
         result = trainer.fit(checkpoints=checkpoints)

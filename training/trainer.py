@@ -255,7 +255,6 @@ class Trainer:
                 elapsed = time.perf_counter() - started
                 if self.step == start_step + 1:
                     emit_phase(self.events, phase=FIRST_STEP, attempt=self.attempt, mode=mode)
-                    checkpoints.prepare(self)  # the optimizer state exists from here on
                 if logger is not None:
                     logger.log(
                         step=self.step,
@@ -268,6 +267,11 @@ class Trainer:
                         world_size=self.env.world_size,
                     )
                 self.hooks.after_step(self.step)
+                if self.step == start_step + 1:
+                    # Out of the step section (it calibrates the hang timeout): the wait for
+                    # the NVRx worker, the save plan, the staging buffer.
+                    with self.hooks.section("checkpoint_start"):
+                        checkpoints.prepare(self)  # the optimizer state exists from here on
                 checkpoints.poll()
                 if stop_now:
                     stop.saving()

@@ -153,7 +153,8 @@ class CheckpointManager:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
-        """Create the root, clear torn checkpoints of earlier attempts, start the NVRx worker."""
+        """Create the root, clear torn checkpoints of earlier attempts, start the NVRx worker
+        (without waiting for it: :meth:`prepare` does, after the first step)."""
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             self._remove_torn()
@@ -193,12 +194,16 @@ class CheckpointManager:
 
     def prepare(self, trainer: StatefulTrainer) -> None:
         """Ready what the first save of this attempt would otherwise pay for (call once the
-        optimizer state exists, after the first step): the NVRx save plan, made here and
-        cached (:meth:`AsyncCheckpointQueue.plan_ahead`), and the staging buffer of CPU state,
-        reserved in the background. Collective (the plan gathers every rank's local plan):
-        every rank calls it at the same step."""
-        if self._nvrx is None or not (self.config.interval or self.config.save_final):
-            return  # no save will use it
+        optimizer state exists, after the first step): the NVRx worker, up; the save plan, made
+        here and cached (:meth:`AsyncCheckpointQueue.plan_ahead`); the staging buffer of CPU
+        state, reserved in the background. Collective (the worker's binding is finalized on all
+        ranks, the plan gathers every rank's local plan): every rank calls it at the same step."""
+        if self._nvrx is None:
+            return
+        # The worker started in :meth:`start` imported torch during the load and the first step.
+        self._nvrx.await_worker()
+        if not (self.config.interval or self.config.save_final):
+            return  # no save will use the plan
         state = {"trainer": trainer.state_dict()}  # as :meth:`save` builds it
         self._nvrx.plan_ahead(state_dict=state, checkpoint_root=str(self.root))
         self._plan_key = structure_key(state)

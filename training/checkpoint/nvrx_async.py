@@ -290,28 +290,37 @@ class AsyncCheckpointQueue:
         # shards) never reuses a plan or a staging layout made for another state.
         self._plan: _CachedPlan | None = None
         self._staging = HostStaging()
+        self._binding = False  # the binding request of start_worker is not finalized yet
         if _SHARED_CALLER is not None and _SHARED_CALLER.process is not None:
             self._queue.persistent_caller = _SHARED_CALLER
 
     def start_worker(self) -> None:
-        """Have the persistent worker running before the first save (which would otherwise pay
-        its start-up of several seconds). The first request (binding the worker's life to this
-        process) goes through the public API and is finalized at once; the wait polls in
-        Python, so watchdogs see progress meanwhile. Collective: call on every rank."""
+        """Start the persistent worker without waiting for it: a fresh worker imports torch
+        (seconds) while the trainer loads its checkpoint and takes its first step, and
+        :meth:`await_worker` (before the first save) then finds it ready. The first request
+        binds the worker's life to this process. Collective with :meth:`await_worker`: every
+        rank calls both, at the same points."""
         global _SHARED_CALLER
         reap_stopping_workers()
         start_write_results_queue()
         # NVRx's worker waits on a queue whose pipe it holds both ends of: without this binding,
         # a SIGKILLed rank would leave it orphaned, holding its host memory, for good. Every rank
         # sends it, also to a worker kept from the previous attempt (binding again is harmless):
-        # the poll below is collective and NVRx numbers each queue's requests, so a rank that
+        # the wait for it is collective and NVRx numbers each queue's requests, so a rank that
         # skipped it would meet its peers' all-reduce in another collective and number its saves
         # one lower than theirs (a rank whose save was in flight at the fault gets a new worker,
         # its peers keep theirs: in-process restart then looped to its cap).
         first = AsyncRequest(partial(_bind_worker, os.getpid(), worker_device()), (), [])
-        self._queue.schedule_async_request(first)
-        self.poll(blocking=True)
+        self._queue.schedule_async_request(first)  # spawns the worker if needed; no wait
+        self._binding = True
         _SHARED_CALLER = self._queue.persistent_caller
+
+    def await_worker(self) -> None:
+        """Wait until every rank's worker has run its binding request (collective; the wait
+        polls in Python, so watchdogs see progress meanwhile). A no-op once done."""
+        if self._binding:
+            self.poll(blocking=True)
+            self._binding = False
 
     def schedule_save(
         self,
@@ -332,6 +341,7 @@ class AsyncCheckpointQueue:
         picklable); ``finalize`` runs on every rank once all ranks' writes are done.
         ``phases(name)`` marks the end of each phase (plan, stage, schedule) for the caller.
         """
+        self.await_worker()  # normally done already (CheckpointManager.prepare)
         writer = FileSystemWriterAsync(checkpoint_dir, thread_count=1)
         if reuse_plan and self._plan is not None:
             writer, metadata, dist_wrapper = self._prepare_with_cached_plan(state_dict, writer)
@@ -429,6 +439,7 @@ class AsyncCheckpointQueue:
 
     def schedule_request(self, request: AsyncRequest) -> None:
         """Schedule a ready-made NVRx request (the local checkpoint tier builds its own)."""
+        self.await_worker()
         self._queue.schedule_async_request(request)
 
     def poll(self, *, blocking: bool) -> list[int]:
@@ -444,6 +455,7 @@ class AsyncCheckpointQueue:
         global _SHARED_CALLER
         with cpu_collectives():
             self._queue.maybe_finalize_async_calls(blocking=True)
+        self._binding = False
         # Every write is finalized: the worker is idle and stops at once on 'DONE'. Bounded,
         # unlike NVRx's ``PersistentAsyncCaller.close`` (queue and process joins without limit).
         stop_worker(self._queue.persistent_caller)
@@ -457,8 +469,11 @@ class AsyncCheckpointQueue:
         stop): that write is cut off, its checkpoint stays uncommitted and is never loaded."""
         global _SHARED_CALLER
         caller = self._queue.persistent_caller
+        # A binding request still in flight counts: the next queue numbers its requests from
+        # 0 again and would take that request's completion for its own.
         in_flight = bool(self._queue.async_calls)
         self._queue.async_calls.clear()
+        self._binding = False
         if caller is None:
             return
         if not in_flight and caller.process is not None and caller.process.is_alive():

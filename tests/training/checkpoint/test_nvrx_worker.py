@@ -141,6 +141,7 @@ def one_rank_group(one_rank_group):
 def _started_queue() -> nvrx.AsyncCheckpointQueue:
     queue = nvrx.AsyncCheckpointQueue()
     queue.start_worker()
+    queue.await_worker()
     caller = queue._queue.persistent_caller
     assert caller.process is not None and caller.process.is_alive()
     return queue

@@ -30,6 +30,7 @@ def main() -> None:
     rank = dist.get_rank()
     first = AsyncCheckpointQueue()
     first.start_worker()
+    first.await_worker()  # as CheckpointManager.prepare does after step 1, on every rank
     if rank == 1:  # a write in flight at the fault, on this rank only
         first.schedule_request(AsyncRequest(partial(time.sleep, 3.0), (), []))
     first.abandon()
