@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import shutil
@@ -189,7 +190,7 @@ def worker(*, dim: int, layers: int, repeats: int, root: Path, out: Path) -> Non
         step_dir(managers["nvrx"].root, 10 * repeats),
         rank=rank,
         world_size=env.world_size,
-        rounds=max(3, repeats),
+        rounds=LOAD_ROUNDS,
     )
 
     # Every save committed, and the newest of each engine passes its checksums.
@@ -225,6 +226,8 @@ def worker(*, dim: int, layers: int, repeats: int, root: Path, out: Path) -> Non
 
 
 LOADS = ("plain", "verified", "two_pass")
+LOAD_ROUNDS = 6
+"""Each way twice in each position of the rotation; a load is ~0.15 s."""
 
 
 def _time_loads(
@@ -234,12 +237,14 @@ def _time_loads(
     ``plain`` (DCP's ``FileSystemReader``, no checks: the floor), ``verified`` (the one-pass
     ``VerifyingReader`` the manager uses) and ``two_pass`` (the old way: every rank CRCs its
     share of the files, the ranks agree, then a plain DCP load). One warm-up load first, so
-    every timed load reads from the page cache alike."""
+    every timed load reads from the page cache alike; no garbage collection inside a timed
+    load (the manager's load pauses it, ``integrity.gc_paused``; the plain one would otherwise
+    take the collections the others are spared)."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
 
-    from training.checkpoint.integrity import VerifyingReader
+    from training.checkpoint.integrity import VerifyingReader, gc_paused
     from training.checkpoint.layout import verify
 
     def two_pass() -> None:
@@ -258,10 +263,12 @@ def _time_loads(
     times: dict[str, list[float]] = {way: [] for way in LOADS}
     for k in range(rounds):
         for way in LOADS[k % 3 :] + LOADS[: k % 3]:
+            gc.collect()  # a full collection here takes ~150 ms: timed in no way (as timeit)
             dist.barrier()
-            started = time.perf_counter()
-            ways[way]()
-            times[way].append(time.perf_counter() - started)
+            with gc_paused():
+                started = time.perf_counter()
+                ways[way]()
+                times[way].append(time.perf_counter() - started)
     return times
 
 
@@ -310,12 +317,11 @@ def analyse(raw: dict[str, Any], *, dim: int, layers: int, repeats: int) -> dict
     raw_s = median(max(r["raw_s"][k] for r in ranks) for k in range(raw_n))
     raw_mbps = total_state / raw_s / 1e6 if raw_s else None
     nv, ta, sy = engines["nvrx"], engines["torch_async"], engines["sync"]
-    loads = {
-        way: median(
-            max(r["loads"][way][k] for r in ranks) for k in range(len(ranks[0]["loads"][way]))
-        )
+    load_rounds = {
+        way: [max(r["loads"][way][k] for r in ranks) for k in range(len(ranks[0]["loads"][way]))]
         for way in LOADS
     }
+    loads = {way: median(load_rounds[way]) for way in LOADS}
     targets = [
         _target(
             "nvrx warm blocking <= 2x the clone floor of the shard",
@@ -363,6 +369,7 @@ def analyse(raw: dict[str, Any], *, dim: int, layers: int, repeats: int) -> dict
             "warm": _phases(ranks, "nvrx", repeats=list(range(1, repeats)) or [0]),
         },
         "load_s": loads,
+        "load_rounds_s": load_rounds,
         "all_committed": not raw["problems"],
         "problems": raw["problems"],
         "targets": targets,

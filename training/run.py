@@ -100,8 +100,9 @@ def run_training(
         )
         _LEFTOVERS.append(checkpoints)
         # Checkpoint I/O, like the load: the torn-checkpoint sweep and a barrier. The NVRx
-        # worker is only spawned here; it imports torch (seconds) during the load and step 1,
-        # and ``CheckpointManager.prepare`` waits for it, in a section too.
+        # worker is only spawned here; it imports torch (seconds) during the load and the first
+        # steps, whose polls find it ready (only a save scheduled before then waits for it,
+        # in its checkpoint_save section).
         with step_hooks.section("checkpoint_start"):
             checkpoints.start()
         result = trainer.fit(checkpoints=checkpoints)

@@ -268,8 +268,8 @@ class Trainer:
                     )
                 self.hooks.after_step(self.step)
                 if self.step == start_step + 1:
-                    # Out of the step section (it calibrates the hang timeout): the wait for
-                    # the NVRx worker, the save plan, the staging buffer.
+                    # Out of the step section (it calibrates the hang timeout): the save
+                    # plan and the staging buffer (collective).
                     with self.hooks.section("checkpoint_start"):
                         checkpoints.prepare(self)  # the optimizer state exists from here on
                 checkpoints.poll()

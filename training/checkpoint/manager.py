@@ -154,7 +154,7 @@ class CheckpointManager:
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
         """Create the root, clear torn checkpoints of earlier attempts, start the NVRx worker
-        (without waiting for it: :meth:`prepare` does, after the first step)."""
+        (without waiting for it: the steps' :meth:`poll` find it ready)."""
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             self._remove_torn()
@@ -194,15 +194,13 @@ class CheckpointManager:
 
     def prepare(self, trainer: StatefulTrainer) -> None:
         """Ready what the first save of this attempt would otherwise pay for (call once the
-        optimizer state exists, after the first step): the NVRx worker, up; the save plan, made
-        here and cached (:meth:`AsyncCheckpointQueue.plan_ahead`); the staging buffer of CPU
-        state, reserved in the background. Collective (the worker's binding is finalized on all
-        ranks, the plan gathers every rank's local plan): every rank calls it at the same step."""
-        if self._nvrx is None:
-            return
-        # The worker started in :meth:`start` imported torch during the load and the first step.
-        self._nvrx.await_worker()
-        if not (self.config.interval or self.config.save_final):
+        optimizer state exists, after the first step): the save plan, made here and cached
+        (:meth:`AsyncCheckpointQueue.plan_ahead`); the staging buffer of CPU state, reserved in
+        the background. The NVRx worker started in :meth:`start` is not waited for here: a
+        fresh one imports torch for seconds, which :meth:`poll` lets the steps overlap.
+        Collective (the plan gathers every rank's local plan): every rank calls it at the same
+        step."""
+        if self._nvrx is None or not (self.config.interval or self.config.save_final):
             return  # no save will use the plan
         state = {"trainer": trainer.state_dict()}  # as :meth:`save` builds it
         self._nvrx.plan_ahead(state_dict=state, checkpoint_root=str(self.root))
@@ -326,7 +324,10 @@ class CheckpointManager:
         )
 
     def poll(self) -> None:
-        """Commit every save that all ranks have finished writing (cheap when none pending)."""
+        """Commit every save that all ranks have finished writing, and finish the NVRx worker's
+        start once every rank's worker is up (collective; cheap when nothing is pending)."""
+        if self._nvrx is not None and self._nvrx.binding:
+            self._nvrx.await_worker(blocking=False)
         if not self._pending and not self._local_pending:
             return
         if self._nvrx is not None:

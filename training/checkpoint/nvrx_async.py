@@ -296,10 +296,10 @@ class AsyncCheckpointQueue:
 
     def start_worker(self) -> None:
         """Start the persistent worker without waiting for it: a fresh worker imports torch
-        (seconds) while the trainer loads its checkpoint and takes its first step, and
-        :meth:`await_worker` (before the first save) then finds it ready. The first request
-        binds the worker's life to this process. Collective with :meth:`await_worker`: every
-        rank calls both, at the same points."""
+        (seconds) while the trainer loads its checkpoint and trains, and each step's poll
+        (:meth:`await_worker` with ``blocking=False``) finds it ready; only a save scheduled
+        before that waits. The first request binds the worker's life to this process.
+        Collective with :meth:`await_worker`: every rank calls both, at the same points."""
         global _SHARED_CALLER
         reap_stopping_workers()
         start_write_results_queue()
@@ -315,12 +315,19 @@ class AsyncCheckpointQueue:
         self._binding = True
         _SHARED_CALLER = self._queue.persistent_caller
 
-    def await_worker(self) -> None:
-        """Wait until every rank's worker has run its binding request (collective; the wait
-        polls in Python, so watchdogs see progress meanwhile). A no-op once done."""
+    @property
+    def binding(self) -> bool:
+        """The binding request of :meth:`start_worker` is not finalized yet."""
+        return self._binding
+
+    def await_worker(self, *, blocking: bool = True) -> bool:
+        """Finalize the binding request once every rank's worker has run it (collective: NVRx's
+        all-reduce of the ranks' states, so every rank sees the worker ready at the same call).
+        ``blocking``: wait for it (polling in Python, so watchdogs see progress meanwhile);
+        otherwise one check. Returns whether the worker is ready; a no-op once it is."""
         if self._binding:
-            self.poll(blocking=True)
-            self._binding = False
+            self.poll(blocking=blocking)
+        return not self._binding
 
     def schedule_save(
         self,
@@ -341,7 +348,7 @@ class AsyncCheckpointQueue:
         picklable); ``finalize`` runs on every rank once all ranks' writes are done.
         ``phases(name)`` marks the end of each phase (plan, stage, schedule) for the caller.
         """
-        self.await_worker()  # normally done already (CheckpointManager.prepare)
+        self.await_worker()  # normally done already (the steps' polls, CheckpointManager.poll)
         writer = FileSystemWriterAsync(checkpoint_dir, thread_count=1)
         if reuse_plan and self._plan is not None:
             writer, metadata, dist_wrapper = self._prepare_with_cached_plan(state_dict, writer)
@@ -445,7 +452,11 @@ class AsyncCheckpointQueue:
     def poll(self, *, blocking: bool) -> list[int]:
         """Finalize the saves that every rank has finished (collective: call on all ranks)."""
         with cpu_collectives():
-            return self._queue.maybe_finalize_async_calls(blocking=blocking)
+            finalized = self._queue.maybe_finalize_async_calls(blocking=blocking)
+        # Nothing is scheduled behind the binding before it is finalized (every request waits
+        # for it first, :meth:`await_worker`): an empty queue means the binding is done.
+        self._binding = self._binding and bool(self._queue.async_calls)
+        return finalized
 
     def pending(self) -> int:
         return self._queue.get_num_unfinalized_calls()
