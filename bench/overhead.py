@@ -75,12 +75,16 @@ def steady_state(run_dir, *, warmup: int) -> dict[str, Any]:
     metrics = [m for m in read_jsonl(run_dir / METRICS_FILE) if m.get("attempt", 0) == 0]
     metrics.sort(key=lambda m: m["step"])
     steady = [m for m in metrics if m["step"] > warmup]
-    intervals = [b["time"] - a["time"] for a, b in itertools.pairwise(steady)]
+    pairs = [(a, b) for a, b in itertools.pairwise(steady) if b["step"] == a["step"] + 1]
+    intervals = [b["time"] - a["time"] for a, b in pairs]
     return {
         "steps": len(metrics),
         "step_time_s": median(m["step_time_s"] for m in steady),
         "interval_s": median(intervals),
         "interval_mean_s": sum(intervals) / len(intervals) if intervals else None,
+        # Within the run, the time between steps that is not the step: the per-step hooks
+        # (pings, heartbeats, sections), the logging. Free of the run-level noise.
+        "outside_step_s": median(b["time"] - a["time"] - b["step_time_s"] for a, b in pairs),
     }
 
 
@@ -92,6 +96,10 @@ def _one(*, nproc: int, mode: str, steps: int, run_dir, overrides=()) -> dict[st
         restart=mode,
         overrides=(
             f"--train.steps={steps}",
+            # No save, so no checkpoint worker: a fresh NVRx worker imports torch beside the
+            # first steps (``CheckpointManager.poll`` lets them overlap), which here would
+            # measure the import on 2 shared cores, not the restart layer.
+            "--checkpoint.engine=sync",
             "--checkpoint.interval=0",
             # No final save: its write-back would still be flushing when the next run starts.
             "--checkpoint.save_final=false",
@@ -127,6 +135,7 @@ def run(
             modes[mode] = {
                 "step_time_s": fastest["step_time_s"],
                 "interval_s": fastest["interval_s"],
+                "outside_step_s": median(r["outside_step_s"] for r in runs),
                 "interval_median_s": median(r["interval_s"] for r in runs),
                 "steps": steps,
                 "rounds": rounds_here,
@@ -135,6 +144,13 @@ def run(
         base = modes["none"]["interval_s"]
         for mode in MODES:
             modes[mode]["ratio"] = ratio(modes[mode]["interval_s"], base)
+            # What the layer adds between steps, as a share of the plain step interval.
+            outside, outside_none = modes[mode]["outside_step_s"], modes["none"]["outside_step_s"]
+            modes[mode]["outside_step_share"] = (
+                None
+                if outside is None or outside_none is None
+                else ratio(outside - outside_none, base)
+            )
             modes[mode]["step_time_ratio"] = ratio(
                 modes[mode]["step_time_s"], modes["none"]["step_time_s"]
             )
@@ -309,6 +325,8 @@ def report(result: dict[str, Any]) -> str:
                 m["interval_s"],
                 m["ratio"],
                 m["interval_median_s"],
+                None if m["outside_step_s"] is None else m["outside_step_s"] * 1e3,
+                m["outside_step_share"],
             )
             for mode, m in modes.items()
         ]
@@ -324,6 +342,8 @@ def report(result: dict[str, Any]) -> str:
                     "step interval s",
                     "x none",
                     "median of rounds",
+                    "between steps ms",
+                    "added x interval",
                 ],
                 rows,
             ),

@@ -11,8 +11,28 @@ import ctypes
 import os
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 PR_SET_PDEATHSIG = 1
+# What a launcher's ``killpg`` sends (see :func:`die_with_parent`); what a helper ignores.
+HELPER_IGNORED_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+
+
+@contextmanager
+def spawning_helper() -> Iterator[None]:
+    """Start helper processes inside this: SIGTERM and SIGINT are blocked in the calling thread
+    meanwhile, and a spawned child inherits that mask (fork and exec keep it), so a launcher's
+    ``killpg`` during the child's start-up (seconds, importing torch) stays pending in it until
+    :func:`die_with_parent` ignores them, instead of killing a writer the rank's final save
+    will need. CPython's resource tracker starts its helper the same way
+    (``multiprocessing/resource_tracker.py``, ``_IGNORED_SIGNALS``). A signal sent to this
+    process meanwhile is delivered when the block ends: nothing is lost."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, HELPER_IGNORED_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -23,8 +43,9 @@ def die_with_parent(parent_pid: int) -> None:
     process group (torch elastic's ``SubprocessHandler.close`` calls ``os.killpg``; a terminal's
     Ctrl-C does the same), which would kill the checkpoint writer in the middle of the rank's
     final save on a drain. The rank decides when its helpers stop."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for signum in HELPER_IGNORED_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)  # also drops one left pending by spawning_helper
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELPER_IGNORED_SIGNALS)
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent_pid:  # the parent died before the signal was armed

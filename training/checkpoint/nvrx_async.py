@@ -49,6 +49,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -66,7 +67,8 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.utils import _DistWrapper
 
 from training.checkpoint.integrity import write_buckets
-from training.checkpoint.lifetime import die_with_parent
+from training.checkpoint.layout import CheckpointError
+from training.checkpoint.lifetime import die_with_parent, spawning_helper
 from training.checkpoint.staging import HostStaging, unstage
 
 log = logging.getLogger(__name__)
@@ -137,7 +139,8 @@ def start_write_results_queue() -> None:
     # results, in the background. Importing it at start-up (even in a thread) made every start-up,
     # so every restart, ~4 s slower on 2 CPU ranks; it only took the first commit from 8-10 s
     # (contended 2-core machine) to 0.8 s after staging.
-    manager.start(initializer=die_with_parent, initargs=(os.getpid(),))
+    with spawning_helper():
+        manager.start(initializer=die_with_parent, initargs=(os.getpid(),))
     # The proxy keeps ``manager`` (and so the server) alive for as long as NVRx holds the queue.
     filesystem_async._results_queue = manager.Queue()
 
@@ -311,7 +314,11 @@ class AsyncCheckpointQueue:
         # one lower than theirs (a rank whose save was in flight at the fault gets a new worker,
         # its peers keep theirs: in-process restart then looped to its cap).
         first = AsyncRequest(partial(_bind_worker, os.getpid(), worker_device()), (), [])
-        self._queue.schedule_async_request(first)  # spawns the worker if needed; no wait
+        # Spawns the worker if needed (no wait), deaf to a launcher's SIGTERM from its start:
+        # a drain in the first seconds of an attempt killed it before its binding request had
+        # it ignore SIGTERM, and the final save then waited for a dead worker.
+        with spawning_helper():
+            self._queue.schedule_async_request(first)
         self._binding = True
         _SHARED_CALLER = self._queue.persistent_caller
 
@@ -325,8 +332,19 @@ class AsyncCheckpointQueue:
         all-reduce of the ranks' states, so every rank sees the worker ready at the same call).
         ``blocking``: wait for it (polling in Python, so watchdogs see progress meanwhile);
         otherwise one check. Returns whether the worker is ready; a no-op once it is."""
-        if self._binding:
-            self.poll(blocking=blocking)
+        while self._binding:
+            # One check per pass (NVRx's blocking wait would spin on a dead worker for good):
+            # every rank takes part in each pass's all-reduce, and all see it done at once.
+            self.poll(blocking=False)
+            if not (self._binding and blocking):
+                break
+            if not self.worker_alive():
+                code = getattr(self._queue.persistent_caller.process, "exitcode", None)
+                raise CheckpointError(
+                    f"the NVRx checkpoint worker died before it was ready (exit code {code}): "
+                    "see this rank's log; the restart layer starts a new one"
+                )
+            time.sleep(0.05)
         return not self._binding
 
     def schedule_save(

@@ -242,3 +242,46 @@ def test_the_attempt_after_a_fault_starts_when_only_some_ranks_need_a_new_worker
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["finalized"] for r in reports] == [[0], [1]]
     assert [r["kept_worker"] for r in reports] == [True, False]  # the case under test
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_a_sigterm_while_the_worker_starts_does_not_kill_it(one_rank_group) -> None:
+    """A drain in the first seconds of an attempt: the launcher's ``killpg`` SIGTERMs the rank's
+    process group while the fresh worker is still importing torch, before its binding request
+    has it ignore SIGTERM. The worker must survive it and finish the binding (the pod test's
+    final save once waited on a worker killed that way until the heartbeat timeout)."""
+    nvrx.stop_shared_worker()
+    queue = nvrx.AsyncCheckpointQueue()
+    queue.start_worker()
+    caller = queue._queue.persistent_caller
+    assert queue.binding, "the worker was already bound: nothing to test"
+    os.kill(caller.process.pid, signal.SIGTERM)
+    assert queue.await_worker(blocking=True)
+    assert caller.process.is_alive()
+    os.kill(caller.process.pid, signal.SIGTERM)  # bound now: ignored
+    time.sleep(0.5)
+    assert caller.process.is_alive()
+    assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, []), "rank left blocked"
+    queue.close()
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_a_worker_that_dies_before_it_is_ready_is_an_error_not_a_hang(one_rank_group) -> None:
+    """NVRx's blocking wait spins for good on a dead worker; the wait for the binding names the
+    death instead, so the restart layer acts at once rather than at the heartbeat timeout."""
+    from training.checkpoint.layout import CheckpointError
+
+    nvrx.stop_shared_worker()
+    queue = nvrx.AsyncCheckpointQueue()
+    queue.start_worker()
+    caller = queue._queue.persistent_caller
+    assert queue.binding, "the worker was already bound: nothing to test"
+    os.kill(caller.process.pid, signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(CheckpointError, match="died before it was ready"):
+        queue.await_worker(blocking=True)
+    assert time.monotonic() - started < 30
+    queue.abandon()
+    nvrx.stop_shared_worker()
