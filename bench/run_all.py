@@ -1,13 +1,13 @@
 """Run the benchmarks one after the other and print one combined table (``make bench``).
 
     python -m bench.run_all                          # checkpoint, overhead, goodput: ~24 min
-    python -m bench.run_all --with-restart           # + the restart benchmark (+~9 min)
+    python -m bench.run_all --with-restart           # + the restart benchmark (+~4 min)
     python -m bench.run_all --quick                  # smoke sizes, ~5 min
     python -m bench.run_all --only checkpoint,restart
 
 The default set fits ``make bench`` in 25 minutes on a 2-core machine: the goodput benchmark
 alone trains each of its 4 modes for 5 minutes (~22 min with start-ups). The restart benchmark
-(~9 min) is left out by default: the goodput runs report the cost of every fault of each kind
+(~4 min) is left out by default: the goodput runs report the cost of every fault of each kind
 too, and ``bench/results/restart.json`` (which the planner reads) keeps its last full run.
 
 Each benchmark prints its own table and writes bench/results/<name>.json; this writes
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         "--only", default="", help=f"comma-separated subset of {', '.join(BENCHMARKS)}"
     )
     parser.add_argument(
-        "--with-restart", action="store_true", help="also run the restart benchmark (~9 min)"
+        "--with-restart", action="store_true", help="also run the restart benchmark (~4 min)"
     )
     parser.add_argument("--no-planner", action="store_true", help="skip the planner table")
     args = parser.parse_args(argv)
