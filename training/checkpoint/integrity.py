@@ -65,10 +65,10 @@ class CheckpointDamaged(CheckpointError):
 
 @contextmanager
 def gc_paused() -> Iterator[None]:
-    """No garbage collection inside a checkpoint write or load: a full collection of a trainer's
-    process takes ~150 ms here (measured in ``bench.checkpoint``'s loads), longer than the
-    whole verification, and nothing the write or load allocates needs collecting before its
-    end. Nested use keeps the outer state."""
+    """No garbage collection inside a checkpoint write or load (``write_buckets``,
+    ``CheckpointManager.load_latest``): a full collection of a trainer's process takes ~150 ms
+    here (seen in ``bench.checkpoint``'s loads), as long as a whole load, and nothing a write or
+    load allocates needs collecting before its end. Nested use keeps the outer state."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -309,21 +309,20 @@ class VerifyingReader(FileSystemReader):
         self._maps[str(path)] = memoryview(data)
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Any:
-        with gc_paused():
-            try:
-                problem = self._map_and_verify(plan)
-            except CheckpointDamaged as err:
-                problem = str(err)
-            except Exception as err:  # never raise before the agreement: peers would wait in it
-                problem = f"verification failed ({err!r})"
-            self.problem = _agree(problem)
-            if self.problem is not None:
-                self._release()
-                raise CheckpointDamaged(self.problem)
-            try:
-                return super().read_data(plan, planner)  # torch reads from ``self._maps``
-            finally:
-                self._release()
+        try:
+            problem = self._map_and_verify(plan)
+        except CheckpointDamaged as err:
+            problem = str(err)
+        except Exception as err:  # never raise before the agreement: peers would wait in it
+            problem = f"verification failed ({err!r})"
+        self.problem = _agree(problem)
+        if self.problem is not None:
+            self._release()
+            raise CheckpointDamaged(self.problem)
+        try:
+            return super().read_data(plan, planner)  # torch reads from ``self._maps``
+        finally:
+            self._release()
 
     # -- the one pass ---------------------------------------------------------------------------
     def _map_and_verify(self, plan: LoadPlan) -> str | None:

@@ -19,7 +19,12 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-from training.checkpoint.integrity import CheckpointDamaged, ChecksummingWriter, VerifyingReader
+from training.checkpoint.integrity import (
+    CheckpointDamaged,
+    ChecksummingWriter,
+    VerifyingReader,
+    gc_paused,
+)
 from training.checkpoint.layout import (
     COMMIT,
     SHARDS,
@@ -326,8 +331,8 @@ class CheckpointManager:
     def poll(self) -> None:
         """Commit every save that all ranks have finished writing, and finish the NVRx worker's
         start once every rank's worker is up (collective; cheap when nothing is pending)."""
-        if self._nvrx is not None and self._nvrx.binding:
-            self._nvrx.await_worker(blocking=False)
+        if self._nvrx is not None:
+            self._nvrx.await_worker(blocking=False)  # a no-op once the worker is up
         if not self._pending and not self._local_pending:
             return
         if self._nvrx is not None:
@@ -436,7 +441,8 @@ class CheckpointManager:
         for step in reversed(candidates):
             path = step_dir(self.root, step)
             started = time.perf_counter()
-            problem = self._load_verified(trainer, path)
+            with gc_paused():
+                problem = self._load_verified(trainer, path)
             if problem is not None:
                 message = f"checkpoint {path} is damaged ({problem}); falling back to the previous"
                 if self.rank == 0:

@@ -331,12 +331,13 @@ class AsyncCheckpointQueue:
         """Finalize the binding request once every rank's worker has run it (collective: NVRx's
         all-reduce of the ranks' states, so every rank sees the worker ready at the same call).
         ``blocking``: wait for it (polling in Python, so watchdogs see progress meanwhile);
-        otherwise one check. Returns whether the worker is ready; a no-op once it is."""
+        otherwise one check. Returns whether the worker is ready; a no-op once it is. A worker
+        that died first is a :class:`CheckpointError` either way."""
         while self._binding:
             # One check per pass (NVRx's blocking wait would spin on a dead worker for good):
             # every rank takes part in each pass's all-reduce, and all see it done at once.
             self.poll(blocking=False)
-            if not (self._binding and blocking):
+            if not self._binding:
                 break
             if not self.worker_alive():
                 code = getattr(self._queue.persistent_caller.process, "exitcode", None)
@@ -344,6 +345,8 @@ class AsyncCheckpointQueue:
                     f"the NVRx checkpoint worker died before it was ready (exit code {code}): "
                     "see this rank's log; the restart layer starts a new one"
                 )
+            if not blocking:
+                break
             time.sleep(0.05)
         return not self._binding
 

@@ -1,4 +1,5 @@
-"""The verified load, in one process (no process group: DCP then loads rank-locally)."""
+"""Checkpoint loads and writes without garbage collection (``integrity.gc_paused``): one real
+rank (gloo, in this process) and the manager's own save and load."""
 
 from __future__ import annotations
 
@@ -6,41 +7,57 @@ import gc
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-from training.checkpoint.integrity import ChecksummingWriter, VerifyingReader, gc_paused
-from training.checkpoint.layout import commit, step_dir
-
-
-class _RecordingPlanner(DefaultLoadPlanner):
-    """DCP's planner, noting whether garbage collection was on as each tensor landed."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gc_enabled: list[bool] = []
-
-    def commit_tensor(self, read_item: Any, tensor: Any) -> None:
-        self.gc_enabled.append(gc.isenabled())
-        super().commit_tensor(read_item, tensor)
+from training.checkpoint.integrity import gc_paused
+from training.checkpoint.manager import CheckpointManager
+from training.config import CheckpointConfig
+from training.runlog.metrics import EventLog
 
 
-def test_a_verified_load_runs_without_garbage_collection_and_restores_it(tmp_path: Path) -> None:
-    """A full collection mid-load cost ~150 ms in bench.checkpoint, more than the checks."""
-    saved = {"w": torch.arange(4096.0), "b": torch.ones(16)}
-    path = step_dir(tmp_path, 10)
-    dcp.save(saved, storage_writer=ChecksummingWriter(path, rank=0))
-    commit(path, step=10, world_size=1, engine="sync")
+class _Trainer:
+    """A stateful trainer for the manager: its tensors, and whether garbage collection was on
+    when DCP handed the loaded state back (``load_state_dict``, the end of the load)."""
 
-    loaded = {"w": torch.zeros(4096), "b": torch.zeros(16)}
-    planner = _RecordingPlanner()
+    def __init__(self, fill: float) -> None:
+        self.state = {"w": torch.full((4096,), fill), "b": torch.full((16,), fill)}
+        self.gc_enabled_at_load: list[bool] = []
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.gc_enabled_at_load.append(gc.isenabled())
+        self.state.update(state)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("verify_on_load", [True, False])
+def test_a_checkpoint_load_runs_without_garbage_collection_and_restores_it(
+    tmp_path: Path, one_rank_group: None, verify_on_load: bool
+) -> None:
+    """A full collection mid-load took ~150 ms in bench.checkpoint, as long as the load: the
+    manager's load pauses it, whichever reader it uses."""
+    manager = CheckpointManager(
+        config=CheckpointConfig(engine="sync", verify_on_load=verify_on_load),
+        root=tmp_path / "checkpoints",
+        rank=0,
+        world_size=1,
+        events=EventLog(run_dir=tmp_path, rank=0),
+    )
+    manager.start()
+    saved = _Trainer(fill=1.5)
+    manager.save(saved, step=10, blocking=True)
+
+    loaded = _Trainer(fill=0.0)
     assert gc.isenabled()
-    dcp.load(loaded, storage_reader=VerifyingReader(path), planner=planner)
+    assert manager.load_latest(loaded) == 10
+    manager.close()
 
-    assert planner.gc_enabled and not any(planner.gc_enabled)
+    assert loaded.gc_enabled_at_load == [False]
     assert gc.isenabled(), "the load must turn collection back on"
-    assert all(torch.equal(loaded[k], saved[k]) for k in saved)
+    assert all(torch.equal(loaded.state[k], saved.state[k]) for k in saved.state)
 
 
 def test_gc_paused_keeps_the_outer_state() -> None:

@@ -244,6 +244,15 @@ def test_the_attempt_after_a_fault_starts_when_only_some_ranks_need_a_new_worker
     assert [r["kept_worker"] for r in reports] == [True, False]  # the case under test
 
 
+def _fresh_unbound_queue() -> tuple[nvrx.AsyncCheckpointQueue, object]:
+    """A queue whose worker was just spawned (still importing torch) and is not bound yet."""
+    nvrx.stop_shared_worker()
+    queue = nvrx.AsyncCheckpointQueue()
+    queue.start_worker()
+    assert queue.binding, "the worker was already bound: nothing to test"
+    return queue, queue._queue.persistent_caller
+
+
 @pytest.mark.distributed
 @pytest.mark.timeout(120)
 def test_a_sigterm_while_the_worker_starts_does_not_kill_it(one_rank_group) -> None:
@@ -251,11 +260,7 @@ def test_a_sigterm_while_the_worker_starts_does_not_kill_it(one_rank_group) -> N
     process group while the fresh worker is still importing torch, before its binding request
     has it ignore SIGTERM. The worker must survive it and finish the binding (the pod test's
     final save once waited on a worker killed that way until the heartbeat timeout)."""
-    nvrx.stop_shared_worker()
-    queue = nvrx.AsyncCheckpointQueue()
-    queue.start_worker()
-    caller = queue._queue.persistent_caller
-    assert queue.binding, "the worker was already bound: nothing to test"
+    queue, caller = _fresh_unbound_queue()
     os.kill(caller.process.pid, signal.SIGTERM)
     assert queue.await_worker(blocking=True)
     assert caller.process.is_alive()
@@ -273,11 +278,7 @@ def test_a_worker_that_dies_before_it_is_ready_is_an_error_not_a_hang(one_rank_g
     death instead, so the restart layer acts at once rather than at the heartbeat timeout."""
     from training.checkpoint.layout import CheckpointError
 
-    nvrx.stop_shared_worker()
-    queue = nvrx.AsyncCheckpointQueue()
-    queue.start_worker()
-    caller = queue._queue.persistent_caller
-    assert queue.binding, "the worker was already bound: nothing to test"
+    queue, caller = _fresh_unbound_queue()
     os.kill(caller.process.pid, signal.SIGKILL)
     started = time.monotonic()
     with pytest.raises(CheckpointError, match="died before it was ready"):
