@@ -130,8 +130,8 @@ def worker(*, dim: int, layers: int, repeats: int, root: Path, out: Path) -> Non
     }
     for manager in managers.values():
         manager.start()
+        manager.prepare(trainer)  # as the trainer does after its first step: starts the worker
         manager.wait()  # the NVRx worker is up, as it is long before a run's first save
-        manager.prepare(trainer)  # as the trainer does after its first step
     for _ in range(PREPARE_STEPS):  # a run trains at least a few steps before its first save
         trainer.train_step()
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
+import time
 from dataclasses import dataclass
 from functools import partial
 
@@ -111,10 +113,49 @@ def dist_env_from_environment(config: ParallelConfig) -> DistEnv:
     )
 
 
+STORE_POLL_S = 0.02
+"""How often a rank polls for rank 0's store to listen: short beside TCPStore's own retry
+backoff, and 50 connection attempts a second per rank while it waits (a refused connect is one
+SYN and one RST)."""
+
+
+def await_rank0_store(*, host: str, port: int, timeout_s: float) -> bool:
+    """Wait until ``host:port`` accepts TCP connections (True), or ``timeout_s`` passes (False:
+    the process group's own connect then fails with its timeout error, naming the store).
+
+    Under ft_launcher (``TORCHELASTIC_USE_AGENT_STORE=False``: NVRx's launcher shares its
+    rendezvous store only for the static backend, ``fault_tolerance/launcher.py``) rank 0
+    creates the process group's TCPStore itself, after its imports, and every other rank
+    connects to it. A TCPStore client that finds nothing listening retries only after its own
+    backoff: 0.4-0.6 s after the server came up, measured here (torch 2.13), at every in-job
+    restart, since the restarted ranks all race rank 0. A plain connect is cheap to repeat, so
+    the client is only created once the port listens."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=min(1.0, timeout_s)):
+                return True
+        except OSError:  # refused (not listening yet), or the name not resolvable yet
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(STORE_POLL_S)
+
+
+def _rank0_hosts_store() -> bool:
+    """env:// rendezvous where rank 0 creates the store (not torchrun's shared agent store)."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "False") != "True"
+
+
 def init_process_group(env: DistEnv, *, timeout_s: float, store: dist.Store | None = None) -> None:
     """Create the default process group (env:// rendezvous unless a store is given)."""
     if env.is_cuda:
         torch.cuda.set_device(env.device)
+    if store is None and env.rank != 0 and _rank0_hosts_store() and "MASTER_PORT" in os.environ:
+        await_rank0_store(
+            host=os.environ.get("MASTER_ADDR", "localhost"),
+            port=int(os.environ["MASTER_PORT"]),
+            timeout_s=timeout_s,
+        )
     kwargs: dict = {"backend": env.backend, "timeout": datetime.timedelta(seconds=timeout_s)}
     if store is not None:
         kwargs.update(store=store, rank=env.rank, world_size=env.world_size)

@@ -100,9 +100,9 @@ def run_training(
         )
         _LEFTOVERS.append(checkpoints)
         # Checkpoint I/O, like the load: the torn-checkpoint sweep and a barrier. The NVRx
-        # worker is only spawned here; it imports torch (seconds) during the load and the first
-        # steps, whose polls find it ready (only a save scheduled before then waits for it,
-        # in its checkpoint_save section).
+        # worker is spawned after the first step (``prepare``), off the restart's critical
+        # path; it imports torch (seconds) during the next steps, whose polls find it ready
+        # (only a save scheduled before then waits for it, in its checkpoint_save section).
         with step_hooks.section("checkpoint_start"):
             checkpoints.start()
         result = trainer.fit(checkpoints=checkpoints)

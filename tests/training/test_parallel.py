@@ -18,7 +18,9 @@ their parameters after N steps must agree to float tolerance, and the repeated r
 
 from __future__ import annotations
 
+import json
 import statistics
+import time
 from pathlib import Path
 
 import pytest
@@ -373,3 +375,65 @@ def test_parallel_config_validates_the_new_options() -> None:
     with pytest.raises(ConfigError) as info:
         ParallelConfig(device="cpu", compile=True)
     assert info.value.field_path == "parallel.compile"
+
+
+# ---------------------------------------------------------------------------------------------
+# rank 0's store: the other ranks wait for it to listen
+# ---------------------------------------------------------------------------------------------
+
+
+def test_await_rank0_store_returns_once_the_port_listens() -> None:
+    """Nothing listening: False after the timeout. A listener that appears later: True."""
+    import socket
+    import threading
+
+    from support import free_port
+
+    from training.parallel import await_rank0_store
+
+    port = free_port()
+    assert await_rank0_store(host="127.0.0.1", port=port, timeout_s=0.2) is False
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    def listen_later() -> None:
+        time.sleep(0.3)
+        server.bind(("127.0.0.1", port))
+        server.listen()
+
+    thread = threading.Thread(target=listen_later)
+    thread.start()
+    try:
+        assert await_rank0_store(host="127.0.0.1", port=port, timeout_s=30) is True
+    finally:
+        thread.join()
+        server.close()
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_rank1_before_rank0_waits_for_its_store_then_forms_the_group(tmp_path: Path) -> None:
+    """Two real processes, gloo over env:// with rank 0 creating the store (as under
+    ft_launcher), rank 1 started 1 s before rank 0: the group forms and all-reduces, and rank 1
+    polled the store's port from Python before its TCPStore client connected (the wait that
+    keeps the client out of TCPStore's retry backoff, 0.4-0.6 s here; ``bench.restart`` shows
+    the process-group phase). Rank 0 creates the store and never polls."""
+    import subprocess
+    import sys
+
+    from support import REPO_ROOT, free_port, subprocess_env
+
+    port = free_port()
+    probe = REPO_ROOT / "tests" / "training" / "probes" / "store_race_probe.py"
+    env = subprocess_env(PYTHONPATH=str(REPO_ROOT))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(probe), str(rank), str(port), delay, str(tmp_path)], env=env
+        )
+        for rank, delay in ((1, "0"), (0, "1.0"))
+    ]
+    assert [p.wait(timeout=100) for p in procs] == [0, 0]
+    results = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)}
+    assert results[0]["sum"] == results[1]["sum"] == 3.0
+    assert results[1]["store_polls"] >= 1
+    assert results[0]["store_polls"] == 0

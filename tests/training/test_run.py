@@ -59,10 +59,11 @@ def test_checkpoint_worker_start_up_overlaps_the_first_steps_and_no_step_waits_f
     tmp_path: Path, corpus: Path, one_rank_group: None
 ) -> None:
     """Starting the NVRx worker takes seconds (a fresh process importing torch). It is spawned
-    before the load, inside a section the watchdogs honour (outside one, a short soft timeout
-    read the start as a hang: CI, in-process restart looped to its cap), and no step waits for
-    it: each step's poll finds it ready. Waiting for it after step 1 instead had cost ~1.9 s of
-    every restart that replaced the worker in bench.goodput (the gap before step 2)."""
+    after the first step, off the restart's critical path (beside the load and step 1 it slowed
+    both on 2 CPU ranks), inside a section the watchdogs honour (outside one, a short soft
+    timeout read the start as a hang: CI, in-process restart looped to its cap), and no step
+    waits for it: each step's poll finds it ready. Waiting for it after step 1 instead had cost
+    ~1.9 s of every restart that replaced the worker in bench.goodput (the gap before step 2)."""
     nvrx_async.stop_shared_worker()  # a worker left by another test would hide the start-up
     config, _ = build_config(
         [
@@ -83,6 +84,9 @@ def test_checkpoint_worker_start_up_overlaps_the_first_steps_and_no_step_waits_f
         ("enter", "checkpoint_start", "none"),
         ("exit", "checkpoint_start", "spawned"),
     ], seen[:10]
+    assert ("step", "1", "none") in seen[:spawned], "spawned before the first step: " + str(
+        seen[:10]
+    )
     assert ("step", "2", "spawned") in seen, "step 2 waited for the worker: " + str(seen[:12])
     ready = next(i for i, (_, _, worker) in enumerate(seen) if worker == "ready")
     kind, step, _ = seen[ready]

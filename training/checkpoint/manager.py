@@ -148,6 +148,7 @@ class CheckpointManager:
             from training.checkpoint.nvrx_async import AsyncCheckpointQueue
 
             self._nvrx = AsyncCheckpointQueue()
+        self._worker_started = False
         self._local_pending = False
         self._sources: tuple[list[int], int | None] | None = None
         # The structure the cached save plan was made for (nvrx), and torch's cache key.
@@ -158,13 +159,23 @@ class CheckpointManager:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
-        """Create the root, clear torn checkpoints of earlier attempts, start the NVRx worker
-        (without waiting for it: the steps' :meth:`poll` find it ready)."""
+        """Create the root and clear torn checkpoints of earlier attempts (collective). The NVRx
+        worker is started later, by :meth:`prepare` after the first step."""
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             self._remove_torn()
         dist.barrier()
-        if self._nvrx is not None:
+
+    def _start_worker(self) -> None:
+        """Spawn (or rebind) this attempt's NVRx worker, once, without waiting for it; the steps'
+        :meth:`poll` find it ready. Not in :meth:`start`: a fresh worker imports torch (seconds
+        of CPU) and the write-results server's start blocks (~0.1 s, a fresh Python); both sat
+        on a restart's critical path, between the model build and the first step (on 2 CPU
+        ranks the load took 0.45-0.65 s beside them, 0.2-0.3 s without). The first save is an
+        interval later. Collective (the worker's binding): every rank calls it at the same
+        point, which :meth:`prepare` and :meth:`save` are."""
+        if self._nvrx is not None and not self._worker_started:
+            self._worker_started = True
             self._nvrx.start_worker()
 
     def _remove_torn(self) -> None:
@@ -201,10 +212,11 @@ class CheckpointManager:
         """Ready what the first save of this attempt would otherwise pay for (call once the
         optimizer state exists, after the first step): the save plan, made here and cached
         (:meth:`AsyncCheckpointQueue.plan_ahead`); the staging buffer of CPU state, reserved in
-        the background. The NVRx worker started in :meth:`start` is not waited for here: a
-        fresh one imports torch for seconds, which :meth:`poll` lets the steps overlap.
+        the background; the NVRx worker, started here and not waited for: a fresh one imports
+        torch for seconds, which :meth:`poll` lets the steps overlap.
         Collective (the plan gathers every rank's local plan): every rank calls it at the same
         step."""
+        self._start_worker()
         if self._nvrx is None or not (self.config.interval or self.config.save_final):
             return  # no save will use the plan
         state = {"trainer": trainer.state_dict()}  # as :meth:`save` builds it
@@ -257,6 +269,7 @@ class CheckpointManager:
             self._pending.append(pending)
         else:
             assert self._nvrx is not None
+            self._start_worker()  # a save before any prepare (none in the trainer's loop)
             self._wait_for_own_writes()
             phases.mark("wait_previous")
             self._nvrx.schedule_save(
