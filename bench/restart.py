@@ -29,6 +29,7 @@ over every fault of that layer, its kinds pooled; the planner reads them) and pe
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 import time
@@ -41,6 +42,7 @@ from bench.common import (
     RUNS_DIR,
     TINY_MODEL,
     call_logged,
+    fmt,
     machine,
     median,
     ratio,
@@ -52,7 +54,9 @@ from bench.common import (
     write_result,
 )
 from training.checkpoint.layout import committed_steps, step_dir
+from training.runlog.accounting import summarize
 from training.runlog.files import EVENTS_FILE, METRICS_FILE, append_jsonl
+from training.runlog.phases import DETECTED, RESTART_PHASE
 
 FLOOR_REPEATS = 3
 FLOOR_PHASES = ("imported", "group_up", "built", "loaded", "first_step")
@@ -104,6 +108,61 @@ def fault_latencies(run_dir: Path) -> list[tuple[str, float | None]]:
     return out
 
 
+NVRX_TIMEOUT_LINE = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\] \[WARNING\] \[RankMonServer[^\]]*\] "
+    r"FT timeout elapsed\."
+)
+"""What an NVRx 0.4.1 rank monitor logs when a section or heartbeat timeout fires, just before
+it kills its rank (``rank_monitor_server.py``, ``_periodic_rank_check``). The monitor is NVRx's
+process, so an in-job hang's detection is in the launcher's log, not in events.jsonl."""
+
+
+def detection_times(run_dir: Path, *, layer: str) -> list[float]:
+    """Epoch seconds at which the layer detected a hang: the in-process wrapper's ``detected``
+    restart phase (the soft timeout's callback), or an in-job rank monitor's timeout line in
+    ``launcher.log`` (ft_launcher's output, in this process's local time)."""
+    if layer == "inprocess":
+        return sorted(
+            float(e["time"])
+            for e in read_jsonl(run_dir / EVENTS_FILE)
+            if e.get("kind") == RESTART_PHASE and e.get("phase") == DETECTED
+        )
+    log = run_dir / "launcher.log"
+    times = []
+    for line in log.read_text(errors="replace").splitlines() if log.is_file() else []:
+        if match := NVRX_TIMEOUT_LINE.match(line):
+            stamp = time.mktime(time.strptime(match.group(1), "%Y-%m-%d %H:%M:%S"))
+            times.append(stamp + int(match.group(2)) / 1000)
+    return sorted(times)
+
+
+def hang_detections(run_dir: Path, *, layer: str) -> list[float | None]:
+    """Per hang fault, in time order: seconds from the fault to the first detection after it
+    and before the next fault (None: none seen)."""
+    faults = sorted(
+        float(e["time"])
+        for e in read_jsonl(run_dir / EVENTS_FILE)
+        if e.get("kind") == "fault" and e.get("fault") == "hang"
+    )
+    every_fault = sorted(
+        float(e["time"]) for e in read_jsonl(run_dir / EVENTS_FILE) if e.get("kind") == "fault"
+    )
+    detected = detection_times(run_dir, layer=layer)
+    out: list[float | None] = []
+    for t in faults:
+        later = [f for f in every_fault if f > t]
+        until = later[0] if later else float("inf")
+        out.append(next((d - t for d in detected if t < d < until), None))
+    return out
+
+
+def step_time_p99(run_dir: Path) -> float | None:
+    """The 99th percentile of the run's step times (every logged step, the first steps after
+    each restart included: the calibrated timeouts must survive them)."""
+    times = sorted(float(m["step_time_s"]) for m in read_jsonl(run_dir / METRICS_FILE))
+    return times[min(len(times) - 1, int(0.99 * len(times)))] if times else None
+
+
 def run_scenario(scenario: Scenario, *, per_kind: int) -> dict[str, dict[str, Any]]:
     """One run with ``per_kind`` faults of each kind (kinds and ranks alternate, one every
     ``SPACING`` steps); returns per-kind results."""
@@ -130,11 +189,27 @@ def run_scenario(scenario: Scenario, *, per_kind: int) -> dict[str, dict[str, An
         timeout_s=600,
     )
     measured = fault_latencies(run_dir)
+    summary = summarize(run_dir=run_dir)
+    p99 = step_time_p99(run_dir)
     results: dict[str, dict[str, Any]] = {}
     for kind in scenario.kinds:
         latencies = [v for k, v in measured if k == kind]
         done = [v for v in latencies if v is not None]
+        extra: dict[str, Any] = {}
+        if kind == "hang":
+            detections = hang_detections(run_dir, layer=scenario.layer)
+            extra = {
+                "detection_s": detections,
+                "after_detection_s": [
+                    None if d is None or v is None else v - d
+                    for d, v in zip(detections, latencies, strict=False)
+                ],
+            }
         results[f"{scenario.layer}_{kind}"] = {
+            **extra,
+            "step_time_p99_s": p99,
+            "run_faults": summary.faults,
+            "run_restarts": len(summary.restarts),
             "layer": scenario.layer,
             "kind": kind,
             "faults_injected": per_kind,
@@ -279,6 +354,13 @@ def run(*, quick: bool = False) -> dict[str, Any]:
             goal=1.5,
             higher_is_better=False,
         ),
+        *hang_targets(results),
+        target(
+            "restarts beyond the faults injected (false detections), every run",
+            float(sum(max(0, r["run_restarts"] - r["run_faults"]) for r in runs(results))),
+            goal=0,
+            higher_is_better=False,
+        ),
     ]
     result = {
         "machine": machine(),
@@ -296,6 +378,42 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     print(report(result), flush=True)
     write_result("restart", result)
     return result
+
+
+def runs(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One result per run (a run's kinds share its restart counts)."""
+    return list({r["run_dir"]: r for r in results.values()}.values())
+
+
+def hang_targets(results: dict[str, dict[str, Any]]) -> list[dict]:
+    """Per layer, the issue's hang goals over its worst hang: detection <= max(5 x p99 step
+    time, 2 s), and hang -> next step <= detection + 3 s."""
+    out = []
+    for layer, label in (("inprocess", "in-process"), ("injob", "in-job")):
+        hang = results.get(f"{layer}_hang")
+        if hang is None:
+            continue
+        p99 = hang["step_time_p99_s"]
+        bound = max(5 * p99, 2.0) if p99 is not None else None
+        detections = hang["detection_s"]
+        worst = None if None in detections or not detections else max(detections)
+        after = hang["after_detection_s"]
+        worst_after = None if None in after or not after else max(after)
+        out += [
+            target(
+                f"{label} hang detection (max) / max(5 x p99 step {fmt(p99)} s, 2 s)",
+                ratio(worst, bound),
+                goal=1.0,
+                higher_is_better=False,
+            ),
+            target(
+                f"{label} hang -> next step, s after detection (max)",
+                worst_after,
+                goal=3.0,
+                higher_is_better=False,
+            ),
+        ]
+    return out
 
 
 def report(result: dict[str, Any]) -> str:

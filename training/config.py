@@ -281,8 +281,10 @@ class ResilienceConfig:
     In-process: a rank with no step boundary for max(hang_floor_s, 5 x p99 step time) raises
     (training/resilience/hang.py); the configured soft timeout stays as the backstop."""
     hang_floor_s: float = 2.0
-    """The least calibrated hang timeout (seconds), both layers; the rank monitors check their
-    timeouts every hang_floor_s / 2."""
+    """At the floor of calibration, the longest a hang goes undetected (seconds), both layers:
+    each detector's least timeout is this minus how often it checks, so its detection lands
+    within it (in-process: the watchdog checks every 0.05 s; in-job: the rank monitors check
+    every hang_floor_s / 4, training/launch/command.py ``hang_check_interval_s``)."""
     stop_timeout_s: float = 10.0
     """A rank asked to stop (SIGTERM) that is still blocked (e.g. in a collective with a dead
     peer) after this long exits anyway; also ft_launcher's ``--workers-stop-timeout``."""

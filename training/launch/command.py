@@ -103,9 +103,17 @@ def launcher_flags(
 
 
 def hang_check_interval_s(resilience: ResilienceConfig) -> float:
-    """How often the rank monitors check for a missed heartbeat or an overrun section: half
-    the least hang timeout calibration may set, so detection waits at most that much longer."""
-    return resilience.hang_floor_s / 2
+    """How often the rank monitors check for a missed heartbeat or an overrun section: a
+    quarter of ``hang_floor_s``. A detection comes up to this long after a timeout elapses,
+    so the least calibrated step timeout is ``hang_floor_s`` less this
+    (:func:`injob_timeout_floor_s`)."""
+    return resilience.hang_floor_s / 4
+
+
+def injob_timeout_floor_s(resilience: ResilienceConfig) -> float:
+    """The least step-section timeout in-job calibration sets: a hang at it is detected within
+    ``hang_floor_s`` (the timeout, then at most one check interval)."""
+    return resilience.hang_floor_s - hang_check_interval_s(resilience)
 
 
 def launcher_command(

@@ -6,16 +6,18 @@ own timeouts (NVRx's ``calculate_and_set_section_timeouts``: observed maxima tim
 factor); this is the equivalent for the in-process layer. After ``calibrate_after`` steps of the
 current attempt, a rank that has not reached a step boundary for
 
-    timeout = max(floor_s, factor x p99 of the observed step times)
+    timeout = max(floor_s - poll_s, factor x p99 of the observed step times)
 
-raises :class:`HangDetected` in its main thread, which the wrapper treats like any fault: it
-records the interruption in its store, the peers' monitor threads abort their process groups
-(which frees ranks blocked in a collective) and every rank restarts in place. A rank whose
-main thread is inside torch.distributed (blocked in a collective) does not raise: the hung
-peer's exception reaches it through that abort. Margins: the count restarts with each attempt
-(the first steps after a restart re-warm caches and allocators), checkpoint I/O is excluded
-(``pause``/``resume`` around it; it has its own budget), and NVRx's fixed soft timeout stays
-as the backstop for a rank stuck inside one C call that never checks for signals.
+raises :class:`HangDetected` in its main thread (``floor_s`` is the detection deadline at the
+floor: the watchdog checks every ``poll_s``, so its least timeout is that much shorter), which
+the wrapper treats like any fault: it records the interruption in its store, the peers'
+monitor threads abort their process groups (which frees ranks blocked in a collective) and
+every rank restarts in place. A rank whose main thread is inside torch.distributed (blocked
+in a collective) does not raise: the hung peer's exception reaches it through that abort.
+Margins: the count restarts with each attempt (the first steps after a restart re-warm caches
+and allocators), checkpoint I/O is excluded (``pause``/``resume`` around it; it has its own
+budget), and NVRx's fixed soft timeout stays as the backstop for a rank stuck inside one C
+call that never checks for signals.
 
 The exception arrives through SIGUSR2, whose handler raises it: the way KeyboardInterrupt
 reaches Python code, also inside ``time.sleep`` and other C calls that check for signals.
@@ -109,7 +111,7 @@ class CalibratedHangWatchdog:
             self._started = None
             if len(self.step_times) >= self.calibrate_after:
                 self.timeout_s = calibrated_timeout(
-                    self.step_times[-1000:], floor_s=self.floor_s, factor=self.factor
+                    self.step_times[-1000:], floor_s=self.floor_s - self.poll_s, factor=self.factor
                 )
 
     def pause(self) -> None:

@@ -6,7 +6,8 @@ segfaults, aborts, raises (OOM included) or hangs past its section/heartbeat tim
 launcher stops the survivors and spawns new workers (``--max-restarts`` caps it); they resume
 from the newest committed checkpoint. After ``resilience.calibrate_timeouts_after`` steps of an
 attempt, the step section's timeout is computed from the measured steps (NVRx's timeouts
-calculator, synchronized across ranks, at least ``resilience.hang_floor_s``) instead of the
+calculator, synchronized across ranks, at least ``hang_floor_s`` less the rank monitors' check
+interval, so a hang at the floor is detected within ``hang_floor_s``) instead of the
 configured upper bound; the other timeouts stay as configured (:func:`calibrate_step_timeout`).
 
 Lack of progress and the restart cap: every attempt records the best step reached before it in
@@ -28,6 +29,7 @@ from pathlib import Path
 from training import exits
 from training.config import JobConfig
 from training.hooks import StepHooks
+from training.launch.command import injob_timeout_floor_s
 from training.resilience.sections import CHECKPOINT, STEP
 from training.runlog.files import METRICS_FILE, parse_jsonl
 from training.runlog.metrics import EventLog
@@ -214,7 +216,7 @@ def run_injob(config: JobConfig) -> int:
         hooks = MonitorHooks(
             client,
             calibrate_after=config.resilience.calibrate_timeouts_after,
-            floor_s=config.resilience.hang_floor_s,
+            floor_s=injob_timeout_floor_s(config.resilience),
             events=events,
         )
         try:
