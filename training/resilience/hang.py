@@ -6,10 +6,11 @@ own timeouts (NVRx's ``calculate_and_set_section_timeouts``: observed maxima tim
 factor); this is the equivalent for the in-process layer. After ``calibrate_after`` steps of the
 current attempt, a rank that has not reached a step boundary for
 
-    timeout = max(floor_s - poll_s, factor x p99 of the observed step times)
+    timeout = max(floor_s - 2 x poll_s, factor x p99 of the observed step times)
 
 raises :class:`HangDetected` in its main thread (``floor_s`` is the detection deadline at the
-floor: the watchdog checks every ``poll_s``, so its least timeout is that much shorter), which
+floor: the watchdog checks every ``poll_s``, and the exception takes as long again to reach the
+wrapper, so its least timeout is twice that shorter; measured at one poll: 1.96-2.001 s), which
 the wrapper treats like any fault: it records the interruption in its store, the peers'
 monitor threads abort their process groups (which frees ranks blocked in a collective) and
 every rank restarts in place. A rank whose main thread is inside torch.distributed (blocked
@@ -111,7 +112,9 @@ class CalibratedHangWatchdog:
             self._started = None
             if len(self.step_times) >= self.calibrate_after:
                 self.timeout_s = calibrated_timeout(
-                    self.step_times[-1000:], floor_s=self.floor_s - self.poll_s, factor=self.factor
+                    self.step_times[-1000:],
+                    floor_s=self.floor_s - 2 * self.poll_s,
+                    factor=self.factor,
                 )
 
     def pause(self) -> None:
