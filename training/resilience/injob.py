@@ -23,6 +23,8 @@ import contextlib
 import json
 import os
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,21 +80,82 @@ def calibrate_step_timeout(client, *, floor_s: float) -> float | None:
 
 class MonitorHooks(StepHooks):
     """Heartbeats and sections for the rank monitor; the step section's timeout calibrated
-    after ``calibrate_after`` steps (0: never)."""
+    after ``calibrate_after`` steps (0: never).
 
-    def __init__(self, client, *, calibrate_after: int, floor_s: float, events: EventLog) -> None:
+    A hang's detection is the rank monitor's (NVRx's process, which kills the rank and writes
+    nothing to the run's events), so a thread of this rank records it: when the open step
+    section outlives the monitor's current step timeout, it writes the ``detected`` restart
+    phase at the moment the timeout elapsed (the monitor acts within one check interval after
+    it). The thread runs while the main thread hangs (a hang in a collective or a sleep
+    releases the GIL) and wakes at the deadline itself, before the monitor's check can come."""
+
+    WITNESS_POLL_S = 0.05
+
+    def __init__(
+        self,
+        client,
+        *,
+        calibrate_after: int,
+        floor_s: float,
+        events: EventLog,
+        attempt: int = 0,
+        mode: str = "injob",
+    ) -> None:
         self.client = client
         self.calibrate_after = calibrate_after
         self.floor_s = floor_s
         self.events = events
+        self.attempt = attempt
+        self.mode = mode
         self.steps_seen = 0
         self.calibrated = False
+        self._step_opened: float | None = None
+        self._closed = threading.Event()
+        self._witness = threading.Thread(
+            target=self._witness_loop, name="hang-witness", daemon=True
+        )
+        self._witness.start()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._witness.join(timeout=1.0)
+
+    def step_timeout_s(self) -> float | None:
+        """The step section's timeout the rank monitor applies now (configured or calibrated)."""
+        timeouts = getattr(self.client, "section_timeouts", None)
+        return None if timeouts is None else timeouts.section.get(STEP)
+
+    def _witness_loop(self) -> None:
+        recorded: float | None = None
+        while True:
+            wait_s = self.WITNESS_POLL_S
+            opened, timeout = self._step_opened, self.step_timeout_s()
+            if opened is not None and timeout is not None and opened != recorded:
+                remaining = opened + timeout - time.time()
+                if remaining <= 0:
+                    recorded = opened
+                    emit_phase(
+                        self.events,
+                        phase=DETECTED,
+                        attempt=self.attempt + 1,
+                        mode=self.mode,
+                        at=opened + timeout,
+                        by="step_section_timeout",
+                    )
+                    continue
+                # Woken at the deadline itself: the monitor kills the rank at its first check
+                # after it, up to one check interval later.
+                wait_s = min(wait_s, remaining)
+            if self._closed.wait(wait_s):
+                return
 
     def before_step(self, step: int) -> None:
         self.client.send_heartbeat()
         self.client.start_section(STEP)
+        self._step_opened = time.time()
 
     def after_step(self, step: int) -> None:
+        self._step_opened = None
         self.client.end_section(STEP)
         self.steps_seen += 1
         if self.calibrate_after and not self.calibrated and self.steps_seen >= self.calibrate_after:
@@ -218,6 +281,8 @@ def run_injob(config: JobConfig) -> int:
             calibrate_after=config.resilience.calibrate_timeouts_after,
             floor_s=injob_timeout_floor_s(config.resilience),
             events=events,
+            attempt=attempt,
+            mode=mode,
         )
         try:
             result = run_training(config, hooks=hooks, attempt=attempt)
@@ -228,6 +293,8 @@ def run_injob(config: JobConfig) -> int:
             emit_phase(events, phase=DETECTED, attempt=attempt + 1, mode=mode)
             emit_phase(events, phase=SURVIVORS_STOPPED, attempt=attempt + 1, mode=mode)
             raise
+        finally:
+            hooks.close()
     finally:
         client.shutdown_workload_monitoring()
     return exits.PREEMPTED if result.preempted else exits.OK

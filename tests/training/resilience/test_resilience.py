@@ -304,7 +304,10 @@ def test_injob_hang_detection_calibrated_from_step_times(
     max(1.5 s, NVRx's 5 x the longest step), the rank monitor (checking every hang_floor_s / 4)
     catches the hang long before the configured 60 s, ft_launcher respawns the ranks and the
     run ends bit-identical. The heartbeat timeout stays as configured (120 s): the checkpoint
-    saves after the calibration, longer than any step before it, kill no rank."""
+    saves after the calibration, longer than any step before it, kill no rank. The detection,
+    which happens in NVRx's rank monitor, is in events.jsonl as the restart's ``detected``
+    phase (written by the ranks' own witness thread), at the calibrated timeout after the
+    hang, before the restarted processes exist."""
     run_dir = tmp_path / "run"
     proc = launch(
         run_dir,
@@ -325,4 +328,18 @@ def test_injob_hang_detection_calibrated_from_step_times(
     resumed = [m for m in read_metrics(run_dir) if m["time"] - m["step_time_s"] > hang["time"]]
     assert resumed and min(m["time"] for m in resumed) - hang["time"] < 40
     assert len([e for e in log if e["kind"] == "restart_begin"]) <= 2  # the hang's one restart
+    detected = [
+        e for e in log if e.get("phase") == "detected" and e.get("by") == "step_section_timeout"
+    ]
+    assert detected, "the hang's detection must be in events.jsonl"
+    respawned = min(
+        e["time"] for e in log if e.get("phase") == "rendezvous_done" and e["attempt"] >= 1
+    )
+    timeout_s = max(e["timeout_s"] for e in calibrated if e["time"] < hang["time"])
+    # Each rank's own step section: the healthy peer's may open a little after the hang.
+    assert all(hang["time"] < e["time"] <= hang["time"] + timeout_s + 0.5 for e in detected), (
+        detected,
+        hang,
+    )
+    assert min(e["time"] for e in detected) < respawned
     assert_identical(final_state(run_dir), reference)
