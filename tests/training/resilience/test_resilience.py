@@ -272,7 +272,8 @@ def test_inprocess_alone_names_a_frozen_rank_and_exits_for_a_replacement(
 def test_inprocess_hang_detection_calibrated_from_step_times(
     tmp_path: Path, corpus: Path, reference: dict
 ) -> None:
-    """With calibration on, a hang is detected after max(2 s, 5 x p99 step time), long before
+    """With calibration on, a hang is detected within max(2 s, 5 x p99 step time) (the timeout
+    at the floor is 1.9 s: the floor less twice the watchdog's poll), long before
     the configured 30 s soft timeout, and the run still ends bit-identical."""
     run_dir = tmp_path / "run"
     proc = launch(
@@ -288,7 +289,7 @@ def test_inprocess_hang_detection_calibrated_from_step_times(
     log = events(run_dir)
     detected = [e for e in log if e["kind"] == "hang_detected"]
     assert detected, "the calibrated watchdog must have fired"
-    assert all(2.0 <= e["timeout_s"] < 30 for e in detected)
+    assert all(1.9 <= e["timeout_s"] < 30 for e in detected)
     (hang,) = [e for e in log if e["kind"] == "fault"]
     resumed = [m for m in read_metrics(run_dir) if m["time"] - m["step_time_s"] > hang["time"]]
     assert resumed and min(m["time"] for m in resumed) - hang["time"] < 30
