@@ -159,6 +159,7 @@ def store_ports() -> set[int]:
 def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
     """In-process restarts; with `nested`, inside ft_launcher (which respawns dead or frozen
     ranks and enforces the job-wide restart cap, see `training.resilience.injob`)."""
+    from training.parallel import await_rank0_store
     from training.resilience.injob import attempt_number, check_attempt
     from training.resilience.nvrx import inprocess_wrapper, rank_monitor_client
     from training.run import release_leftovers, run_training
@@ -181,6 +182,8 @@ def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
         if code is not None:
             monitor.shutdown_workload_monitoring()
             return code
+    if rank != 0:  # rank 0 hosts it: connect once it listens, not after TCPStore's backoff
+        await_rank0_store(host=master_addr, port=master_port + PG_STORE_PORT_OFFSET, timeout_s=300)
     base_store = dist.TCPStore(
         host_name=master_addr,
         port=master_port + PG_STORE_PORT_OFFSET,
