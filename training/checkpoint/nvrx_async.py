@@ -299,9 +299,9 @@ class AsyncCheckpointQueue:
 
     def start_worker(self) -> None:
         """Start the persistent worker without waiting for it: a fresh worker imports torch
-        (seconds) while the trainer loads its checkpoint and trains, and each step's poll
-        (:meth:`await_worker` with ``blocking=False``) finds it ready; only a save scheduled
-        before that waits. The first request binds the worker's life to this process.
+        (seconds) while the trainer trains (the manager starts it after the first step), and
+        each step's poll (:meth:`await_worker` with ``blocking=False``) finds it ready; only a
+        save scheduled before that waits. The first request binds the worker's life to this process.
         Collective with :meth:`await_worker`: every rank calls both, at the same points."""
         global _SHARED_CALLER
         reap_stopping_workers()
