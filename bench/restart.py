@@ -54,6 +54,7 @@ from bench.common import (
     write_result,
 )
 from training.checkpoint.layout import committed_steps, step_dir
+from training.resilience.hang import p99
 from training.runlog.accounting import summarize
 from training.runlog.files import EVENTS_FILE, METRICS_FILE, append_jsonl
 from training.runlog.phases import DETECTED, RESTART_PHASE
@@ -159,8 +160,8 @@ def hang_detections(run_dir: Path, *, layer: str) -> list[float | None]:
 def step_time_p99(run_dir: Path) -> float | None:
     """The 99th percentile of the run's step times (every logged step, the first steps after
     each restart included: the calibrated timeouts must survive them)."""
-    times = sorted(float(m["step_time_s"]) for m in read_jsonl(run_dir / METRICS_FILE))
-    return times[min(len(times) - 1, int(0.99 * len(times)))] if times else None
+    times = [float(m["step_time_s"]) for m in read_jsonl(run_dir / METRICS_FILE)]
+    return p99(times) if times else None
 
 
 def run_scenario(scenario: Scenario, *, per_kind: int) -> dict[str, dict[str, Any]]:

@@ -270,6 +270,7 @@ def test_rendered_ft_launcher_command_parses_and_times_every_section(overlay, re
     has a timeout there (without one, NVRx raises `TimeoutsCalcError: Unknown section`)."""
     from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
 
+    from training.launch.command import hang_check_interval_s, injob_timeout_floor_s
     from training.overrides import build_config
     from training.resilience.sections import section_timeouts
 
@@ -303,6 +304,11 @@ def test_rendered_ft_launcher_command_parses_and_times_every_section(overlay, re
     assert float(ns.ft_initial_rank_heartbeat_timeout) == r.initial_heartbeat_timeout_s
     assert int(ns.max_restarts) == r.max_restarts + 1
     assert float(ns.workers_stop_timeout) == r.stop_timeout_s
+    # The rank monitors' check interval, as NVRx parses it (a float), leaves the calibrated
+    # step timeout's floor room to detect a hang within hang_floor_s.
+    check_s = ns.ft_workload_check_interval
+    assert isinstance(check_s, float) and check_s == hang_check_interval_s(r) > 0
+    assert injob_timeout_floor_s(r) + check_s == pytest.approx(r.hang_floor_s)
     # ft_launcher's SIGKILL comes before the kubelet's.
     assert float(ns.term_timeout) < size.grace_seconds
     policy = {"injob": "any-failed", "nested": "min-healthy"}[restart]

@@ -48,11 +48,15 @@ class HangDetected(RuntimeError):
     """No step boundary within the calibrated timeout."""
 
 
+def p99(values: list[float]) -> float:
+    """The 99th percentile (nearest rank) of a non-empty list."""
+    ordered = sorted(values)
+    return ordered[max(math.ceil(0.99 * len(ordered)) - 1, 0)]
+
+
 def calibrated_timeout(step_times: list[float], *, floor_s: float, factor: float) -> float:
     """max(floor_s, factor x the 99th percentile (nearest rank) of `step_times`)."""
-    ordered = sorted(step_times)
-    p99 = ordered[max(math.ceil(0.99 * len(ordered)) - 1, 0)]
-    return max(floor_s, factor * p99)
+    return max(floor_s, factor * p99(step_times))
 
 
 class CalibratedHangWatchdog:

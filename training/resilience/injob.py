@@ -98,8 +98,8 @@ class MonitorHooks(StepHooks):
         calibrate_after: int,
         floor_s: float,
         events: EventLog,
-        attempt: int = 0,
-        mode: str = "injob",
+        attempt: int,
+        mode: str,
     ) -> None:
         self.client = client
         self.calibrate_after = calibrate_after

@@ -182,8 +182,13 @@ def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
         if code is not None:
             monitor.shutdown_workload_monitoring()
             return code
+    store_timeout = datetime.timedelta(seconds=300)
     if rank != 0:  # rank 0 hosts it: connect once it listens, not after TCPStore's backoff
-        await_rank0_store(host=master_addr, port=master_port + PG_STORE_PORT_OFFSET, timeout_s=300)
+        await_rank0_store(
+            host=master_addr,
+            port=master_port + PG_STORE_PORT_OFFSET,
+            timeout_s=store_timeout.total_seconds(),
+        )
     base_store = dist.TCPStore(
         host_name=master_addr,
         port=master_port + PG_STORE_PORT_OFFSET,
@@ -192,7 +197,7 @@ def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
         multi_tenant=True,
         wait_for_workers=True,
         use_libuv=True,
-        timeout=datetime.timedelta(seconds=300),
+        timeout=store_timeout,
     )
     restart_started: list[float] = []
 
