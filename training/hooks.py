@@ -3,8 +3,31 @@ knowing them. Standard library only."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+
+
+def liveness_report_interval_s(timeout_s: float) -> float:
+    """How often to report liveness against ``timeout_s``: a tenth of it, at most once a second.
+    A report per step (30 a second on a fast step) is a round trip to another process each,
+    while only the newest one counts against the timeout."""
+    return min(1.0, timeout_s / 10)
+
+
+class Throttle:
+    """``due()`` is True on its first call, then at most once per ``every_s``."""
+
+    def __init__(self, *, every_s: float) -> None:
+        self.every_s = every_s
+        self._last: float | None = None
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if self._last is not None and now - self._last < self.every_s:
+            return False
+        self._last = now
+        return True
 
 
 class StepHooks:

@@ -6,6 +6,7 @@ in-process ``Wrapper`` (``inprocess``), or under ``ft_launcher`` (``injob``).
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -27,6 +28,23 @@ COLD_RESTARTS_ENV = "TRAINING_COLD_RESTARTS"
 # in ``run_training``'s ``finally`` (in-process restart raises asynchronously into the main
 # thread), so the next attempt finishes it first: see ``release_leftovers``.
 _LEFTOVERS: list[CheckpointManager] = []
+
+
+def freeze_imported_objects() -> None:
+    """Move every object alive now (the imports: torch, NVRx, ~260k objects) into the
+    collector's permanent generation, once per process, before the first attempt builds
+    anything. A full collection then skips them: 0.11 s each on this machine before, ~0 after.
+    NVRx's wrapper collects until nothing is left between in-process attempts
+    (``while gc.collect()``, 0.4.1 ``wrap.py``), and a gen-2 collection in the loop stalls a
+    step the same way. Per-attempt objects (model, optimizer, data) are created later, so they
+    stay collectable and an in-process restart still frees the previous attempt's."""
+    global _FROZEN
+    if not _FROZEN:
+        gc.freeze()
+        _FROZEN = True
+
+
+_FROZEN = False
 
 
 def release_leftovers() -> None:
@@ -56,6 +74,7 @@ def run_training(
             device=env.device,
             backend=env.backend,
         )
+    freeze_imported_objects()
     run_dir = Path(config.run_dir)
     events = EventLog(run_dir=run_dir, rank=env.rank)
     start_tailer(run_dir=run_dir, rank=env.rank)  # TensorBoard scalars: rank 0, when installed

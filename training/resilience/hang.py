@@ -71,6 +71,7 @@ class CalibratedHangWatchdog:
         factor: float = 5.0,
         on_detect: Callable[[float, float], None] = lambda timeout, waited: None,
         poll_s: float = 0.05,
+        repeat_s: float = 0.5,
     ) -> None:
         """Create in the main thread (it installs the SIGUSR2 handler there)."""
         self.calibrate_after = calibrate_after
@@ -79,6 +80,7 @@ class CalibratedHangWatchdog:
         self.thread_id = threading.main_thread().ident
         self.on_detect = on_detect
         self.poll_s = poll_s
+        self.repeat_s = repeat_s
         self.step_times: list[float] = []
         self.timeout_s: float | None = None
         self._started: float | None = None
@@ -163,4 +165,7 @@ class CalibratedHangWatchdog:
             # Again until the attempt ends (close) or a step boundary is reached, in case the
             # first one met code that swallows exceptions.
             os.kill(os.getpid(), HANG_SIGNAL)
-            time.sleep(0.5)
+            # Waiting on `_closed`, not sleeping: `close` (the attempt's end, on the restart's
+            # critical path) must not wait out the repeat interval.
+            if self._closed.wait(self.repeat_s):
+                return

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from training import exits
 from training.config import JobConfig
-from training.hooks import StepHooks
+from training.hooks import StepHooks, Throttle, liveness_report_interval_s
 from training.launch.command import injob_timeout_floor_s
 from training.resilience.sections import CHECKPOINT, STEP
 from training.runlog.files import METRICS_FILE, parse_jsonl
@@ -100,8 +100,10 @@ class MonitorHooks(StepHooks):
         events: EventLog,
         attempt: int,
         mode: str,
+        heartbeat_every_s: float,
     ) -> None:
         self.client = client
+        self._heartbeats = Throttle(every_s=heartbeat_every_s)
         self.calibrate_after = calibrate_after
         self.floor_s = floor_s
         self.events = events
@@ -150,7 +152,10 @@ class MonitorHooks(StepHooks):
                 return
 
     def before_step(self, step: int) -> None:
-        self.client.send_heartbeat()
+        # Each call is a round trip to the rank monitor; the step section (two more) is what
+        # times a step, the heartbeat only needs to beat well within its fixed timeout.
+        if self._heartbeats.due():
+            self.client.send_heartbeat()
         self.client.start_section(STEP)
         self._step_opened = time.time()
 
@@ -283,6 +288,7 @@ def run_injob(config: JobConfig) -> int:
             events=events,
             attempt=attempt,
             mode=mode,
+            heartbeat_every_s=liveness_report_interval_s(config.resilience.heartbeat_timeout_s),
         )
         try:
             result = run_training(config, hooks=hooks, attempt=attempt)

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from training import exits
 from training.config import JobConfig
-from training.hooks import StepHooks
+from training.hooks import StepHooks, Throttle, liveness_report_interval_s
 from training.resilience.hang import CalibratedHangWatchdog
 from training.runlog.metrics import EventLog
 from training.runlog.phases import (
@@ -46,9 +46,11 @@ PG_STORE_PORT_OFFSET = 2
 
 
 class PingHooks(StepHooks):
-    """Report forward progress to the wrapper's progress watchdog once per step; nested under
-    ft_launcher, also a heartbeat to the rank monitor (no sections: an in-process restart would
-    leave one open).
+    """Report forward progress to the wrapper's progress watchdog at a step boundary, at most
+    once per ``interval_s``; nested under ft_launcher, also a heartbeat to the rank monitor (no
+    sections: an in-process restart would leave one open). Each report is a message to another
+    process (NVRx's monitor process; the rank monitor's socket, a round trip), so one per step
+    cost a fast step's loop ~0.2 ms; the timeouts only need the newest.
 
     Checkpoint loads and blocking saves can take minutes on a big model (bytes / FSx
     throughput), longer than a soft timeout sized for a step: around them a thread keeps
@@ -62,7 +64,7 @@ class PingHooks(StepHooks):
         *,
         monitor=None,
         io_budget_s: float,
-        interval_s: float = 1.0,
+        interval_s: float,
         watchdog: CalibratedHangWatchdog | None = None,
     ):
         self.call_wrapper = call_wrapper
@@ -70,6 +72,7 @@ class PingHooks(StepHooks):
         self.io_budget_s = io_budget_s
         self.interval_s = interval_s
         self.watchdog = watchdog
+        self._between_steps = Throttle(every_s=interval_s)
 
     def _report(self) -> None:
         self.call_wrapper.ping()
@@ -77,14 +80,14 @@ class PingHooks(StepHooks):
             self.monitor.send_heartbeat()
 
     def before_step(self, step: int) -> None:
-        self._report()
+        if self._between_steps.due():
+            self._report()
         if self.watchdog is not None:
             self.watchdog.step_started()
 
     def after_step(self, step: int) -> None:
         if self.watchdog is not None:
             self.watchdog.step_finished()
-        self.call_wrapper.ping()
 
     @contextlib.contextmanager
     def section(self, name: str) -> Iterator[None]:
@@ -123,9 +126,15 @@ def give_up_cause(
     wrapper (its ``InternalError``, a barrier timeout) is a fault too: retryable."""
     detail = f"{type(err).__name__}: {err}".strip()
     if type(err).__name__ == "RankDiscarded":  # this rank is the lost one (resumed, or late)
+        # Worded like the survivors' cause below: every rank writes the verdict, and which
+        # one writes last is a race (a survivor's launcher may stop it first).
+        terminated = re.search(r"terminated_ranks=\{([^}]*)\}", str(err))
+        lost = len([r for r in terminated.group(1).split(",") if r.strip()]) if terminated else 1
         return exits.FAILED, (
-            f"this rank was discarded by NVRx's in-process restart (it stopped responding "
-            f"past resilience.hard_timeout_s); the pod exits for a replacement. NVRx: {detail}"
+            f"{lost} of {world_size} rank(s) died or stopped responding (this one was frozen "
+            f"past resilience.hard_timeout_s, and NVRx's in-process restart discarded it); "
+            f"in-process restart cannot replace a lost rank, so the pod exits for a "
+            f"replacement (or use --restart=nested). NVRx: {detail}"
         )
     shrunk = re.search(r"state\.world_size=(\d+)", str(err))
     left = int(shrunk.group(1)) if shrunk else world_size
@@ -239,6 +248,9 @@ def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
                     call_wrapper,
                     monitor=monitor,
                     io_budget_s=r.checkpoint_section_timeout_s,
+                    # The soft timeout is the shorter of the two it reports to (ft_launcher's
+                    # heartbeat timeout outlasts soft + hard when nested: launch/command.py).
+                    interval_s=liveness_report_interval_s(r.soft_timeout_s),
                     watchdog=watchdog,
                 ),
                 attempt=iteration,

@@ -5,6 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+# NVRx's monitor thread sleeps ``last_call_wait`` after the first interruption is recorded and
+# before it locks the records and aborts the process group (0.4.1 ``monitor_thread.py``,
+# ``MonitorThread.run``), so every in-process restart waits it out. The records it waits for
+# only feed the restart's attribution message; ranks lost for good are recorded apart
+# (``store.record_terminated_ranks``). A peer's concurrent record is one store append, so
+# 0.1 s still collects it (NVRx's default is 1 s).
+LAST_CALL_WAIT_S = 0.1
+
 # ---------------------------------------------------------------------------------------------
 # fault tolerance (in-job restart under ft_launcher)
 # ---------------------------------------------------------------------------------------------
@@ -71,7 +79,7 @@ def inprocess_wrapper(
         monitor_process_interval=seconds(seconds=0.5),
         heartbeat_interval=seconds(seconds=1),
         progress_watchdog_interval=seconds(seconds=0.5),
-        last_call_wait=seconds(seconds=0.5),
+        last_call_wait=seconds(seconds=LAST_CALL_WAIT_S),
     )
     # NVRx finds the parameter to fill by its annotation *object* (``Optional[CallWrapper]``);
     # with postponed annotations it would see a string, so set the real one explicitly.

@@ -176,6 +176,27 @@ def test_long_checkpoint_io_keeps_pinging_within_its_budget() -> None:
     assert inside and inside[-1] - stuck_io.times[0] < 0.8
 
 
+def test_step_boundaries_report_progress_at_most_once_per_interval() -> None:
+    """Every report is a message to another process; fast steps report once per interval, the
+    first step of an attempt at once (NVRx starts its manual progress timeout there)."""
+    import time
+
+    from training.hooks import liveness_report_interval_s
+    from training.resilience.inprocess import PingHooks
+
+    wrapper = _CountingWrapper()
+    hooks = PingHooks(wrapper, io_budget_s=60, interval_s=0.2)
+    started = time.monotonic()
+    for step in range(1, 51):  # 50 steps of ~10 ms: 0.5 s
+        hooks.before_step(step)
+        time.sleep(0.01)
+        hooks.after_step(step)
+    assert wrapper.times[0] - started < 0.01
+    assert 2 <= len(wrapper.times) <= 4, len(wrapper.times)
+    assert liveness_report_interval_s(8.0) == pytest.approx(0.8)
+    assert liveness_report_interval_s(120.0) == 1.0
+
+
 def test_calibrated_timeout_is_five_p99_with_a_floor() -> None:
     from training.resilience.hang import calibrated_timeout
 
@@ -252,6 +273,30 @@ def test_hang_watchdog_never_replaces_an_exception_already_in_flight() -> None:
         watchdog.close()
 
 
+def test_hang_watchdog_close_after_a_detection_does_not_wait_out_its_repeat() -> None:
+    """After a detection the watchdog signals again every ``repeat_s`` until the attempt ends.
+    ``close`` runs in the attempt's ``finally``, before the wrapper hears of the hang: it must
+    stop the thread at once, not after the repeat interval (a sleep there cost every in-process
+    hang restart 0.5 s). With a repeat of 30 s, a thread still sleeping it out outlives
+    ``close``'s 1 s join."""
+    import time
+
+    from training.resilience.hang import CalibratedHangWatchdog, HangDetected
+
+    watchdog = CalibratedHangWatchdog(calibrate_after=1, floor_s=0.2, repeat_s=30.0)
+    try:
+        watchdog.step_started()
+        watchdog.step_finished()
+        watchdog.step_started()
+        with pytest.raises(HangDetected):
+            started = time.monotonic()
+            while time.monotonic() - started < 10:
+                time.sleep(0.01)
+    finally:
+        watchdog.close()
+    assert not watchdog._thread.is_alive()
+
+
 @pytest.mark.parametrize(
     ("make_error", "code", "needle"),
     [
@@ -286,3 +331,23 @@ def test_only_the_restart_cap_is_a_non_retryable_inprocess_exit(make_error, code
     got, cause = give_up_cause(make_error(exception), attempts=1, max_restarts=3, world_size=2)
     assert got == getattr(exits, code)
     assert needle in cause
+
+
+def test_a_discarded_rank_words_its_verdict_like_the_survivors() -> None:
+    """Every rank writes the verdict and the last one wins: the frozen rank, once NVRx resumes
+    and discards it, may be that one (its exit makes the launcher stop the survivors). Its cause
+    must name the same count and fix as theirs. NVRx 0.4.1's message format
+    (``rank_assignment.py``)."""
+    from nvidia_resiliency_ext.inprocess.rank_assignment import RankDiscarded
+
+    from training import exits
+    from training.resilience.inprocess import give_up_cause
+
+    err = RankDiscarded("state.rank=1 terminated_ranks={1}")
+    got, cause = give_up_cause(err, attempts=1, max_restarts=3, world_size=2)
+    assert got == exits.FAILED
+    assert "1 of 2 rank(s) died or stopped responding" in cause and "discarded" in cause
+    _, cause = give_up_cause(
+        RankDiscarded("rank=3 terminated_ranks={1, 3}"), attempts=1, max_restarts=3, world_size=4
+    )
+    assert "2 of 4 rank(s)" in cause
