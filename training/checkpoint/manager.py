@@ -19,6 +19,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
+from training.checkpoint.committer import Committer
 from training.checkpoint.integrity import (
     CheckpointDamaged,
     ChecksummingWriter,
@@ -133,6 +134,7 @@ class CheckpointManager:
         self.point_hook = point_hook or (lambda point, step: None)
         self._pending: list[_Pending] = []
         self._latest_committed: int | None = None
+        self._committer = Committer()  # rank 0's commits of asynchronous saves
         self._nvrx = None
         self._local = None
         if config.local_dir:
@@ -188,6 +190,7 @@ class CheckpointManager:
     def close(self) -> None:
         """Commit what is pending and stop the background worker (collective)."""
         self.wait()
+        self._committer.close()
         if self._nvrx is not None:
             self._nvrx.close()
             self._nvrx = None
@@ -195,8 +198,10 @@ class CheckpointManager:
             self._local.close()
 
     def abandon(self) -> None:
-        """After a fault: drop pending saves (they stay uncommitted) without collectives."""
+        """After a fault: drop pending saves (they stay uncommitted) without collectives. A
+        commit already handed to rank 0's committer (every rank's files durable) finishes."""
         self._pending.clear()
+        self._committer.close()
         if self._nvrx is not None:
             self._nvrx.abandon()
             self._nvrx = None
@@ -346,6 +351,7 @@ class CheckpointManager:
         start once every rank's worker is up (collective; cheap when nothing is pending)."""
         if self._nvrx is not None:
             self._nvrx.await_worker(blocking=False)  # a no-op once the worker is up
+        self._committer.raise_if_failed()
         if not self._pending and not self._local_pending:
             return
         if self._nvrx is not None:
@@ -365,6 +371,7 @@ class CheckpointManager:
             self._local_pending = False
         if self.config.engine == "torch_async" and self._pending:
             self._poll_torch_async(blocking=True)
+        self._committer.drain()
 
     def _poll_torch_async(self, *, blocking: bool) -> None:
         while self._pending:
@@ -387,19 +394,27 @@ class CheckpointManager:
         self.point_hook("written", pending.step)
         dist.barrier()  # every rank's manifest is on disk before rank 0 reads them
         if self.rank == 0:
-            self.point_hook("commit", pending.step)
-            commit(
-                pending.path,
-                step=pending.step,
-                world_size=self.world_size,
-                engine=self.config.engine,
-            )
-            write_s = time.time() - pending.started
-            self.events.emit(
-                "checkpoint_committed", step=pending.step, path=str(pending.path), write_s=write_s
-            )
-            self._apply_retention()
+            if self.config.engine == "sync":
+                self._commit(pending)  # the synchronous engine: committed when save returns
+            else:
+                self._committer.submit(partial(self._commit, pending))
         self._latest_committed = pending.step
+
+    def _commit(self, pending: _Pending) -> None:
+        """Rank 0: the commit record, then retention (on the committer's thread for the
+        asynchronous engines: training.checkpoint.committer)."""
+        self.point_hook("commit", pending.step)
+        commit(
+            pending.path,
+            step=pending.step,
+            world_size=self.world_size,
+            engine=self.config.engine,
+        )
+        write_s = time.time() - pending.started
+        self.events.emit(
+            "checkpoint_committed", step=pending.step, path=str(pending.path), write_s=write_s
+        )
+        self._apply_retention()
 
     def _apply_retention(self) -> None:
         steps = committed_steps(self.root)
