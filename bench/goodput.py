@@ -10,11 +10,12 @@ half an interval is recomputed). Faults placed by step, as before, came every 38
 steps had got faster (~40 ms), more often for the modes that recovered faster.
 At the end of the window the run is killed (`kill_tree`).
 
-``CKPT_EVERY`` = 100 steps is the optimum of the planner's model (``planner.ettr``: Young's
-sqrt(2 x stall x MTBF)) for this job: fault-free in-process runs of 30 s measured ETTR 0.979
-with a checkpoint every 100 steps and 0.931 every 35, i.e. ~0.09 s outside the steps per
-checkpoint (the commit's collectives and files on top of the 0.01 s blocking snapshot); with
-one fault a minute that gives sqrt(2 x 0.09 x 60) = 3.3 s, ~100 steps of ~33 ms.
+``CKPT_EVERY`` = 100 steps is near the optimum of the planner's model (``planner.ettr``:
+Young's sqrt(2 x stall x MTBF)) for this job. In the run of the README's Results section a
+checkpoint cost the in-process mode 0.053 s (its blocking snapshot and finalizing collectives
+0.021 s, the step after it slowed by the background write on the shared cores 0.032 s): with one
+fault a minute that gives sqrt(2 x 0.053 x 60) = 2.5 s, ~82 steps of ~31 ms, whose expected
+loss differs from 100 steps' by 0.1% of the window.
 2 ranks, not 4: on a 2-core machine 4 ranks plus their NVRx checkpoint workers, rank monitors
 and launchers oversubscribe the cores (see bench/overhead.py ``--diagnose``).
 

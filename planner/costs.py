@@ -33,6 +33,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from planner.failures import Outcome
+from training.config import ResilienceConfig
+from training.resilience.nvrx import (
+    LAST_CALL_WAIT_S,
+    MONITOR_PROCESS_INTERVAL_S,
+    wrapper_heartbeat_timeout_s,
+)
+
+# The trainer's own settings (their owners: training/config.py, training/resilience/nvrx.py).
+_RESILIENCE = ResilienceConfig()
 
 MODES: tuple[str, ...] = ("none", "injob", "inprocess", "nested")
 MODE_LABELS: dict[str, str] = {
@@ -63,21 +72,21 @@ class Param:
 DEFAULTS: dict[str, Param] = {
     # --- detection ---------------------------------------------------------------------------
     "detect_exception_inprocess_s": Param(
-        value=2.0,
+        value=LAST_CALL_WAIT_S,
         unit="s",
-        source="nvrx-wrapper",
-        help="in-process: a rank raises; last_call_wait + monitor_process_interval",
+        source="project-wrapper",
+        help="in-process: a rank raises; the peers abort after last_call_wait",
     ),
     "detect_hang_inprocess_s": Param(
-        value=21.0,
+        value=_RESILIENCE.soft_timeout_s + MONITOR_PROCESS_INTERVAL_S,
         unit="s",
-        source="project",
-        help="in-process: a hang; soft_timeout (20 s here) + monitor_process_interval (NVRx)",
+        source="project-wrapper",
+        help="in-process: a hang; soft_timeout + monitor_process_interval (its check period)",
     ),
     "detect_lost_rank_inprocess_s": Param(
-        value=30.0,
+        value=wrapper_heartbeat_timeout_s(_RESILIENCE.soft_timeout_s),
         unit="s",
-        source="nvrx-wrapper",
+        source="project-wrapper",
         help="in-process: a rank (node) vanished; the Wrapper's heartbeat_timeout",
     ),
     "detect_exit_injob_s": Param(

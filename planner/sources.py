@@ -20,9 +20,12 @@ SOURCES: dict[str, str] = {
         "ranks, pending CUDA kernels ~1 iteration, last_call_wait, hang detection = "
         "soft_timeout + monitor_process_interval"
     ),
-    "nvrx-wrapper": (
-        "NVRx 0.4.1 inprocess.Wrapper defaults (src/nvidia_resiliency_ext/inprocess/wrap.py): "
-        "last_call_wait 1 s, monitor_process_interval 1 s, heartbeat_timeout 30 s"
+    "project-wrapper": (
+        "this project's inprocess.Wrapper settings (training/resilience/nvrx.py): "
+        "last_call_wait 0.1 s, monitor_process_interval 0.5 s, heartbeat_timeout "
+        "max(10 s, soft_timeout_s); NVRx 0.4.1 inprocess/monitor_thread.py (peers abort "
+        "last_call_wait after the first interruption record) and monitor_process.py (timeouts "
+        "checked every monitor_process_interval)"
     ),
     "project": (
         "this project's training/config.py defaults: resilience soft_timeout_s 20, "

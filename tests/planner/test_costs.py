@@ -78,12 +78,15 @@ def test_recovery_paths_by_hand_at_16k() -> None:
         ("injob", NET): 30 + 5 + 30 + rdzv + nccl + load,
         ("injob", HW): 30 + 5 + node + 30 + rdzv + nccl + load,
         ("injob", SPARE): 30 + 5 + 5 + 30 + rdzv + nccl + load,
-        ("inprocess", SW): 2 + 11 + 0.5 + nccl + load,
-        ("inprocess", NET): 21 + 11 + 0.5 + nccl + load,
-        ("inprocess", HW): 30 + 30 + node + 30 + rdzv + nccl + load,  # falls back to a job restart
-        ("nested", SW): 2 + 11 + 0.5 + nccl + load,
-        ("nested", HW): 30 + 5 + node + 30 + rdzv + nccl + load,  # the in-job path
-        ("nested", SPARE): 30 + 5 + 5 + 30 + rdzv + nccl + load,
+        # The project's Wrapper settings (training/resilience/nvrx.py): last_call_wait 0.1 s;
+        # soft timeout 20 s + monitor_process_interval 0.5 s; heartbeat max(10, 20) s.
+        ("inprocess", SW): 0.1 + 11 + 0.5 + nccl + load,
+        ("inprocess", NET): 20.5 + 11 + 0.5 + nccl + load,
+        ("inprocess", HW): 20 + 30 + node + 30 + rdzv + nccl + load,  # falls back to a job restart
+        ("nested", SW): 0.1 + 11 + 0.5 + nccl + load,
+        # The in-job path, after the in-process heartbeat (20 s) noticed the lost node.
+        ("nested", HW): 20 + 5 + node + 30 + rdzv + nccl + load,
+        ("nested", SPARE): 20 + 5 + 5 + 30 + rdzv + nccl + load,
     }
     for (mode, outcome), seconds in expected.items():
         got = recovery_s(model=model, job=job, mode=mode, outcome=outcome)

@@ -12,6 +12,17 @@ from collections.abc import Callable
 # (``store.record_terminated_ranks``). A peer's concurrent record is one store append, so
 # 0.1 s still collects it (NVRx's default is 1 s).
 LAST_CALL_WAIT_S = 0.1
+# How often NVRx's monitor process checks the soft and hard timeouts when no message arrives
+# (``msg_queue.get(timeout=interval)``, 0.4.1 ``monitor_process.py``); a message (an
+# interruption record, a ping) is handled at once.
+MONITOR_PROCESS_INTERVAL_S = 0.5
+
+
+def wrapper_heartbeat_timeout_s(soft_timeout_s: float) -> float:
+    """The Wrapper's heartbeat timeout: how long a rank (its node) may go silent before the
+    others count it lost. At least the soft timeout, so a rank that is only slow is not."""
+    return max(10.0, soft_timeout_s)
+
 
 # ---------------------------------------------------------------------------------------------
 # fault tolerance (in-job restart under ft_launcher)
@@ -72,11 +83,11 @@ def inprocess_wrapper(
         health_check=health_check,
         soft_timeout=soft,
         hard_timeout=hard,
-        heartbeat_timeout=seconds(seconds=max(10.0, soft_timeout_s)),
+        heartbeat_timeout=seconds(seconds=wrapper_heartbeat_timeout_s(soft_timeout_s)),
         barrier_timeout=seconds(seconds=hard_timeout_s + 60),
         completion_timeout=seconds(seconds=hard_timeout_s + 60),
         monitor_thread_interval=seconds(seconds=0.5),
-        monitor_process_interval=seconds(seconds=0.5),
+        monitor_process_interval=seconds(seconds=MONITOR_PROCESS_INTERVAL_S),
         heartbeat_interval=seconds(seconds=1),
         progress_watchdog_interval=seconds(seconds=0.5),
         last_call_wait=seconds(seconds=LAST_CALL_WAIT_S),
