@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.resilience.faults",
         "training.checkpoint",
         "training.checkpoint.lifetime",
+        "training.checkpoint.committer",
         "training.launch",
         "training.launch.rdzv_store",
         "training.resilience.gloo_abort",
