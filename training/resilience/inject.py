@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from training.checkpoint.layout import committed_steps, rank_files, step_dir
+from training.checkpoint.layout import COMMIT, SHARDS, committed_steps, rank_files, step_dir
 from training.hooks import StepHooks
 from training.resilience.faults import Fault, InjectedFault, parse_faults
 
@@ -159,9 +159,28 @@ class FaultInjector(StepHooks):
             self._damage_newest_shard(truncate=kind == "truncate_shard")
             raise InjectedFault(f"injected {kind} at {where}")
 
+    def _await_commit_of_own_newest_write(self, *, timeout_s: float = 1.0) -> None:
+        """Rank 0 commits on a thread of its own, a few milliseconds after the step that
+        finalized the save (training/checkpoint/committer.py): give the newest checkpoint this
+        rank has written that long to be committed, so "the newest committed" is the same one
+        it would have been with the commit in the loop. Bounded below the hang floor (2 s): a
+        save whose finalizing barrier needs this rank never commits while it waits here."""
+        assert self.checkpoint_root is not None
+        written = sorted(
+            p
+            for p in self.checkpoint_root.glob("step_*")
+            if (p / SHARDS / f"rank_{self.rank:05d}.json").is_file()
+        )
+        if not written:
+            return
+        deadline = time.monotonic() + timeout_s
+        while not (written[-1] / COMMIT).is_file() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     def _damage_newest_shard(self, *, truncate: bool) -> None:
         if self.checkpoint_root is None:
             return
+        self._await_commit_of_own_newest_write()
         steps = committed_steps(self.checkpoint_root)
         if not steps:
             return
