@@ -38,13 +38,8 @@ def freeze_imported_objects() -> None:
     (``while gc.collect()``, 0.4.1 ``wrap.py``), and a gen-2 collection in the loop stalls a
     step the same way. Per-attempt objects (model, optimizer, data) are created later, so they
     stay collectable and an in-process restart still frees the previous attempt's."""
-    global _FROZEN
-    if not _FROZEN:
+    if gc.get_freeze_count() == 0:
         gc.freeze()
-        _FROZEN = True
-
-
-_FROZEN = False
 
 
 def release_leftovers() -> None:
