@@ -11,8 +11,9 @@ widened so that model + AdamW state is >= 300 MB in total):
 - background write throughput (bytes / (committed - staged)) against a raw fsynced write of the
   same bytes to the same disk, by both ranks at once;
 - the phases of each nvrx save (``CheckpointManager.last_save_phases``), first and warm;
-- loading the newest nvrx checkpoint three ways, taking turns: a plain DCP load (the floor),
-  the one-pass verified load the manager uses, and the old two-pass way (CRC pass, then DCP).
+- loading the newest nvrx checkpoint four ways, taking turns: a plain DCP load (the floor),
+  the one-pass verified load the manager uses, the same reader with its CRCs skipped (what the
+  verification itself costs) and the old two-pass way (CRC pass, then DCP).
 
 The engines take turns within each repeat (the order rotates), so machine noise hits all of
 them alike; every save is waited for and must be committed (checked at the end).
@@ -225,17 +226,18 @@ def worker(*, dim: int, layers: int, repeats: int, root: Path, out: Path) -> Non
     dist.destroy_process_group()
 
 
-LOADS = ("plain", "verified", "two_pass")
-LOAD_ROUNDS = 6
+LOADS = ("plain", "verified", "unchecked", "two_pass")
+LOAD_ROUNDS = 8
 """Each way twice in each position of the rotation; a load is ~0.15 s."""
 
 
 def _time_loads(
     trainer: Any, path: Path, *, rank: int, world_size: int, rounds: int
 ) -> dict[str, list[float]]:
-    """The same committed checkpoint loaded into the trainer three ways, taking turns:
+    """The same committed checkpoint loaded into the trainer four ways, taking turns:
     ``plain`` (DCP's ``FileSystemReader``, no checks: the floor), ``verified`` (the one-pass
-    ``VerifyingReader`` the manager uses) and ``two_pass`` (the old way: every rank CRCs its
+    ``VerifyingReader`` the manager uses), ``unchecked`` (that reader with its CRCs skipped:
+    the rest is its one-copy load) and ``two_pass`` (the old way: every rank CRCs its
     share of the files, the ranks agree, then a plain DCP load). One warm-up load first, so
     every timed load reads from the page cache alike; no garbage collection inside a timed
     load (the manager's load pauses it, ``integrity.gc_paused``; the plain one would otherwise
@@ -254,15 +256,20 @@ def _time_loads(
         assert not any(gathered), gathered
         dcp.load({"trainer": trainer}, storage_reader=FileSystemReader(path))
 
+    class UncheckedReader(VerifyingReader):
+        def _fails_checksum(self, chunk: memoryview, recorded: int) -> bool:
+            return False
+
     ways = {
         "plain": lambda: dcp.load({"trainer": trainer}, storage_reader=FileSystemReader(path)),
         "verified": lambda: dcp.load({"trainer": trainer}, storage_reader=VerifyingReader(path)),
+        "unchecked": lambda: dcp.load({"trainer": trainer}, storage_reader=UncheckedReader(path)),
         "two_pass": two_pass,
     }
     ways["plain"]()  # warm-up
     times: dict[str, list[float]] = {way: [] for way in LOADS}
     for k in range(rounds):
-        for way in LOADS[k % 3 :] + LOADS[: k % 3]:
+        for way in LOADS[k % len(LOADS) :] + LOADS[: k % len(LOADS)]:
             gc.collect()  # a full collection here takes ~150 ms: timed in no way (as timeit)
             dist.barrier()
             with gc_paused():

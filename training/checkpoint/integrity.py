@@ -13,8 +13,10 @@ re-reads a file.
 Reading: :class:`VerifyingReader` maps each shard file it needs, checks the CRC of every item
 DCP will read (the per-item CRCs let a rank verify exactly the bytes it loads: the replicated
 items a rank reads from rank 0's file, a resharded load's slices), agrees with every rank on the
-verdict, and only then lets DCP deserialize from the same mapped bytes. A damaged shard thus
-modifies no rank's state: all ranks raise, and the manager falls back to the previous checkpoint.
+verdict, and only then copies each tensor from the same mapped bytes into the state: one copy
+(the item's tensor is a view of the mapped page cache), where DCP's own reader makes two. A
+damaged shard thus modifies no rank's state: all ranks raise, and the manager falls back to the
+previous checkpoint.
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+import torch
 import torch.distributed as dist
+from torch import serialization
+from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import (
     FileSystem,
@@ -40,12 +45,14 @@ from torch.distributed.checkpoint.filesystem import (
     _write_item,
 )
 from torch.distributed.checkpoint.planner import (
+    LoadItemType,
     LoadPlan,
     LoadPlanner,
     SavePlan,
     SavePlanner,
     WriteItem,
 )
+from torch.futures import Future
 
 from training.checkpoint.layout import (
     COMMIT,
@@ -246,7 +253,7 @@ _SHARD_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")
 class VerifyingReader(FileSystemReader):
     """DCP's ``FileSystemReader`` that reads each shard file once: mapped, every item DCP will
     load CRC-checked against the CRCs recorded at write time, the verdict agreed by all ranks
-    (``all_gather_object``), and only then deserialized by torch from the same mapped bytes.
+    (``all_gather_object``), and only then copied into the state from the same mapped bytes.
     ``.metadata`` is checked against the commit record the same way. ``problem`` names the
     first damage found on any rank (the same on every rank once ``read_data`` agreed)."""
 
@@ -320,9 +327,36 @@ class VerifyingReader(FileSystemReader):
             self._release()
             raise CheckpointDamaged(self.problem)
         try:
-            return super().read_data(plan, planner)  # torch reads from ``self._maps``
+            return self._load_verified(plan, planner)
         finally:
             self._release()
+
+    def _load_verified(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """torch's ``FileSystemReader.read_data`` (torch 2.13) over the verified mapped bytes,
+        with one copy per tensor instead of two: torch's reads each item into a fresh storage
+        (``torch.load`` of a stream) and then copies that into the target; here the item's
+        tensor is a view of the mapped page cache (:func:`_tensor_over`) and the copy into the
+        target is the only one."""
+        for item in plan.items:
+            info = self.storage_data[item.storage_index]
+            view = self._maps[str(self.directory / info.relative_path)]
+            chunk = view[info.offset : info.offset + info.length]
+            if item.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(item, io.BytesIO(chunk))
+                continue
+            source = narrow_tensor_by_index(_tensor_over(chunk), item.storage_offsets, item.lengths)
+            target = planner.resolve_tensor(item).detach()
+            if target.size() != source.size():
+                raise CheckpointError(
+                    f"{info.relative_path}: item at offset {info.offset} has shape "
+                    f"{tuple(source.size())}, the state expects {tuple(target.size())}"
+                )
+            target.copy_(source)
+            planner.commit_tensor(item, target)
+            del source, chunk  # no view of the mapping outlives the load (_release)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
 
     # -- the one pass ---------------------------------------------------------------------------
     def _map_and_verify(self, plan: LoadPlan) -> str | None:
@@ -338,14 +372,18 @@ class VerifyingReader(FileSystemReader):
             if len(view) != expected["size"]:
                 return f"{name} has {len(view)} bytes, its manifest says {expected['size']}"
             for info in per_file[name]:
+                if info.transform_descriptors:
+                    return f"{name}: the item at offset {info.offset} is transformed (not ours)"
                 recorded = expected["items"].get(str(info.offset))
                 if recorded is None or recorded[0] != info.length:
                     return f"{name}: no checksum for the item at offset {info.offset}"
                 _populate(view, info.offset, info.length)
-                chunk = view[info.offset : info.offset + info.length]
-                if crc32(chunk) != recorded[1]:
+                if self._fails_checksum(view[info.offset : info.offset + info.length], recorded[1]):
                     return f"{name} fails its checksum (item at offset {info.offset})"
         return None
+
+    def _fails_checksum(self, chunk: memoryview, recorded: int) -> bool:
+        return crc32(chunk) != recorded
 
     def _map(self, name: str) -> memoryview | None:
         path = self.directory / name
@@ -360,7 +398,9 @@ class VerifyingReader(FileSystemReader):
             else:
                 # No MAP_POPULATE: a rank may need a few KB of a peer's file (the replicated
                 # items DCP saved there); only the ranges it loads are faulted in (_populate).
-                mapped = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+                # Copy-on-write (as torch.load(mmap=True)): a writable buffer for
+                # torch.frombuffer, pages shared with the page cache, the file never written.
+                mapped = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
                 view = memoryview(mapped)
         finally:
             os.close(fd)
@@ -391,6 +431,19 @@ def _populate(view: memoryview, offset: int, length: int) -> None:
     # An older kernel refuses it: the CRC's reads then fault the pages in instead.
     with contextlib.suppress(OSError):
         base.madvise(_MADV_POPULATE_READ, start, offset + length - start)
+
+
+def _tensor_over(chunk: memoryview) -> torch.Tensor:
+    """The tensor of one DCP item (a ``torch.save`` archive inside a shard file), its storage a
+    view of ``chunk`` instead of a copy: what ``torch.load(mmap=True)`` does for an archive
+    that is a whole file (``torch/serialization.py``: ``_load``'s ``overall_storage``, each
+    record a slice of it at ``get_record_offset``), for an archive at an offset in one. torch
+    is pinned exactly (pyproject.toml), and these private names with it."""
+    storage = torch.frombuffer(chunk, dtype=torch.uint8).untyped_storage()
+    with serialization._open_zipfile_reader(_MappedStream(chunk)) as archive:
+        return serialization._load(
+            archive, "cpu", serialization._weights_only_unpickler, overall_storage=storage
+        )
 
 
 def _agree(problem: str | None) -> str | None:
