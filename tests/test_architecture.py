@@ -71,6 +71,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.checkpoint.layout",
         "training.checkpoint.integrity",
         "training.checkpoint.staging",
+        "training.checkpoint.memory",
         "training.launch.command",
     ),
     (

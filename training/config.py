@@ -232,6 +232,11 @@ class CheckpointConfig:
     """GPU only: node-local directory (the NVMe RAID0) for NVRx local checkpoints; empty = off."""
     local_interval: int = 0
     """GPU only: save a local checkpoint every N steps (between the shared ones); 0 = off."""
+    memory_interval: int = 0
+    """Every N steps each rank keeps a copy of its state in host memory (two slots), which an
+    in-process restart (``resilience.restart`` inprocess or nested) restores instead of the
+    newest checkpoint on storage when it is newer; 0 = off. Restart modes that replace the
+    processes take none (training/checkpoint/memory.py)."""
 
     def __post_init__(self) -> None:
         s = "checkpoint"
@@ -243,6 +248,7 @@ class CheckpointConfig:
             "must be set when checkpoint.local_interval > 0 (e.g. /scratch/checkpoints)",
         )
         _require(self.interval >= 0, s, "interval", "must be >= 0 (0 = final only)")
+        _require(self.memory_interval >= 0, s, "memory_interval", "must be >= 0 (0 = off)")
         _require(self.keep_last >= 1, s, "keep_last", f"must be >= 1, got {self.keep_last}")
         _require(self.keep_every >= 0, s, "keep_every", "must be >= 0 (0 = off)")
 

@@ -115,6 +115,8 @@ def _p5_recipe(
                 interval=interval,
                 local_dir="/scratch/checkpoints",
                 local_interval=local_interval,
+                # In-process restarts (nested, the overlays' default) restore from host memory.
+                memory_interval=local_interval,
             ),
             resilience=_GPU_RESILIENCE,
         ),
@@ -130,6 +132,8 @@ _RECIPES: tuple[Recipe, ...] = (
         config=JobConfig(
             recipe="debug_cpu",
             parallel=ParallelConfig(device="cpu", mixed_precision="fp32"),
+            # In-process restarts restore a memory snapshot at most 10 steps old (memory.py).
+            checkpoint=CheckpointConfig(memory_interval=10),
         ),
         nodes=1,
         gpus_per_node=0,

@@ -289,12 +289,21 @@ class Trainer:
                     bool(c.checkpoint.local_interval)
                     and self.step % c.checkpoint.local_interval == 0
                 )
+                memory_due = (
+                    checkpoints.snapshots_in_memory
+                    and self.step % c.checkpoint.memory_interval == 0
+                )
                 if shared_due and self.step < c.train.steps:
                     with self.hooks.section("checkpoint_save"):
                         checkpoints.save(self, step=self.step, blocking=False)
                 elif local_due and self.step < c.train.steps:
                     with self.hooks.section("checkpoint_save"):
                         checkpoints.save_local(self, step=self.step)
+                if memory_due and not shared_due and self.step < c.train.steps:
+                    # In-process restarts restore it (memory.py); a shared save's step is on
+                    # storage already.
+                    with self.hooks.section("checkpoint_save"):
+                        checkpoints.snapshot(self, step=self.step)
                 slowest_iteration_s = max(
                     slowest_iteration_s, time.perf_counter() - iteration_started
                 )

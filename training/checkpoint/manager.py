@@ -1,4 +1,5 @@
-"""The checkpoint manager: save (three engines), commit, retain, load with verification.
+"""The checkpoint manager: save (three engines), commit, retain, load with verification, and
+the in-memory snapshots an in-process restart restores (``training.checkpoint.memory``).
 
 The on-disk layout and the commit protocol are in ``training.checkpoint.layout``."""
 
@@ -37,6 +38,7 @@ from training.checkpoint.layout import (
     step_dir,
     write_rank_manifest,
 )
+from training.checkpoint.memory import IN_PROCESS_MODES, SNAPSHOTS, MemorySnapshots
 from training.checkpoint.staging import staged_bytes, structure_key
 from training.config import CheckpointConfig, JobConfig
 from training.runlog.metrics import EventLog
@@ -105,7 +107,12 @@ class CheckpointManager:
         events: EventLog,
         point_hook=None,
     ) -> CheckpointManager:
-        """The job's checkpoint manager: ``config.checkpoint`` under ``config.checkpoint_dir``."""
+        """The job's checkpoint manager: ``config.checkpoint`` under ``config.checkpoint_dir``;
+        memory snapshots where ``checkpoint.memory_interval`` asks for them and the restart mode
+        keeps the processes (nothing else could restore them)."""
+        in_memory = (
+            config.checkpoint.memory_interval > 0 and config.resilience.restart in IN_PROCESS_MODES
+        )
         return cls(
             config=config.checkpoint,
             root=Path(config.checkpoint_dir),
@@ -113,6 +120,7 @@ class CheckpointManager:
             world_size=world_size,
             events=events,
             point_hook=point_hook,
+            memory=SNAPSHOTS if in_memory else None,
         )
 
     def __init__(
@@ -124,8 +132,10 @@ class CheckpointManager:
         world_size: int,
         events: EventLog,
         point_hook=None,
+        memory: MemorySnapshots | None = None,
     ) -> None:
         self.config = config
+        self._memory = memory
         self.root = root
         self.rank = rank
         self.world_size = world_size
@@ -152,7 +162,7 @@ class CheckpointManager:
             self._nvrx = AsyncCheckpointQueue()
         self._worker_started = False
         self._local_pending = False
-        self._sources: tuple[list[int], int | None] | None = None
+        self._sources: tuple[list[int], int | None, int | None] | None = None
         # The structure the cached save plan was made for (nvrx), and torch's cache key.
         self._plan_key: tuple | None = None
         self._torch_plan_key = f"{type(self).__name__}/{os.getpid()}/{id(self)}/{world_size}"
@@ -196,6 +206,8 @@ class CheckpointManager:
             self._nvrx = None
         if self._local is not None:
             self._local.close()
+        if self._memory is not None:
+            self._memory.clear()  # the run is over: nothing restarts into this process
 
     def abandon(self) -> None:
         """After a fault: drop pending saves (they stay uncommitted) without collectives. A
@@ -346,6 +358,25 @@ class CheckpointManager:
             blocking_s=time.perf_counter() - started,
         )
 
+    def snapshot(self, trainer: StatefulTrainer, *, step: int) -> None:
+        """A memory snapshot of ``trainer`` for in-process restarts (``memory.py``); nothing
+        when snapshots are off. Local to this rank: no collective."""
+        if self._memory is None:
+            return
+        started = time.perf_counter()
+        self._memory.take(
+            trainer.state_dict(),
+            owner=str(self.root),
+            step=step,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+        self.events.emit("memory_snapshot", step=step, blocking_s=time.perf_counter() - started)
+
+    @property
+    def snapshots_in_memory(self) -> bool:
+        return self._memory is not None
+
     def poll(self) -> None:
         """Commit every save that all ranks have finished writing, and finish the NVRx worker's
         start once every rank's worker is up (collective; cheap when nothing is pending)."""
@@ -427,34 +458,63 @@ class CheckpointManager:
             shutil.rmtree(path, ignore_errors=True)
 
     # -- loading -------------------------------------------------------------------------------
-    def _resume_sources(self) -> tuple[list[int], int | None]:
-        """Committed shared steps (rank 0 lists, all ranks agree) and the newest complete local
-        step. Collective; listed once per manager."""
+    def _resume_sources(self) -> tuple[list[int], int | None, int | None]:
+        """Committed shared steps (rank 0 lists, all ranks agree), the newest complete local
+        step, and the newest memory snapshot every rank holds. Collective; listed once per
+        manager."""
         if self._sources is None:
             candidates = committed_steps(self.root) if self.rank == 0 else []
             shared: list[Any] = [candidates]
             dist.broadcast_object_list(shared, src=0)
             # collective: needs every rank's shard
             local_step = self._local.latest_step() if self._local is not None else None
-            self._sources = (shared[0], local_step)
+            self._sources = (shared[0], local_step, self._common_memory_step())
         return self._sources
+
+    def _common_memory_step(self) -> int | None:
+        """The newest step of which every rank holds a complete memory snapshot (collective
+        when snapshots are on)."""
+        if self._memory is None:
+            return None
+        held = self._memory.steps(owner=str(self.root), rank=self.rank, world_size=self.world_size)
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, held)
+        common = set(gathered[0]).intersection(*gathered[1:])
+        return max(common, default=None)
 
     def resume_expected(self) -> bool:
         """Whether ``load_latest`` has something to load (collective): the trainer then skips
         initialising the weights it is about to overwrite."""
         if not self.config.resume:
             return False
-        candidates, local_step = self._resume_sources()
-        return bool(candidates) or local_step is not None
+        candidates, local_step, memory_step = self._resume_sources()
+        return bool(candidates) or local_step is not None or memory_step is not None
 
     def load_latest(self, trainer: StatefulTrainer) -> int | None:
-        """Load the newest sound committed checkpoint into ``trainer``; None if there is none.
+        """Load the newest sound state into ``trainer``: a committed checkpoint, a node-local one
+        or a memory snapshot (in-process restarts), whichever is newest; None if there is none.
 
         All ranks walk the same candidates in the same order and agree on each verdict, so they
-        always load the same checkpoint."""
+        always load the same checkpoint. A memory snapshot is tried when no sound checkpoint
+        on storage is newer: before the newest, or after a damaged one is rejected."""
         if not self.config.resume:
             return None
-        candidates, local_step = self._resume_sources()
+        candidates, local_step, memory_step = self._resume_sources()
+        newest_committed = max(candidates, default=None)
+
+        def from_memory(*, at_least: int) -> int | None:
+            nonlocal memory_step
+            if memory_step is None or memory_step < at_least:
+                return None
+            step, memory_step = memory_step, None  # tried once
+            if not self._restore_memory(trainer, step=step):
+                return None
+            self._latest_committed = newest_committed
+            return step
+
+        newest_stored = max([*candidates, -1 if local_step is None else local_step])
+        if (restored := from_memory(at_least=newest_stored)) is not None:
+            return restored
         if local_step is not None and local_step > max(candidates, default=-1):
             started = time.perf_counter()
             step = self._local.load_into(trainer)
@@ -467,6 +527,8 @@ class CheckpointManager:
             )
             return step
         for step in reversed(candidates):
+            if (restored := from_memory(at_least=step)) is not None:
+                return restored
             path = step_dir(self.root, step)
             started = time.perf_counter()
             with gc_paused():
@@ -482,12 +544,40 @@ class CheckpointManager:
             self.events.emit("checkpoint_load", step=step, path=str(path), seconds=seconds)
             self._latest_committed = step
             return step
+        if (restored := from_memory(at_least=-1)) is not None:
+            return restored
         if candidates:
             raise CheckpointError(
                 f"every committed checkpoint under {self.root} is damaged; "
                 "move them aside to start fresh (checkpoint.resume=false ignores them)"
             )
         return None
+
+    def _restore_memory(self, trainer: StatefulTrainer, *, step: int) -> bool:
+        """Restore the memory snapshot of ``step`` into ``trainer`` when every rank can (same
+        structure on every rank; collective); False, with nothing changed, when one cannot."""
+        assert self._memory is not None
+        started = time.perf_counter()
+        state = trainer.state_dict()
+        fits = torch.tensor(
+            [int(self._memory.matches(state, step=step))],
+            dtype=torch.int32,
+            device=collective_device(),
+        )
+        dist.all_reduce(fits, op=dist.ReduceOp.MIN)
+        if not fits.item():
+            self.events.emit("checkpoint_rejected", step=step, path="memory", problem="structure")
+            return False
+        self._memory.restore(state, step=step)
+        trainer.load_state_dict(state)
+        self.events.emit(
+            "checkpoint_load",
+            step=step,
+            path="memory",
+            seconds=time.perf_counter() - started,
+            source="memory",
+        )
+        return True
 
     def _load_verified(self, trainer: StatefulTrainer, path: Path) -> str | None:
         """Load ``path`` into ``trainer`` in one read pass; the problem if it is damaged.

@@ -13,7 +13,9 @@ Scalars (global step in brackets):
 - ``train/{loss,lr,step_time_s,tokens_per_s,mfu,attempt}`` [the step]: one per metrics line; the
   steps repeated after a restart are written again (TensorBoard keeps the later ones).
 - ``checkpoint/blocking_s`` [checkpoint step]: the slowest rank's ``checkpoint_staged`` stall;
-  ``checkpoint/write_s`` [checkpoint step]: the slowest ``checkpoint_committed`` write.
+  ``checkpoint/write_s`` [checkpoint step]: the slowest ``checkpoint_committed`` write;
+  ``checkpoint/memory_snapshot_s`` [snapshot step]: the slowest rank's ``memory_snapshot``
+  stall (in-process restarts' copies in host memory, ``training/checkpoint/memory.py``).
 - ``restart/{downtime_s,recompute_s,lost_s}`` and ``restart_phase/<phase>_s`` [the restart's
   number, 1-based, as in the report]: one per incident, once the first step after it is done
   (``training.runlog.accounting`` defines them); ``startup_phase/<phase>_s`` [0].
@@ -202,6 +204,7 @@ class Tailer:
         self.state = self._load_state()
         self._blocking = _SlowestRank(tag="checkpoint/blocking_s")
         self._write = _SlowestRank(tag="checkpoint/write_s")
+        self._snapshot = _SlowestRank(tag="checkpoint/memory_snapshot_s")
         self._restart_seen_at: float | None = None  # monotonic time of the last restart event
         self._summary: RunSummary | None = None
         self._stop = threading.Event()
@@ -250,6 +253,8 @@ class Tailer:
             return
         if kind == "checkpoint_staged" and (v := _num(e.get("blocking_s"))) is not None:
             self._blocking.add(step=step, value=v, walltime=t)
+        elif kind == "memory_snapshot" and (v := _num(e.get("blocking_s"))) is not None:
+            self._snapshot.add(step=step, value=v, walltime=t)
         elif kind == "checkpoint_committed" and (v := _num(e.get("write_s"))) is not None:
             self._write.add(step=step, value=v, walltime=t)
 
@@ -315,6 +320,7 @@ class Tailer:
             settle = 0.0 if final else self.settle_s
             scalars += self._blocking.drain(settle_s=settle)
             scalars += self._write.drain(settle_s=settle)
+            scalars += self._snapshot.drain(settle_s=settle)
             scalars += self._restart_scalars(final=final)
             if final and self._summary is not None and self._summary.final_step is not None:
                 s = self._summary

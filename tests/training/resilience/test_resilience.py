@@ -139,6 +139,13 @@ def test_fault_matrix_ends_bit_identical(
     assert expected <= phases, f"missing phases: {expected - phases}"
     # A fault can strike before the first commit: not every case resumes.
     assert_init_skipped_on_resume(events(run_dir), resumed_at_least_once=False)
+    if name == "inprocess-exception-hang-oom":
+        # The hang at step 13 restarts in process from the memory snapshot of step 10 (the
+        # recipe's checkpoint.memory_interval), newer than the committed checkpoint of step 8.
+        loads = {
+            (e["step"], e.get("source")) for e in events(run_dir) if e["kind"] == "checkpoint_load"
+        }
+        assert (10, "memory") in loads, loads
     if "corrupt_shard" in faults or "truncate_shard" in faults:
         rejected = [e for e in events(run_dir) if e["kind"] == "checkpoint_rejected"]
         assert rejected, "the damaged newest checkpoint must be rejected"

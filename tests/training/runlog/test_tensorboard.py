@@ -54,6 +54,8 @@ EVENTS_BEFORE = [
     _ev(T0 + 7.1, "checkpoint_staged", 0, 5, blocking_s=0.2),
     _ev(T0 + 7.1, "checkpoint_staged", 1, 5, blocking_s=0.3),
     _ev(T0 + 8.0, "checkpoint_committed", 0, 5, path="ckpt/step_5", write_s=0.9),
+    _ev(T0 + 9.1, "memory_snapshot", 0, 7, blocking_s=0.01),
+    _ev(T0 + 9.1, "memory_snapshot", 1, 7, blocking_s=0.02),
 ]
 EVENTS_AFTER = [
     _ev(T0 + 12.5, "fault", 1, 10, fault="exception"),
@@ -136,6 +138,7 @@ def test_convert_writes_every_kind_of_scalar(run_dir: Path) -> None:
     # The slowest rank's stall and write per checkpoint.
     assert got["checkpoint/blocking_s"] == pytest.approx({5: 0.3, 10: 0.5})
     assert got["checkpoint/write_s"] == pytest.approx({5: 0.9, 10: 1.2})
+    assert got["checkpoint/memory_snapshot_s"] == pytest.approx({7: 0.02})
     # Restart 1: fault T0+12.5, first step after it starts T0+21.
     assert got["restart/downtime_s"] == pytest.approx({1: 8.5})
     assert got["restart/recompute_s"] == pytest.approx({1: 5.0})
@@ -145,7 +148,7 @@ def test_convert_writes_every_kind_of_scalar(run_dir: Path) -> None:
     assert got["restart_phase/first_step_s"] == pytest.approx({1: 0.7})
     assert got["startup_phase/model_built_s"] == pytest.approx({0: 1.1})
     assert got["run/ettr"] == pytest.approx({15: 10.0 / 27.0})
-    assert n == 20 * 6 + 4 + 3 + 6 + 4 + 1
+    assert n == 20 * 6 + 4 + 1 + 3 + 6 + 4 + 1  # steps, checkpoints, snapshot, restart, phases
     # A second conversion replaces the first (no doubled points, one event file).
     assert tb.convert(run_dir=run_dir) == n
     assert len(list((run_dir / tb.TB_SUBDIR).glob("events.out.tfevents.*"))) == 1
@@ -266,6 +269,6 @@ def test_cli(run_dir: Path, tmp_path: Path) -> None:
         timeout=120,
     )
     assert ok.returncode == 0, ok.stderr
-    assert "wrote 138 scalars" in ok.stdout
+    assert "wrote 139 scalars" in ok.stdout
     assert list((run_dir / tb.TB_SUBDIR).glob("events.out.tfevents.*"))
     assert tb.main([str(tmp_path / "nope")]) == 2

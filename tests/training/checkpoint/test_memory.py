@@ -1,0 +1,248 @@
+"""``training.checkpoint.memory``: the in-memory snapshots an in-process restart restores, and
+the manager's choice between them and the checkpoints on storage.
+
+Real tensors, a real one-rank gloo group and the manager's real saves and loads; the
+multi-rank, real-fault version is the in-process case of
+tests/training/resilience/test_resilience.py's fault matrix (bit-identical to a run without
+faults). The CUDA path (pinned buffers, the copy's event) needs a GPU: the ``gpu`` test."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from training.checkpoint.layout import step_dir
+from training.checkpoint.manager import CheckpointManager
+from training.checkpoint.memory import MemorySnapshots
+from training.config import CheckpointConfig, JobConfig, ResilienceConfig
+from training.runlog.files import read_jsonl
+from training.runlog.metrics import EventLog
+
+
+def _state(fill: float, *, step: int) -> dict[str, Any]:
+    return {
+        "model": {"w": torch.full((64,), fill), "b": torch.full((3, 2), fill)},
+        "optim": {
+            "state": {"w": {"exp_avg": torch.full((64,), fill), "step": torch.tensor(fill)}},
+            "param_groups": [{"lr": fill, "betas": (0.9, 0.95), "params": ["w"]}],
+        },
+        "sampler": {"epoch": step // 7, "position": step},
+        "step": step,
+    }
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    return a == b
+
+
+def _take(snapshots: MemorySnapshots, state: dict, *, step: int, owner: str = "run") -> None:
+    snapshots.take(state, owner=owner, step=step, rank=0, world_size=1)
+
+
+def test_a_snapshot_restores_the_state_it_copied_into_the_same_tensors() -> None:
+    snapshots = MemorySnapshots()
+    live = _state(1.0, step=10)
+    _take(snapshots, live, step=10)
+    expected = copy.deepcopy(live)
+    # The trainer goes on: every tensor changes in place, every value is replaced.
+    for tensor in (live["model"]["w"], live["model"]["b"], live["optim"]["state"]["w"]["step"]):
+        tensor.add_(5.0)
+    live["optim"]["param_groups"][0]["lr"] = 9.0
+    live["sampler"]["position"] = 99
+
+    fresh = _state(0.0, step=0)  # the next attempt's trainer, built anew
+    tensors_before = [fresh["model"]["w"], fresh["optim"]["state"]["w"]["exp_avg"]]
+    snapshots.restore(fresh, step=10)
+
+    assert _equal(fresh, expected)
+    assert fresh["model"]["w"] is tensors_before[0], "tensors are restored in place"
+    assert fresh["optim"]["state"]["w"]["exp_avg"] is tensors_before[1]
+    assert fresh["sampler"] is not live["sampler"], "values are copies, not the live objects"
+
+
+class _Interrupt:
+    """A value whose copy raises, as an in-process restart's asynchronous exception would in
+    the middle of a snapshot."""
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        raise RuntimeError("interrupted mid-copy")
+
+
+def test_a_copy_interrupted_midway_leaves_the_previous_snapshot_and_is_never_offered() -> None:
+    snapshots = MemorySnapshots()
+    _take(snapshots, _state(1.0, step=10), step=10)
+    _take(snapshots, _state(2.0, step=20), step=20)
+    torn = _state(3.0, step=30)
+    torn["sampler"]["zz_interrupt"] = _Interrupt()  # sorted last: every tensor copied before
+    with pytest.raises(RuntimeError, match="mid-copy"):
+        _take(snapshots, torn, step=30)  # overwrites the slot of step 10
+
+    assert snapshots.steps(owner="run", rank=0, world_size=1) == [20]
+    restored = _state(0.0, step=0)
+    snapshots.restore(restored, step=20)
+    assert _equal(restored, _state(2.0, step=20))
+    with pytest.raises(ValueError, match="step 30"):
+        snapshots.restore(_state(0.0, step=0), step=30)
+
+
+def test_snapshots_are_offered_only_to_their_own_run_rank_and_world_size() -> None:
+    snapshots = MemorySnapshots()
+    snapshots.take(_state(1.0, step=10), owner="run-a", step=10, rank=1, world_size=4)
+    assert snapshots.steps(owner="run-a", rank=1, world_size=4) == [10]
+    assert snapshots.steps(owner="run-b", rank=1, world_size=4) == []
+    assert snapshots.steps(owner="run-a", rank=0, world_size=4) == []
+    assert snapshots.steps(owner="run-a", rank=1, world_size=2) == []
+    snapshots.clear()
+    assert snapshots.steps(owner="run-a", rank=1, world_size=4) == []
+
+
+def test_a_snapshot_of_another_structure_is_not_restored() -> None:
+    snapshots = MemorySnapshots()
+    _take(snapshots, _state(1.0, step=10), step=10)
+    other = _state(0.0, step=0)
+    other["model"]["w"] = torch.zeros(65)  # another shape
+    assert not snapshots.matches(other, step=10)
+    with pytest.raises(ValueError, match="no restorable"):
+        snapshots.restore(other, step=10)
+    assert torch.equal(other["model"]["w"], torch.zeros(65)), "nothing was changed"
+
+
+# --- the manager: which state an in-process restart loads --------------------------------------
+
+
+class _Trainer:
+    """A stateful trainer for the manager (DCP and the snapshots see the same state_dict)."""
+
+    def __init__(self, fill: float, *, step: int = 0) -> None:
+        self.step = step
+        self.w = torch.full((256,), fill)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"w": self.w, "step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.w.copy_(state["w"])
+        self.step = int(state["step"])
+
+
+def _manager(root: Path, snapshots: MemorySnapshots | None) -> CheckpointManager:
+    manager = CheckpointManager(
+        config=CheckpointConfig(engine="sync", memory_interval=5),
+        root=root,
+        rank=0,
+        world_size=1,
+        events=EventLog(run_dir=root.parent, rank=0),
+        memory=snapshots,
+    )
+    manager.start()
+    return manager
+
+
+def _loads(root: Path) -> list[tuple[int, str]]:
+    events, _ = read_jsonl(root.parent / "events.jsonl")
+    return [
+        (e["step"], e.get("source", "shared")) for e in events if e["kind"] == "checkpoint_load"
+    ]
+
+
+@pytest.mark.distributed
+def test_an_in_process_restart_loads_the_newest_of_memory_and_storage(
+    tmp_path: Path, one_rank_group: None
+) -> None:
+    """Memory when its snapshot is newer than every sound checkpoint on storage (also after
+    the newest is found damaged), storage when that is newer."""
+    root = tmp_path / "checkpoints"
+    snapshots = MemorySnapshots()
+    first = _manager(root, snapshots)
+    first.save(_Trainer(1.0, step=10), step=10, blocking=True)
+    first.snapshot(_Trainer(1.5, step=15), step=15)
+    first.abandon()  # a fault: the attempt ends, the process stays
+
+    restarted = _Trainer(0.0)
+    second = _manager(root, snapshots)
+    assert second.resume_expected()
+    assert second.load_latest(restarted) == 15
+    assert restarted.step == 15 and torch.equal(restarted.w, torch.full((256,), 1.5))
+    assert second.latest_step() == 10, "the newest committed checkpoint is still step 10"
+    second.save(_Trainer(2.0, step=20), step=20, blocking=True)
+    second.abandon()
+
+    third = _Trainer(0.0)
+    assert _manager(root, snapshots).load_latest(third) == 20, "storage is newer"
+    assert torch.equal(third.w, torch.full((256,), 2.0))
+
+    # The newest on storage damaged: the snapshot of 15 is newer than the fallback, 10.
+    shard = next(step_dir(root, 20).glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:-8])
+    fourth = _Trainer(0.0)
+    assert _manager(root, snapshots).load_latest(fourth) == 15
+    assert torch.equal(fourth.w, torch.full((256,), 1.5))
+    assert _loads(root) == [(15, "memory"), (20, "shared"), (15, "memory")]
+
+
+@pytest.mark.distributed
+def test_a_new_process_or_another_run_finds_no_snapshot(
+    tmp_path: Path, one_rank_group: None
+) -> None:
+    root = tmp_path / "checkpoints"
+    snapshots = MemorySnapshots()
+    first = _manager(root, snapshots)
+    first.save(_Trainer(1.0, step=10), step=10, blocking=True)
+    first.snapshot(_Trainer(1.5, step=15), step=15)
+    first.abandon()
+
+    fresh_process = _Trainer(0.0)  # an in-job restart: new processes, empty snapshots
+    assert _manager(root, MemorySnapshots()).load_latest(fresh_process) == 10
+    other_run = _Trainer(0.0)
+    other_root = tmp_path / "other" / "checkpoints"
+    assert _manager(other_root, snapshots).load_latest(other_run) is None
+
+
+@pytest.mark.parametrize(
+    ("restart", "interval", "in_memory"),
+    [
+        ("inprocess", 10, True),
+        ("nested", 10, True),
+        ("injob", 10, False),
+        ("none", 10, False),
+        ("inprocess", 0, False),
+    ],
+)
+def test_snapshots_are_taken_only_where_an_in_process_restart_can_restore_them(
+    tmp_path: Path, restart: str, interval: int, in_memory: bool
+) -> None:
+    config = JobConfig(
+        run_dir=str(tmp_path),
+        checkpoint=CheckpointConfig(memory_interval=interval),
+        resilience=ResilienceConfig(restart=restart),
+    )
+    manager = CheckpointManager.for_job(
+        config=config, rank=0, world_size=1, events=EventLog(run_dir=tmp_path, rank=0)
+    )
+    assert manager.snapshots_in_memory is in_memory
+
+
+@pytest.mark.gpu
+def test_a_snapshot_of_cuda_tensors_is_the_state_at_its_step() -> None:
+    """On a GPU the copy is asynchronous (pinned host buffers, ordered on the compute stream):
+    the step after the snapshot changes the tensors, and the snapshot still holds the old
+    values; restored into CUDA tensors of a new attempt."""
+    snapshots = MemorySnapshots()
+    live = {"w": torch.randn(1 << 20, device="cuda"), "step": 3}
+    expected = live["w"].cpu()
+    _take(snapshots, live, step=3)
+    live["w"].mul_(2.0)  # queued after the copies on the same stream
+    assert snapshots.steps(owner="run", rank=0, world_size=1) == [3]
+    restored = {"w": torch.zeros(1 << 20, device="cuda"), "step": 0}
+    snapshots.restore(restored, step=3)
+    assert torch.equal(restored["w"].cpu(), expected) and restored["step"] == 3

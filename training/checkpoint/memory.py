@@ -1,0 +1,175 @@
+"""In-memory snapshots of each rank's state, for in-process restarts.
+
+An in-process restart (NVRx's Wrapper: ``resilience.restart`` = ``inprocess`` or ``nested``)
+keeps the processes, so a copy of the trainer's state in host memory survives it. Every
+``checkpoint.memory_interval`` steps each rank copies its own shard of the state (the local
+part of every DTensor, the optimizer state, sampler, step and RNG) into buffers it allocated
+once; the next attempt restores the newest snapshot every rank holds, when it is newer than the
+newest checkpoint on storage, instead of loading that checkpoint and recomputing the steps
+since. Between two shared checkpoints an in-process fault then loses at most one memory
+interval of steps instead of one checkpoint interval.
+
+Two slots, written in turn: a slot is marked unwritten before its copy starts and gets its step
+only once the copy is complete (on a GPU, once the device-to-host copies recorded before its
+event are done), so a fault in the middle of a copy leaves the other slot, the previous
+snapshot, intact. A snapshot is offered only to the same rank in a world of the same size, and
+restored only into a state of the same structure (:func:`structure_key`); the ranks agree on
+the step first (``CheckpointManager``), so they all restore the same step or all load from
+storage.
+
+New processes (an in-job restart, a new pod) start with no snapshot and load from storage: this
+tier replaces neither the shared checkpoints nor the node-local ones (``local.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from training.checkpoint.staging import structure_key
+
+IN_PROCESS_MODES = ("inprocess", "nested")
+"""The restart modes whose restarts keep the processes, and with them these snapshots."""
+
+
+def _leaves(state: Any) -> Iterator[tuple[Any, Any, Any]]:
+    """Every leaf of a nested dict/list state as (container, key, value), keys sorted (as
+    :func:`structure_key`), so two states of one structure walk in the same order."""
+    if isinstance(state, dict):
+        items = [(k, state[k]) for k in sorted(state, key=str)]
+    else:
+        items = list(enumerate(state))
+    for key, value in items:
+        if isinstance(value, dict | list):
+            yield from _leaves(value)
+        else:
+            yield state, key, value
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+@dataclass
+class _Slot:
+    step: int | None = None
+    """The snapshot's step; None while unwritten or being written."""
+    owner: str = ""
+    """The run it belongs to (its checkpoint root): a later run in the same process (a test
+    process, a notebook) never restores another run's state."""
+    rank: int = -1
+    world_size: int = 0
+    key: tuple = ()
+    buffers: list[torch.Tensor | None] = field(default_factory=list)
+    """Per leaf: the host copy of a tensor's local part, None for other values."""
+    values: list[Any] = field(default_factory=list)
+    """Per leaf: a deep copy of a non-tensor value, None for tensors."""
+    ready: Any = None
+    """On a GPU: the CUDA event recorded after the slot's device-to-host copies."""
+
+    def is_complete(self) -> bool:
+        if self.step is None:
+            return False
+        if self.ready is None:
+            return True
+        try:
+            self.ready.synchronize()
+        except RuntimeError:  # the device failed: the copies may not have finished
+            self.step = None
+            return False
+        return True
+
+
+class MemorySnapshots:
+    """The snapshots of one process (see the module docstring); :data:`SNAPSHOTS` is the one a
+    trainer uses, kept for the life of the process across in-process attempts."""
+
+    def __init__(self) -> None:
+        self._slots = [_Slot(), _Slot()]
+        self._next = 0
+
+    def take(
+        self, state: dict[str, Any], *, owner: str, step: int, rank: int, world_size: int
+    ) -> None:
+        """Copy ``state`` (a trainer's ``state_dict()``) into the next slot."""
+        slot = self._slots[self._next]
+        slot.step = None  # torn until the copy below is complete
+        leaves = list(_leaves(state))
+        key = structure_key(state)
+        if key != slot.key:
+            slot.buffers = [_host_buffer(value) for _, _, value in leaves]
+            slot.key = key
+        on_device = False
+        values: list[Any] = []
+        for (_, _, value), buffer in zip(leaves, slot.buffers, strict=True):
+            if buffer is None:
+                values.append(copy.deepcopy(value))
+                continue
+            source = _local(value).detach()
+            on_device = on_device or source.device.type == "cuda"
+            buffer.copy_(source, non_blocking=source.device.type == "cuda")
+            values.append(None)
+        slot.values = values
+        slot.ready = None
+        if on_device:
+            # Ordered on the compute stream after the step that made the state and before the
+            # next one changes it; the slot is complete once the event is.
+            slot.ready = torch.cuda.Event()
+            slot.ready.record()
+        slot.owner, slot.rank, slot.world_size = owner, rank, world_size
+        slot.step = step
+        self._next = 1 - self._next
+
+    def steps(self, *, owner: str, rank: int, world_size: int) -> list[int]:
+        """The steps of the complete snapshots this rank of this run may restore, newest
+        first."""
+        held = [
+            s.step
+            for s in self._slots
+            if (s.owner, s.rank, s.world_size) == (owner, rank, world_size) and s.is_complete()
+        ]
+        return sorted((step for step in held if step is not None), reverse=True)
+
+    def matches(self, state: dict[str, Any], *, step: int) -> bool:
+        """Whether the snapshot of ``step`` has the structure of ``state`` (restorable)."""
+        slot = self._slot(step)
+        return slot is not None and slot.key == structure_key(state)
+
+    def restore(self, state: dict[str, Any], *, step: int) -> None:
+        """Copy the snapshot of ``step`` into ``state`` in place (tensors' local parts) and put
+        its other values back; the caller then hands ``state`` to ``load_state_dict``."""
+        slot = self._slot(step)
+        if slot is None or not slot.is_complete() or slot.key != structure_key(state):
+            raise ValueError(f"no restorable memory snapshot of step {step}")
+        for (container, key, value), buffer, saved in zip(
+            _leaves(state), slot.buffers, slot.values, strict=True
+        ):
+            if buffer is None:
+                container[key] = copy.deepcopy(saved)
+            else:
+                _local(value).detach().copy_(buffer)
+
+    def clear(self) -> None:
+        self._slots = [_Slot(), _Slot()]
+        self._next = 0
+
+    def _slot(self, step: int) -> _Slot | None:
+        return next((s for s in self._slots if s.step == step), None)
+
+
+def _host_buffer(value: Any) -> torch.Tensor | None:
+    """A host tensor for a copy of ``value``'s local part (pinned when it lives on a GPU, so
+    the device-to-host copy is asynchronous); None for a value that is not a tensor."""
+    if not isinstance(value, torch.Tensor):
+        return None
+    local = _local(value)
+    pinned = local.device.type == "cuda"
+    return torch.empty(local.shape, dtype=local.dtype, pin_memory=pinned)
+
+
+SNAPSHOTS = MemorySnapshots()
+"""This process's snapshots: in-process restarts run every attempt in the same process."""
