@@ -22,9 +22,12 @@ and launchers oversubscribe the cores (see bench/overhead.py ``--diagnose``).
 - ``baseline``: plain torchrun (``--restart=none``), synchronous DCP checkpoints, and a whole-job
   cold restart by the local launcher (``--cold-restarts``) after any failure; its hang detector
   is the collective timeout (``parallel.pg_timeout_s`` = ``BASELINE_PG_TIMEOUT_S``).
-- ``inprocess``: NVRx in-process restart (Wrapper), NVRx async checkpoints.
+- ``inprocess``: NVRx in-process restart (Wrapper), NVRx async checkpoints, and the recipe's
+  memory snapshots every 10 steps, which its restarts restore (training/checkpoint/memory.py).
 - ``injob``: ft_launcher in-job restart (rank monitors, heartbeats, sections), NVRx async.
-- ``nested``: in-process restart inside ft_launcher, NVRx async.
+- ``nested``: in-process restart inside ft_launcher, NVRx async, memory snapshots (restored by
+  its in-process restarts; a SIGKILL's in-job restart starts new processes and loads from
+  storage).
 
 Fault kinds, chosen per mode by what the mode can recover from (the schedule cycles through
 them in this order): the baseline, in-job and nested get ``exception``, ``hang`` and ``sigkill``;

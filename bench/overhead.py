@@ -2,27 +2,30 @@
 
 Fault-free local runs of the same job (CPU ranks, gloo, the debug model, checkpoints only at the
 end), one per restart layer: ``none`` (plain torchrun), ``inprocess`` (NVRx Wrapper with its
-monitor threads and per-step pings) and ``injob`` (ft_launcher, rank monitors, a heartbeat and
-a section per step), at 2 and at 4 ranks. Per run: the median over steady-state steps (the
-first ``WARMUP`` steps excluded) of
+monitor threads and per-step pings, and the recipe's memory snapshots every 10 steps) and
+``injob`` (ft_launcher, rank monitors, a heartbeat and a section per step), at 2 and at 4
+ranks. Per run: the median over steady-state steps (the first ``WARMUP`` steps excluded) of
 
 - ``step_time_s`` as the trainer logs it (the step's compute and all-reduce), and
 - the interval between consecutive steps' end times, which also covers the per-step hooks
-  (pings, heartbeats, sections) and logging: the overhead ratio is computed on this one.
+  (pings, heartbeats, sections) and logging: the overhead ratio is computed on this one;
+- within the run, the mean time between steps that is not the step (``outside_step_s``): the
+  hooks and what comes every N steps (in-process memory snapshots), which a median skips.
 
 The runs go one after the other, in rotating order over rounds. Whole runs of the same
 configuration differ by up to ~14% here (a run-level disturbance of the shared 2-core VM: within
 a run the steps are steady), while the machinery costs ~1%: each layer's figure is its fastest
 round (noise only adds time; timeit's estimator), the median over rounds kept beside it. Two
-rounds at 2 ranks and one at 4 (24 steps) fit ``make bench``'s 25 minutes; ``--rounds`` sets
-both.
+rounds at each rank count (32 steps at 2 ranks, 24 at 4) fit ``make bench``'s 25 minutes; one
+round at 4 ranks had let a single disturbed run decide the figure (+3.5% once, +2.1% / -0.3%
+fastest / median over three rounds of the same code); ``--rounds`` sets both.
 
 ``--diagnose`` (not part of ``make bench``) answers why the 4-rank in-job goodput steps looked
 slower than the baseline's: 4 ranks, the tiny model, a checkpoint every 25 steps, restart
 layer x checkpoint engine (the old goodput baseline used synchronous checkpoints, the other
 modes NVRx async ones), reporting the median and the mean step interval.
 
-    python -m bench.overhead              # 2 ranks x 2 rounds + 4 ranks x 1, 3 layers, ~3.5 min
+    python -m bench.overhead              # 2 and 4 ranks x 2 rounds, 3 layers, ~4 min
     python -m bench.overhead --quick      # 20 steps each
     python -m bench.overhead --nprocs 4   # one rank count
     python -m bench.overhead --diagnose   # 5 runs x 100 steps, ~4 min
@@ -57,7 +60,7 @@ MODES = ("none", "inprocess", "injob")
 NPROCS = (2, 4)
 # Rounds and steps per rank count (make bench): a 4-rank run is ~2.5x a 2-rank one (4 ranks
 # importing torch and stepping on 2 cores).
-ROUNDS = {2: 2, 4: 1}
+ROUNDS = {2: 2, 4: 2}
 STEPS = {2: 32, 4: 24}
 WARMUP = 8
 # The 4-rank diagnosis (``--diagnose``): the tiny model of the goodput runs, a checkpoint every
@@ -83,8 +86,13 @@ def steady_state(run_dir, *, warmup: int) -> dict[str, Any]:
         "interval_s": median(intervals),
         "interval_mean_s": sum(intervals) / len(intervals) if intervals else None,
         # Within the run, the time between steps that is not the step: the per-step hooks
-        # (pings, heartbeats, sections), the logging. Free of the run-level noise.
-        "outside_step_s": median(b["time"] - a["time"] - b["step_time_s"] for a, b in pairs),
+        # (pings, heartbeats, sections), the logging, and what comes every N steps (memory
+        # snapshots): a mean, so that those count. Free of the run-level noise.
+        "outside_step_s": (
+            sum(b["time"] - a["time"] - b["step_time_s"] for a, b in pairs) / len(pairs)
+            if pairs
+            else None
+        ),
     }
 
 
@@ -342,7 +350,7 @@ def report(result: dict[str, Any]) -> str:
                     "step interval s",
                     "x none",
                     "median of rounds",
-                    "between steps ms",
+                    "between steps ms (mean)",
                     "added x interval",
                 ],
                 rows,
@@ -356,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="20 steps per run")
     parser.add_argument(
-        "--rounds", type=int, help="runs per mode (rotating order); default 2 at 2 ranks, 1 at 4"
+        "--rounds", type=int, help="runs per mode (rotating order); default 2 at each rank count"
     )
     parser.add_argument("--nprocs", default="2,4", help="rank counts, comma-separated")
     parser.add_argument(

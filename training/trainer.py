@@ -299,9 +299,8 @@ class Trainer:
                 elif local_due and self.step < c.train.steps:
                     with self.hooks.section("checkpoint_save"):
                         checkpoints.save_local(self, step=self.step)
-                if memory_due and not shared_due and self.step < c.train.steps:
-                    # In-process restarts restore it (memory.py); a shared save's step is on
-                    # storage already.
+                elif memory_due and self.step < c.train.steps:
+                    # For in-process restarts (memory.py); a step saved above is on storage.
                     with self.hooks.section("checkpoint_save"):
                         checkpoints.snapshot(self, step=self.step)
                 slowest_iteration_s = max(

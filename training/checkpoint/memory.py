@@ -12,10 +12,10 @@ interval of steps instead of one checkpoint interval.
 Two slots, written in turn: a slot is marked unwritten before its copy starts and gets its step
 only once the copy is complete (on a GPU, once the device-to-host copies recorded before its
 event are done), so a fault in the middle of a copy leaves the other slot, the previous
-snapshot, intact. A snapshot is offered only to the same rank in a world of the same size, and
-restored only into a state of the same structure (:func:`structure_key`); the ranks agree on
-the step first (``CheckpointManager``), so they all restore the same step or all load from
-storage.
+snapshot, intact. A snapshot is offered only to the same run and rank in a world of the same
+size, and restored only into a state of the same structure (every leaf's path, and each
+tensor's dtype and local shape); the ranks agree on the step first (``CheckpointManager``), so
+they all restore the same step or all load from storage.
 
 New processes (an in-job restart, a new pod) start with no snapshot and load from storage: this
 tier replaces neither the shared checkpoints nor the node-local ones (``local.py``).
@@ -30,28 +30,42 @@ from typing import Any
 
 import torch
 
-from training.checkpoint.staging import structure_key
-
 IN_PROCESS_MODES = ("inprocess", "nested")
 """The restart modes whose restarts keep the processes, and with them these snapshots."""
 
 
-def _leaves(state: Any) -> Iterator[tuple[Any, Any, Any]]:
-    """Every leaf of a nested dict/list state as (container, key, value), keys sorted (as
-    :func:`structure_key`), so two states of one structure walk in the same order."""
+def _leaves(state: Any, path: tuple = ()) -> Iterator[tuple[tuple, Any, Any, Any]]:
+    """Every leaf of a nested dict/list state as (path, container, key, value), keys sorted, so
+    two states of one structure walk in the same order."""
     if isinstance(state, dict):
         items = [(k, state[k]) for k in sorted(state, key=str)]
     else:
         items = list(enumerate(state))
     for key, value in items:
         if isinstance(value, dict | list):
-            yield from _leaves(value)
+            yield from _leaves(value, (*path, key))
         else:
-            yield state, key, value
+            yield (*path, key), state, key, value
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """The rank's own part of a tensor (a DTensor's local shard); under ``no_grad``, where
+    ``DTensor.to_local`` is an attribute read instead of an autograd function."""
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _walk(state: dict[str, Any]) -> tuple[list[tuple[Any, Any, Any]], tuple]:
+    """The leaves of ``state`` as (container, key, local tensor or value) and their structure:
+    every path, and each tensor's dtype and local shape."""
+    leaves, key = [], []
+    for path, container, name, value in _leaves(state):
+        if isinstance(value, torch.Tensor):
+            value = _local(value).detach()
+            key.append((path, value.dtype, tuple(value.shape)))
+        else:
+            key.append((path,))
+        leaves.append((container, name, value))
+    return leaves, tuple(key)
 
 
 @dataclass
@@ -92,14 +106,14 @@ class MemorySnapshots:
         self._slots = [_Slot(), _Slot()]
         self._next = 0
 
+    @torch.no_grad()
     def take(
         self, state: dict[str, Any], *, owner: str, step: int, rank: int, world_size: int
     ) -> None:
         """Copy ``state`` (a trainer's ``state_dict()``) into the next slot."""
         slot = self._slots[self._next]
         slot.step = None  # torn until the copy below is complete
-        leaves = list(_leaves(state))
-        key = structure_key(state)
+        leaves, key = _walk(state)
         if key != slot.key:
             slot.buffers = [_host_buffer(value) for _, _, value in leaves]
             slot.key = key
@@ -109,9 +123,8 @@ class MemorySnapshots:
             if buffer is None:
                 values.append(copy.deepcopy(value))
                 continue
-            source = _local(value).detach()
-            on_device = on_device or source.device.type == "cuda"
-            buffer.copy_(source, non_blocking=source.device.type == "cuda")
+            on_device = on_device or value.device.type == "cuda"
+            buffer.copy_(value, non_blocking=value.device.type == "cuda")
             values.append(None)
         slot.values = values
         slot.ready = None
@@ -134,24 +147,27 @@ class MemorySnapshots:
         ]
         return sorted((step for step in held if step is not None), reverse=True)
 
+    @torch.no_grad()
     def matches(self, state: dict[str, Any], *, step: int) -> bool:
         """Whether the snapshot of ``step`` has the structure of ``state`` (restorable)."""
         slot = self._slot(step)
-        return slot is not None and slot.key == structure_key(state)
+        return slot is not None and slot.key == _walk(state)[1]
 
+    @torch.no_grad()
     def restore(self, state: dict[str, Any], *, step: int) -> None:
         """Copy the snapshot of ``step`` into ``state`` in place (tensors' local parts) and put
         its other values back; the caller then hands ``state`` to ``load_state_dict``."""
         slot = self._slot(step)
-        if slot is None or not slot.is_complete() or slot.key != structure_key(state):
+        leaves, key = _walk(state)
+        if slot is None or not slot.is_complete() or slot.key != key:
             raise ValueError(f"no restorable memory snapshot of step {step}")
-        for (container, key, value), buffer, saved in zip(
-            _leaves(state), slot.buffers, slot.values, strict=True
+        for (container, name, value), buffer, saved in zip(
+            leaves, slot.buffers, slot.values, strict=True
         ):
             if buffer is None:
-                container[key] = copy.deepcopy(saved)
+                container[name] = copy.deepcopy(saved)
             else:
-                _local(value).detach().copy_(buffer)
+                value.copy_(buffer)
 
     def clear(self) -> None:
         self._slots = [_Slot(), _Slot()]
@@ -166,9 +182,8 @@ def _host_buffer(value: Any) -> torch.Tensor | None:
     the device-to-host copy is asynchronous); None for a value that is not a tensor."""
     if not isinstance(value, torch.Tensor):
         return None
-    local = _local(value)
-    pinned = local.device.type == "cuda"
-    return torch.empty(local.shape, dtype=local.dtype, pin_memory=pinned)
+    pinned = value.device.type == "cuda"
+    return torch.empty(value.shape, dtype=value.dtype, pin_memory=pinned)
 
 
 SNAPSHOTS = MemorySnapshots()
