@@ -9,7 +9,8 @@ Checks, in order (each bounded by what is left of ``--budget-s``):
   (training.model.flops_per_token against training.runlog.metrics.PEAK_BF16_FLOPS) and peak memory.
 - ``pytest_gpu``: the ``gpu``-marked tests (tests/training): the NVRx async save from CUDA with
   the snapshot probe (tensors mutated right after save returns; the loaded checkpoint equals
-  the state at save), the local (NVMe-tier) checkpoint save and restore, the in-process restart
+  the state at save), the local (NVMe-tier) checkpoint save and restore, a memory snapshot of
+  CUDA tensors (pinned buffers, asynchronous copy, restored), the in-process restart
   with the CUDA health check and NCCL abort at world size 1, the CUDA FSDP step. One entry per
   test, from pytest's JUnit XML.
 

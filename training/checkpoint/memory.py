@@ -151,7 +151,7 @@ class MemorySnapshots:
     def matches(self, state: dict[str, Any], *, step: int) -> bool:
         """Whether the snapshot of ``step`` has the structure of ``state`` (restorable)."""
         slot = self._slot(step)
-        return slot is not None and slot.key == _walk(state)[1]
+        return slot is not None and slot.is_complete() and slot.key == _walk(state)[1]
 
     @torch.no_grad()
     def restore(self, state: dict[str, Any], *, step: int) -> None:
