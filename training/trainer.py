@@ -301,8 +301,9 @@ class Trainer:
                         checkpoints.save_local(self, step=self.step)
                 elif memory_due and self.step < c.train.steps:
                     # For in-process restarts (memory.py); a step saved above is on storage.
-                    with self.hooks.section("checkpoint_save"):
-                        checkpoints.snapshot(self, step=self.step)
+                    # A copy in host memory, not I/O: no section (whose pinger thread and
+                    # reports cost more than the copy of a small model), between two steps.
+                    checkpoints.snapshot(self, step=self.step)
                 slowest_iteration_s = max(
                     slowest_iteration_s, time.perf_counter() - iteration_started
                 )

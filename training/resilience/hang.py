@@ -36,6 +36,7 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,14 @@ def p99(values: list[float]) -> float:
     """The 99th percentile (nearest rank) of a non-empty list."""
     ordered = sorted(values)
     return ordered[max(math.ceil(0.99 * len(ordered)) - 1, 0)]
+
+
+WINDOW = 1000
+"""Step times the calibration looks at: the newest ones."""
+RECALIBRATE_EVERY = 16
+"""Steps between two recalibrations (a p99 sorts the window: ~40 us a step here, a sixth of the
+fast goodput steps' time between steps); a step slow enough to need a longer timeout
+recalibrates at once, so the timeout only lags when it could shrink."""
 
 
 def calibrated_timeout(step_times: list[float], *, floor_s: float, factor: float) -> float:
@@ -81,7 +90,8 @@ class CalibratedHangWatchdog:
         self.on_detect = on_detect
         self.poll_s = poll_s
         self.repeat_s = repeat_s
-        self.step_times: list[float] = []
+        self.step_times: deque[float] = deque(maxlen=WINDOW)
+        self.steps = 0
         self.timeout_s: float | None = None
         self._started: float | None = None
         self._paused = 0
@@ -114,11 +124,16 @@ class CalibratedHangWatchdog:
         with self._lock:
             if self._started is None:
                 return
-            self.step_times.append(time.monotonic() - self._started)
+            elapsed = time.monotonic() - self._started
+            self.step_times.append(elapsed)
+            self.steps += 1
             self._started = None
-            if len(self.step_times) >= self.calibrate_after:
+            if self.steps < self.calibrate_after:
+                return
+            due = self.timeout_s is None or self.steps % RECALIBRATE_EVERY == 0
+            if due or self.factor * elapsed > self.timeout_s:
                 self.timeout_s = calibrated_timeout(
-                    self.step_times[-1000:],
+                    list(self.step_times),
                     floor_s=self.floor_s - 2 * self.poll_s,
                     factor=self.factor,
                 )
