@@ -240,6 +240,39 @@ def test_hang_watchdog_raises_in_the_main_thread_only_after_calibration() -> Non
     assert len(detections) == 1 and detections[0][0] == pytest.approx(0.5 - 2 * watchdog.poll_s)
 
 
+def test_hang_watchdog_recalibrates_at_once_for_a_slow_step_and_every_16_otherwise() -> None:
+    """The p99 is not recomputed after every step (it sorts the window), but a step slow
+    enough to need a longer timeout raises it at once: the throttle may only delay a shrink."""
+    import time
+
+    from training.resilience.hang import RECALIBRATE_EVERY, CalibratedHangWatchdog
+
+    def step(watchdog: CalibratedHangWatchdog, seconds: float) -> None:
+        watchdog.step_started()
+        watchdog._started = time.monotonic() - seconds  # a step that lasted `seconds`
+        watchdog.step_finished()
+
+    # floor 0.1 s less twice the 0.05 s poll: the timeout is 5 x p99 alone
+    watchdog = CalibratedHangWatchdog(calibrate_after=1, floor_s=0.1)
+    try:
+        for _ in range(200):
+            step(watchdog, 0.01)
+        assert watchdog.timeout_s == pytest.approx(0.05, rel=0.2)
+        assert watchdog.steps % RECALIBRATE_EVERY == 200 % 16 == 8
+        for _ in range(5):  # slow steps, 2.5% of the window: the p99 now; no periodic turn
+            step(watchdog, 0.4)
+        grown = watchdog.timeout_s
+        assert grown == pytest.approx(5 * 0.4, rel=0.05), "raised by the slow steps at once"
+        watchdog.step_times.extend([0.01] * 1000)  # the slow steps have left the window
+        while watchdog.steps % RECALIBRATE_EVERY != RECALIBRATE_EVERY - 1:
+            step(watchdog, 0.01)
+            assert watchdog.timeout_s == grown, "no shrink between two recalibrations"
+        step(watchdog, 0.01)
+        assert watchdog.timeout_s == pytest.approx(0.05, rel=0.2), "the periodic one shrinks it"
+    finally:
+        watchdog.close()
+
+
 def test_hang_watchdog_never_replaces_an_exception_already_in_flight() -> None:
     """A peer's fault reaches a rank as NVRx's RankShouldRestart, which NVRx's wrapper consumes
     once; a HangDetected raised over it while it unwinds (through a ``finally``) would end the rank
