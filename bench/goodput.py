@@ -59,6 +59,7 @@ Writes bench/results/goodput.json (``ettr_<mode>``, ``startup_<mode>_s``, target
 from __future__ import annotations
 
 import argparse
+import bisect
 import itertools
 import json
 import os
@@ -224,6 +225,50 @@ def fault_costs(*, steps: list[Any], fault_times: list[tuple[float, str]]) -> li
     return costs
 
 
+def between_steps(
+    *, steps: list[Any], events: list[dict[str, Any]], t_first: float, t_cut: float
+) -> dict[str, dict[str, float]]:
+    """The window's steady-state time outside the steps: for each two consecutive steps of one
+    attempt, the end-to-end interval less the second one's step time, grouped by what the step
+    before did (a ``checkpoint_staged`` or ``memory_snapshot`` event between the two, else
+    ``other``: the hooks, logging and polls of every step); count, total and median seconds per
+    group."""
+
+    def times(kind: str) -> list[float]:
+        return sorted(float(e["time"]) for e in events if e["kind"] == kind)
+
+    saved, snapshot = times("checkpoint_staged"), times("memory_snapshot")
+
+    def any_between(moments: list[float], start: float, end: float) -> bool:
+        i = bisect.bisect_right(moments, start)
+        return i < len(moments) and moments[i] < end
+
+    groups: dict[str, list[float]] = {
+        "after_checkpoint": [],
+        "after_memory_snapshot": [],
+        "other": [],
+    }
+    for a, b in itertools.pairwise(steps):
+        if not (t_first < a.time and b.time <= t_cut):
+            continue
+        if b.step != a.step + 1 or b.attempt != a.attempt:
+            continue
+        started = b.time - b.step_time_s
+        gap = started - a.time
+        key = (
+            "after_checkpoint"
+            if any_between(saved, a.time, started)
+            else "after_memory_snapshot"
+            if any_between(snapshot, a.time, started)
+            else "other"
+        )
+        groups[key].append(gap)
+    return {
+        key: {"n": len(v), "total_s": sum(v), "median_s": median(v) if v else None}
+        for key, v in groups.items()
+    }
+
+
 def window_stats(*, run_dir: Path, t_first: float, window_s: float) -> dict[str, Any]:
     """ETTR over (t_first, t_first + window_s] and the cost of each fault that fired in it."""
     from training.runlog.accounting import load_run, summarize
@@ -260,6 +305,9 @@ def window_stats(*, run_dir: Path, t_first: float, window_s: float) -> dict[str,
         "faults_in_window": len(fault_times),
         "fault_spacing_mean_s": sum(spacing) / len(spacing) if spacing else None,
         "fault_costs": costs,
+        "between_steps": between_steps(
+            steps=logs.steps, events=logs.events, t_first=t_first, t_cut=t_cut
+        ),
         "lost_s_by_kind": {
             kind: {"n": len(v), "median": median(v), "max": max(v)} for kind, v in per_kind.items()
         },
@@ -447,9 +495,26 @@ def report(result: dict[str, Any]) -> str:
                 rows,
             ),
             "",
+            "time between steps in the window, s total (median ms), by what the step before did",
+            table(
+                ["mode", "after a checkpoint", "after a memory snapshot", "other steps"],
+                [(name, *map(_gap_cell, _gap_groups(m))) for name, m in result["modes"].items()],
+            ),
+            "",
             targets_table(result["targets"]),
         ]
     )
+
+
+def _gap_groups(mode: dict[str, Any]) -> list[dict[str, Any] | None]:
+    groups = mode.get("between_steps") or {}
+    return [groups.get(k) for k in ("after_checkpoint", "after_memory_snapshot", "other")]
+
+
+def _gap_cell(group: dict[str, Any] | None) -> str:
+    if not group or not group["n"]:
+        return "-"
+    return f"{group['total_s']:.2f} ({1e3 * group['median_s']:.2f})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -113,3 +113,37 @@ def test_restart_hang_detection_from_the_rank_monitors_log(tmp_path: Path) -> No
     assert detections[0] == pytest.approx(2.09 - 0.5, abs=1e-6)
     assert detections[1] == pytest.approx(1.7, abs=1e-6)
     assert detections[2] is None
+
+
+def test_goodput_splits_the_time_between_steps_by_what_the_step_before_did() -> None:
+    """Saves and snapshots are told apart by their events; a restart's gap (another attempt, a
+    repeated step number) and steps outside the window are no steady-state time."""
+    from bench.goodput import between_steps
+    from training.runlog.accounting import Step
+
+    def step(t: float, n: int, attempt: int = 0) -> Step:
+        return Step(
+            time=t, step=n, step_time_s=0.1, attempt=attempt, loss=None, tokens_per_s=None, mfu=None
+        )
+
+    steps = [
+        step(0.10, 1),  # before the window
+        step(1.00, 2),
+        step(1.11, 3),  # 0.01 s after step 2: other
+        step(1.25, 4),  # 0.04 s after step 3, which saved
+        step(1.37, 5),  # 0.02 s after step 4, which took a snapshot
+        step(5.00, 4, attempt=1),  # a restart: not steady state
+        step(5.13, 5, attempt=1),  # 0.03 s: other
+        step(9.00, 6, attempt=1),  # after the window
+    ]
+    events = [  # between the two steps, from either rank
+        {"kind": "checkpoint_staged", "step": 3, "time": 1.12},
+        {"kind": "checkpoint_staged", "step": 3, "time": 1.13},
+        {"kind": "memory_snapshot", "step": 4, "time": 1.26},
+    ]
+    got = between_steps(steps=steps, events=events, t_first=0.5, t_cut=6.0)
+    assert {k: (g["n"], round(g["total_s"], 6)) for k, g in got.items()} == {
+        "after_checkpoint": (1, 0.04),
+        "after_memory_snapshot": (1, 0.02),
+        "other": (2, 0.04),
+    }
