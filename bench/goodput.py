@@ -18,9 +18,10 @@ fault a minute that gives sqrt(2 x 0.053 x 60) = 2.5 s, ~82 steps of ~31 ms, who
 loss differs from 100 steps' by 0.1% of the window.
 ``MEMORY_EVERY`` = 20 steps is Young's optimum for the in-process modes' memory snapshots the
 same way (they are what an in-process restart loses work back to): a snapshot of the tiny model
-costs ~2.5 ms between two steps (2 ranks, measured from the step log), sqrt(2 x 0.0025 x 60) =
-0.55 s, ~22 steps of ~25 ms. The recipe's default, 10, is the debug model's (~8 ms, ~110 ms
-steps); the other modes take no snapshots.
+costs ~2.5 ms between two steps (2 ranks; ``between_steps`` of goodput.json), sqrt(2 x 0.0025
+x 60) = 0.55 s, ~22 steps of ~25 ms. The recipe's default, 10, is the debug model's (~6 ms a
+snapshot: bench.overhead's in-process runs spend ~0.6 ms a step more between steps than none's,
+at ~110 ms steps); the other modes take no snapshots.
 2 ranks, not 4: on a 2-core machine 4 ranks plus their NVRx checkpoint workers, rank monitors
 and launchers oversubscribe the cores (see bench/overhead.py ``--diagnose``).
 
