@@ -39,12 +39,33 @@ DATA_DIR = f"{FSX_MOUNT}/data/stdlib"
 RDZV_STORE = "fsdp-rdzv"
 """The rendezvous store's Deployment and Service (shared by every training Job)."""
 RDZV_STORE_PORT = 29400
+RDZV_STORE_COMMAND = ("python", "-m", "training.launch.rdzv_store")
+"""What the store's image runs (in /app): the trainer's image, or a small one of its own that
+holds torch and training/launch/rdzv_store.py (with its packages' __init__.py files)."""
+RDZV_PRIORITY_CLASS = "fsdp-rdzv-store"
+RDZV_PRIORITY = 1_000_000
+"""Above every pod without a class (0); below the system-*-critical classes (2e9)."""
+TRAINER = "trainer"
+"""The component label of the training Job's pods (and the preflight Job's): the store's
+NetworkPolicy admits exactly these."""
+FSX_NOMINAL_SIZE = "1200Gi"
+"""The FSx PersistentVolume's capacity and its claim's request: a fixed nominal size, never the
+file system's. Kubernetes binds a claim to a volume whose capacity is at least the request and
+does not resize a statically bound claim (the PersistentVolumeClaimResize admission plugin
+refuses claims that were not dynamically provisioned), so a size that followed FSx growth would
+fail the stack update after CloudFormation had grown the file system. 1200 GiB is the smallest
+PERSISTENT_2 file system; the real size is in FSx and in the ConfigMap (FSX_STORAGE_CAPACITY).
+The FSx CSI driver's static-provisioning example sets both fields the same way
+(aws-fsx-csi-driver, examples/kubernetes/static_provisioning)."""
 TTL_SECONDS_AFTER_FINISHED = 86400  # a finished Job (and its logs) stays a day, then goes
 SCRATCH = "/scratch"
 
 # Placeholders in the committed kustomize YAML (the Python renderer gets the real values).
 DEFAULT_NAMESPACE = "training"
 IMAGE_NAME = "trainer"
+STORE_IMAGE_NAME = "rdzv-store"
+"""The store's image name in the kustomize base: its own `images:` entry (the trainer's image
+by default, or the store's own image where the stack builds one)."""
 PLACEHOLDER_IMAGE_REPO = "ACCOUNT.dkr.ecr.REGION.amazonaws.com/eks-fsdp-resilient"
 PLACEHOLDER_IMAGE_TAG = "latest"
 PLACEHOLDER_IMAGE = f"{PLACEHOLDER_IMAGE_REPO}:{PLACEHOLDER_IMAGE_TAG}"
@@ -109,9 +130,12 @@ def shared_objects(
     mount_name: str,
     storage_capacity_gib: int,
     image: str,
+    store_image: str | None = None,
 ) -> list[dict]:
     """Namespace, FSx PV + PVC, ServiceAccount, ConfigMap and the rendezvous store: what every
-    training job needs. `image` runs the rendezvous store (the trainer's image has torch)."""
+    training job needs. `store_image` runs the rendezvous store (default: `image`, the
+    trainer's, which has torch); a store image of its own keeps the store's pod unchanged
+    when the trainer's image changes. `storage_capacity_gib` goes to the ConfigMap only."""
     return [
         {
             "apiVersion": "v1",
@@ -124,7 +148,7 @@ def shared_objects(
             "metadata": {
                 "name": SERVICE_ACCOUNT,
                 "namespace": namespace,
-                "labels": _labels("trainer"),
+                "labels": _labels(TRAINER),
             },
             # The trainer talks to no Kubernetes API: no token in the pods.
             "automountServiceAccountToken": False,
@@ -135,7 +159,8 @@ def shared_objects(
             "metadata": {"name": CONFIG_MAP, "namespace": namespace, "labels": _labels("config")},
             "data": {
                 **EFA_NCCL_ENV,
-                # The stack's FSx file system; the kustomize base copies these into the PV.
+                # The stack's FSx file system; the kustomize base copies the ids into the PV.
+                # The size is for people and tools: the PV and PVC carry FSX_NOMINAL_SIZE.
                 "FSX_FILE_SYSTEM_ID": file_system_id,
                 "FSX_DNS_NAME": dns_name,
                 "FSX_MOUNT_NAME": mount_name,
@@ -147,7 +172,7 @@ def shared_objects(
             "kind": "PersistentVolume",
             "metadata": {"name": PV_NAME, "labels": _labels("storage")},
             "spec": {
-                "capacity": {"storage": f"{storage_capacity_gib}Gi"},
+                "capacity": {"storage": FSX_NOMINAL_SIZE},
                 "volumeMode": "Filesystem",
                 "accessModes": ["ReadWriteMany"],
                 # Static provisioning: the file system belongs to the stack, never to a claim.
@@ -169,29 +194,48 @@ def shared_objects(
                 "accessModes": ["ReadWriteMany"],
                 "storageClassName": "",
                 "volumeName": PV_NAME,
-                "resources": {"requests": {"storage": f"{storage_capacity_gib}Gi"}},
+                "resources": {"requests": {"storage": FSX_NOMINAL_SIZE}},
             },
         },
-        *_rdzv_store(namespace=namespace, image=image),
+        *_rdzv_store(namespace=namespace, image=store_image or image),
     ]
 
 
 def _rdzv_store(*, namespace: str, image: str) -> list[dict]:
     """A one-replica TCPStore on the system nodes (never on a GPU node, so a lost training node
-    cannot take it along) and its Service, which every launcher joins as a client."""
+    cannot take it along), its Service, which every launcher joins as a client, and what keeps
+    it single, in place and private (see each object)."""
     labels = _labels("rdzv-store")
     return [
+        # Scheduler preemption and the kubelet's node-pressure eviction both rank pods by
+        # priority: with a class above the trainers' (0), the store is neither preempted for nor
+        # evicted before a training pod (kubernetes.io/docs: "Pod Priority and Preemption";
+        # "Node-pressure Eviction", which ranks by usage over requests, then priority).
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": RDZV_PRIORITY_CLASS, "labels": labels},
+            "value": RDZV_PRIORITY,
+            "globalDefault": False,
+            "preemptionPolicy": "PreemptLowerPriority",
+            "description": "The training jobs' rendezvous store: every running launcher needs it.",
+        },
         {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
             "metadata": {"name": RDZV_STORE, "namespace": namespace, "labels": labels},
             "spec": {
                 "replicas": 1,
+                # The old pod goes before the new one starts: a RollingUpdate would serve two
+                # independent stores behind one Service for a while, and launchers that meet
+                # in different stores never form one rendezvous.
+                "strategy": {"type": "Recreate"},
                 "selector": {"matchLabels": labels},
                 "template": {
                     "metadata": {"labels": labels},
                     "spec": {
                         "serviceAccountName": SERVICE_ACCOUNT,
+                        "priorityClassName": RDZV_PRIORITY_CLASS,
                         "affinity": {
                             "nodeAffinity": {
                                 "requiredDuringSchedulingIgnoredDuringExecution": {
@@ -213,7 +257,7 @@ def _rdzv_store(*, namespace: str, image: str) -> list[dict]:
                                 "name": "store",
                                 "image": image,
                                 "workingDir": "/app",
-                                "command": ["python", "-m", "training.launch.rdzv_store"],
+                                "command": list(RDZV_STORE_COMMAND),
                                 "args": [f"--port={RDZV_STORE_PORT}"],
                                 "ports": [{"name": "rdzv", "containerPort": RDZV_STORE_PORT}],
                                 "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
@@ -225,6 +269,42 @@ def _rdzv_store(*, namespace: str, image: str) -> list[dict]:
                         ],
                     },
                 },
+            },
+        },
+        # No voluntary eviction (`kubectl drain`, an autoscaler's scale-down) takes the one
+        # store down: with minAvailable equal to the replicas, a drain of its node waits
+        # (kubernetes.io/docs: "Specifying a Disruption Budget for your Application"). A
+        # store that is not ready can still be evicted (unhealthyPodEvictionPolicy), and a
+        # managed node group version update forces its way through after its drain attempts
+        # (the node group's force update, on by default in aws_eks_v2).
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": RDZV_STORE, "namespace": namespace, "labels": labels},
+            "spec": {
+                "minAvailable": 1,
+                "selector": {"matchLabels": labels},
+                "unhealthyPodEvictionPolicy": "AlwaysAllow",
+            },
+        },
+        # The store has no authentication: only the training Jobs' pods (and the preflight's,
+        # whose pod template is the training Job's) reach its port. Kubelet probes come from
+        # the node, which a NetworkPolicy always admits (kubernetes.io/docs: "Network
+        # Policies"). Enforced only where the CNI enforces policies (the VPC CNI with its
+        # network policy agent turned on).
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": RDZV_STORE, "namespace": namespace, "labels": labels},
+            "spec": {
+                "podSelector": {"matchLabels": labels},
+                "policyTypes": ["Ingress"],
+                "ingress": [
+                    {
+                        "from": [{"podSelector": {"matchLabels": _labels(TRAINER)}}],
+                        "ports": [{"protocol": "TCP", "port": RDZV_STORE_PORT}],
+                    }
+                ],
             },
         },
         {
@@ -403,7 +483,7 @@ def _job(*, size: OverlaySize, namespace: str, image: str, command: list[str]) -
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": size.job_name, "namespace": namespace, "labels": _labels("trainer")},
+        "metadata": {"name": size.job_name, "namespace": namespace, "labels": _labels(TRAINER)},
         "spec": {
             "completionMode": "Indexed",
             "completions": size.nodes,
@@ -430,7 +510,7 @@ def _job(*, size: OverlaySize, namespace: str, image: str, command: list[str]) -
                 ]
             },
             "template": {
-                "metadata": {"labels": _labels("trainer")},
+                "metadata": {"labels": _labels(TRAINER)},
                 "spec": pod_spec,
             },
         },
@@ -455,7 +535,8 @@ def to_yaml(doc: Any) -> str:
     import yaml
 
     class _Dumper(yaml.SafeDumper):
-        pass
+        def ignore_aliases(self, data: Any) -> bool:
+            return True  # a shared labels dict is written out, not as &id001 / *id001
 
     def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
         style = "|" if "\n" in value else None

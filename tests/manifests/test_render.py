@@ -194,7 +194,10 @@ def test_shared_objects_take_cdk_tokens_as_opaque_strings():
         "ConfigMap",
         "PersistentVolume",
         "PersistentVolumeClaim",
+        "PriorityClass",
         "Deployment",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
         "Service",
     ]
     pv = objs[3]
@@ -204,10 +207,128 @@ def test_shared_objects_take_cdk_tokens_as_opaque_strings():
         "volumeAttributes": {"dnsname": tok + ".dns", "mountname": tok + ".mnt"},
     }
     assert pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
-    assert pv["spec"]["capacity"]["storage"] == "2400Gi"
     pvc = objs[4]
     assert pvc["spec"]["volumeName"] == pv["metadata"]["name"]
     assert pvc["metadata"]["namespace"] == "training"
+
+
+def _shared(**changes) -> dict[tuple[str, str], dict]:
+    args = {"namespace": "ns", "image": "img:1", **render.PLACEHOLDER_FSX, **changes}
+    return {_key(o): o for o in render.shared_objects(**args)}
+
+
+def test_fsx_volume_and_claim_do_not_depend_on_the_file_systems_size():
+    """Growing FSx (an in-place CloudFormation update) leaves the PV and PVC as they are: a
+    statically bound claim cannot be resized, so a PV/PVC that followed the size would fail
+    the stack update after the file system had grown. Only the ConfigMap tells the size."""
+    small, big = _shared(storage_capacity_gib=1200), _shared(storage_capacity_gib=48000)
+    for kind, name in (("PersistentVolume", render.PV_NAME), ("PersistentVolumeClaim", "")):
+        (key,) = [k for k in small if k[0] == kind and (not name or k[1] == name)]
+        assert small[key] == big[key], kind
+    changed = {k for k in small if small[k] != big[k]}
+    assert changed == {("ConfigMap", render.CONFIG_MAP)}
+    assert big["ConfigMap", render.CONFIG_MAP]["data"]["FSX_STORAGE_CAPACITY"] == "48000Gi"
+    pv = small["PersistentVolume", render.PV_NAME]
+    pvc = small["PersistentVolumeClaim", render.PVC_NAME]
+    # Kubernetes binds a claim only to a volume at least as big as its request.
+    assert pv["spec"]["capacity"]["storage"] == render.FSX_NOMINAL_SIZE
+    assert pvc["spec"]["resources"]["requests"]["storage"] == render.FSX_NOMINAL_SIZE
+    # The kustomize base must not copy the real size into the PV either.
+    replaced = [
+        field
+        for r in kustomize.kustomize_tree()["base/kustomization.yaml"]["replacements"]
+        for t in r["targets"]
+        for field in t["fieldPaths"]
+    ]
+    assert replaced and not any("capacity" in field for field in replaced)
+
+
+def _selects(selector: dict, labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector (matchLabels AND matchExpressions; kubernetes.io/docs,
+    "Labels and Selectors", set-based requirements)."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for req in selector.get("matchExpressions", []):
+        present, value = req["key"] in labels, labels.get(req["key"])
+        ok = {
+            "In": present and value in req.get("values", []),
+            "NotIn": not present or value not in req.get("values", []),
+            "Exists": present,
+            "DoesNotExist": not present,
+        }[req["operator"]]
+        if not ok:
+            return False
+    return True
+
+
+def _pod_labels(obj: dict) -> dict[str, str]:
+    return obj["spec"]["template"]["metadata"]["labels"]
+
+
+def test_the_store_is_one_pod_at_a_time_high_priority_and_not_drained():
+    objs = _shared()
+    deployment = objs["Deployment", render.RDZV_STORE]
+    pod = deployment["spec"]["template"]["spec"]
+    # Never two independent stores behind one Service.
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    # Priority above every training pod's (they name no class: priority 0).
+    priority = objs["PriorityClass", pod["priorityClassName"]]
+    assert priority["value"] > 0 and priority["globalDefault"] is False
+    assert priority["value"] < 1_000_000_000  # user classes stay below system-*-critical
+    for overlay in render.OVERLAYS:
+        job = _job(render.job_objects(overlay=overlay, namespace="ns", image="i"))
+        assert "priorityClassName" not in job["spec"]["template"]["spec"]
+    # The budget covers the store's pod and allows no voluntary eviction of a ready one.
+    pdb = objs["PodDisruptionBudget", render.RDZV_STORE]
+    assert _selects(pdb["spec"]["selector"], _pod_labels(deployment))
+    assert pdb["spec"]["minAvailable"] == deployment["spec"]["replicas"]
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+
+
+def test_only_the_jobs_pods_reach_the_store():
+    """The store's NetworkPolicy selects the store's pod and admits, on its port only, the pods
+    of every overlay's training Job and of its preflight Job, and no other pod."""
+    from manifests import preflight
+
+    objs = _shared()
+    deployment = objs["Deployment", render.RDZV_STORE]
+    policy = objs["NetworkPolicy", render.RDZV_STORE]["spec"]
+    assert _selects(policy["podSelector"], _pod_labels(deployment))
+    assert policy["policyTypes"] == ["Ingress"]
+    (rule,) = policy["ingress"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    service = objs["Service", render.RDZV_STORE]
+    assert rule["ports"] == [{"protocol": "TCP", "port": render.RDZV_STORE_PORT}]
+    assert container["ports"][0]["containerPort"] == service["spec"]["ports"][0]["targetPort"]
+    assert service["spec"]["ports"][0]["targetPort"] == render.RDZV_STORE_PORT
+    (peer,) = rule["from"]
+    assert set(peer) == {"podSelector"}  # no namespaceSelector: this namespace only
+
+    def admitted(labels: dict[str, str]) -> bool:
+        return _selects(peer["podSelector"], labels)
+
+    for overlay in render.OVERLAYS:
+        job = _job(render.job_objects(overlay=overlay, namespace="ns", image="i"))
+        check = preflight.preflight_job(overlay=overlay, namespace="ns", image="i")
+        assert admitted(_pod_labels(job)) and admitted(_pod_labels(check)), overlay
+    assert not admitted(_pod_labels(deployment))
+    assert not admitted({})
+    assert not admitted({"app.kubernetes.io/name": "fsdp-train"})
+
+
+def test_the_store_can_run_its_own_image():
+    """A store image of its own: the trainer's image can change (every `make gpu-nodes`
+    rebuilds it) while the store's pod template, and so the running store, stays."""
+    default = _shared(image="trainer:1")["Deployment", render.RDZV_STORE]
+    (container,) = default["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "trainer:1"  # callers without the keyword keep working
+    one = _shared(image="trainer:1", store_image="store:1")
+    two = _shared(image="trainer:2", store_image="store:1")
+    assert one["Deployment", render.RDZV_STORE] == two["Deployment", render.RDZV_STORE]
+    (container,) = one["Deployment", render.RDZV_STORE]["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "store:1"
+    assert container["command"] == list(render.RDZV_STORE_COMMAND)
 
 
 def test_unknown_overlay_names_the_allowed_ones():
