@@ -35,6 +35,11 @@ PV_NAME = "fsdp-fsx"
 PVC_NAME = "fsx-claim"
 CONTAINER = "trainer"
 FSX_MOUNT = "/fsx"
+FSX_FSTYPE = "lustre"
+"""What the start-up check expects at FSX_MOUNT (fsx.csi.aws.com mounts FSx for Lustre)."""
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+"""The container's terminationMessagePath (the kubelet's default, set explicitly): the start-up
+check writes its verdict, naming the node, there."""
 DATA_DIR = f"{FSX_MOUNT}/data/stdlib"
 RDZV_STORE = "fsdp-rdzv"
 """The rendezvous store's Deployment and Service (shared by every training Job)."""
@@ -411,12 +416,18 @@ def _env(*, size: OverlaySize) -> list[dict]:
         "RECIPE": size.recipe,
         "DATA_DIR": DATA_DIR,
         "TMPDIR": SCRATCH,
+        # training.startup_check: /fsx must be the Lustre claim, writable, before rank 0 trains.
+        "FSX_MOUNT": FSX_MOUNT,
+        "FSX_FSTYPE": FSX_FSTYPE,
+        "TERMINATION_MESSAGE_PATH": TERMINATION_MESSAGE_PATH,
     }
     downward = {
         # Unique per Job object: the rendezvous id (a resubmitted Job gets a fresh rendezvous).
         "JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']",
         # What the other nodes dial for the process groups (ft_launcher's --local-addr).
         "POD_IP": "status.podIP",
+        # Named in the start-up check's messages when this node does not fit.
+        "NODE_NAME": "spec.nodeName",
     }
     return [
         *({"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in downward.items()),
@@ -452,6 +463,10 @@ def _job(*, size: OverlaySize, namespace: str, image: str, command: list[str]) -
         # EFA registers (pins) memory: the provider needs an unlimited memlock.
         "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
         "volumeMounts": volume_mounts,
+        # The start-up check writes its verdict here; any other failure shows its log's tail
+        # (the kubelet's FallbackToLogsOnError: the last 2048 bytes or 80 lines).
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     prepare = {
         "name": "prepare-data",
@@ -494,7 +509,21 @@ def _job(*, size: OverlaySize, namespace: str, image: str, command: list[str]) -
             # hostname (rank), and the old one finishes its final checkpoint first.
             "podReplacementPolicy": "Failed",
             "podFailurePolicy": {
+                # Rules apply in order, the first match wins; no match counts the failure
+                # against backoffLimit (kubernetes.io/docs, Job: "Pod failure policy").
                 "rules": [
+                    # A node that does not fit (training.startup_check): Count, the default
+                    # handling, made explicit and first so no later rule can claim the code.
+                    # The replacement pod may land on another node; if the scheduler picks
+                    # the same one again, backoffLimit bounds the retries (Ignore would not).
+                    {
+                        "action": "Count",
+                        "onExitCodes": {
+                            "containerName": CONTAINER,
+                            "operator": "In",
+                            "values": [exits.NODE_UNFIT],
+                        },
+                    },
                     # Bad configuration, restart cap, no progress, unfit node software, no
                     # command: a replacement pod would meet the same error (training/exits.py).
                     {

@@ -156,11 +156,12 @@ def test_pod_shape(overlay):
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
         "tolerations"
     ]
-    # Failure handling: config errors fail at once, disruptions do not count.
+    # Failure handling: a bad node is retried, config errors fail at once, disruptions do not
+    # count.
     rules = spec["podFailurePolicy"]["rules"]
-    assert rules[0]["action"] == "FailJob"
-    assert 2 in rules[0]["onExitCodes"]["values"]
-    assert rules[1] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+    assert [r["action"] for r in rules] == ["Count", "FailJob", "Ignore"]
+    assert 2 in rules[1]["onExitCodes"]["values"]
+    assert rules[2] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
     assert pod["restartPolicy"] == "Never"
     assert spec["backoffLimit"] >= 1
     assert spec["ttlSecondsAfterFinished"] > 0
@@ -465,10 +466,20 @@ def test_pod_failure_policy_comes_from_the_exit_codes_module():
     from training import exits
 
     job = _job(render.job_objects(overlay="2node", namespace="ns", image="i"))
-    (fail, _ignore) = job["spec"]["podFailurePolicy"]["rules"]
+    (node, fail, _ignore) = job["spec"]["podFailurePolicy"]["rules"]
     assert fail["onExitCodes"]["values"] == list(exits.RETRY_CANNOT_HELP)
     assert exits.FAILED not in fail["onExitCodes"]["values"]  # a crash is retried
     assert exits.PREEMPTED not in fail["onExitCodes"]["values"]
+    # A node that does not fit: counted and retried (the replacement may land elsewhere),
+    # never FailJob, and matched before the FailJob rule (the first matching rule wins).
+    assert node["action"] == "Count"
+    assert node["onExitCodes"] == {
+        "containerName": render.CONTAINER,
+        "operator": "In",
+        "values": [exits.NODE_UNFIT],
+    }
+    assert exits.NODE_UNFIT not in exits.RETRY_CANNOT_HELP
+    assert exits.ENVIRONMENT in exits.RETRY_CANNOT_HELP
 
 
 def test_pod_command_with_a_bad_trainer_flag_exits_2_before_any_launcher(tmp_path):
@@ -492,12 +503,11 @@ def test_pod_command_with_a_bad_trainer_flag_exits_2_before_any_launcher(tmp_pat
     assert out.returncode == exits.USAGE, out.stderr
     assert "train.stepz" in out.stderr
     assert not marker.exists()
-    assert (
-        exits.USAGE
-        in _job(render.job_objects(overlay="smoke", namespace="ns", image="i"))["spec"][
-            "podFailurePolicy"
-        ]["rules"][0]["onExitCodes"]["values"]
-    )
+    rules = _job(render.job_objects(overlay="smoke", namespace="ns", image="i"))["spec"][
+        "podFailurePolicy"
+    ]["rules"]
+    (fail,) = [r for r in rules if r["action"] == "FailJob"]
+    assert exits.USAGE in fail["onExitCodes"]["values"]
 
 
 def test_a_bad_trainer_flag_fails_at_render_time_naming_the_field():
@@ -521,6 +531,26 @@ def test_rendezvous_store_is_shared_and_off_the_gpu_nodes():
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["operator"] == "DoesNotExist"
     assert service["spec"]["ports"][0]["port"] == render.RDZV_STORE_PORT
+
+
+@pytest.mark.parametrize("overlay", render.OVERLAYS)
+def test_the_start_up_check_gets_the_fsx_mount_the_node_and_a_message_file(overlay):
+    """training.startup_check reads FSX_MOUNT / FSX_FSTYPE (the fsx volume's mount and the
+    CSI driver's file system), NODE_NAME (downward API) and TERMINATION_MESSAGE_PATH (the
+    container's own terminationMessagePath): one owner each, in render.py."""
+    container = _container(overlay=overlay)
+    env = _env(container)
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert env["FSX_MOUNT"] == mounts["fsx"] == render.FSX_MOUNT
+    assert env["FSX_FSTYPE"] == "lustre"
+    assert env["TERMINATION_MESSAGE_PATH"] == container["terminationMessagePath"]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    downward = {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in container["env"]
+        if "valueFrom" in e
+    }
+    assert downward["NODE_NAME"] == "spec.nodeName"
 
 
 def test_prepare_script_has_no_kubernetes_variable_references():
