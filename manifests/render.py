@@ -45,23 +45,32 @@ RDZV_STORE = "fsdp-rdzv"
 """The rendezvous store's Deployment and Service (shared by every training Job)."""
 RDZV_STORE_PORT = 29400
 RDZV_STORE_COMMAND = ("python", "-m", "training.launch.rdzv_store")
-"""What the store's image runs (in /app): the trainer's image, or a small one of its own that
-holds torch and training/launch/rdzv_store.py (with its packages' __init__.py files)."""
+"""What the store's image runs, in /app: the trainer's image, or a small one of its own that
+holds `python` with torch (a CPU build is enough) and RDZV_STORE_FILES under /app."""
+RDZV_STORE_FILES = (
+    "training/__init__.py",
+    "training/launch/__init__.py",
+    "training/launch/rdzv_store.py",
+)
+"""Every repository file the store imports (tests/training/test_rdzv_store.py runs the command
+with these files alone): a store image built from them changes only when they do."""
 RDZV_PRIORITY_CLASS = "fsdp-rdzv-store"
 RDZV_PRIORITY = 1_000_000
 """Above every pod without a class (0); below the system-*-critical classes (2e9)."""
 TRAINER = "trainer"
 """The component label of the training Job's pods (and the preflight Job's): the store's
 NetworkPolicy admits exactly these."""
-FSX_NOMINAL_SIZE = "1200Gi"
+FSX_NOMINAL_SIZE = "4800Gi"
 """The FSx PersistentVolume's capacity and its claim's request: a fixed nominal size, never the
 file system's. Kubernetes binds a claim to a volume whose capacity is at least the request and
 does not resize a statically bound claim (the PersistentVolumeClaimResize admission plugin
-refuses claims that were not dynamically provisioned), so a size that followed FSx growth would
-fail the stack update after CloudFormation had grown the file system. 1200 GiB is the smallest
-PERSISTENT_2 file system; the real size is in FSx and in the ConfigMap (FSX_STORAGE_CAPACITY).
-The FSx CSI driver's static-provisioning example sets both fields the same way
-(aws-fsx-csi-driver, examples/kubernetes/static_provisioning)."""
+refuses claims that were not dynamically provisioned; a smaller request is refused too), so a
+size that followed FSx growth would fail the stack update after CloudFormation had grown the
+file system. 4800 GiB is what the stack deployed by default (cdk.json `fsxStorageCapacityGiB`)
+before the size left the claim, so a stack first deployed with the default keeps its claim as
+it is. Never change it: every deployed claim carries it. The real size is in FSx and in the
+ConfigMap (FSX_STORAGE_CAPACITY); the FSx CSI driver ignores a static volume's capacity (its
+static-provisioning example: aws-fsx-csi-driver, examples/kubernetes/static_provisioning)."""
 TTL_SECONDS_AFTER_FINISHED = 86400  # a finished Job (and its logs) stays a day, then goes
 SCRATCH = "/scratch"
 
