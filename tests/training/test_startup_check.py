@@ -357,3 +357,17 @@ def test_a_stuck_fsx_client_exits_node_unfit_naming_the_node(tmp_path: Path) -> 
     )
     assert out.returncode == exits.ENVIRONMENT
     assert f"startup_check: fsx: {shm} is a tmpfs mount" in out.stderr
+
+
+def test_fsx_mount_without_its_type_is_a_job_setting_error(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "FSX_FSTYPE"}
+    out = subprocess.run(
+        [sys.executable, "-m", "training.startup_check", "--expect-device=cpu"],
+        env={**env, "FSX_MOUNT": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == exits.ENVIRONMENT
+    assert "startup_check: FSX_FSTYPE: not set beside FSX_MOUNT" in out.stderr
