@@ -12,6 +12,7 @@ points the check at a real mount (/dev/shm, tmpfs) with the expected type set to
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -345,6 +346,8 @@ def test_a_stuck_fsx_client_exits_node_unfit_naming_the_node(tmp_path: Path) -> 
         )
     finally:
         fifo.unlink()
+        with contextlib.suppress(OSError):
+            fifo.parent.rmdir()  # empty unless another run is using it
     assert out.returncode == exits.NODE_UNFIT, out.stderr
     assert f"did not finish in 1 s on node {node}" in out.stderr
     text = message.read_text()
