@@ -28,6 +28,7 @@ from manifests.render import (
     PLACEHOLDER_FSX,
     PLACEHOLDER_IMAGE_REPO,
     PLACEHOLDER_IMAGE_TAG,
+    STORE_IMAGE_NAME,
     job_objects,
     shared_objects,
     to_yaml,
@@ -37,7 +38,10 @@ from manifests.render import (
 def kustomize_tree() -> dict[str, Any]:
     """Every generated file under manifests/, relative path -> YAML document(s)."""
     base_objects = shared_objects(
-        namespace=DEFAULT_NAMESPACE, image=IMAGE_NAME, **PLACEHOLDER_FSX
+        namespace=DEFAULT_NAMESPACE,
+        image=IMAGE_NAME,
+        store_image=STORE_IMAGE_NAME,
+        **PLACEHOLDER_FSX,
     ) + job_objects(overlay=BASE_OVERLAY, namespace=DEFAULT_NAMESPACE, image=IMAGE_NAME)
     files: dict[str, Any] = {}
     resources = []
@@ -51,16 +55,17 @@ def kustomize_tree() -> dict[str, Any]:
         "FSX_FILE_SYSTEM_ID": "spec.csi.volumeHandle",
         "FSX_DNS_NAME": "spec.csi.volumeAttributes.dnsname",
         "FSX_MOUNT_NAME": "spec.csi.volumeAttributes.mountname",
-        "FSX_STORAGE_CAPACITY": "spec.capacity.storage",
     }
     files["base/kustomization.yaml"] = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "namespace": DEFAULT_NAMESPACE,
         "resources": resources,
-        # Set your stack's image here (ImageUri from cdk-outputs.json) ...
+        # Set your stack's images here (ImageUri from cdk-outputs.json; the store runs the
+        # trainer's image unless the stack gives it one of its own) ...
         "images": [
-            {"name": IMAGE_NAME, "newName": PLACEHOLDER_IMAGE_REPO, "newTag": PLACEHOLDER_IMAGE_TAG}
+            {"name": name, "newName": PLACEHOLDER_IMAGE_REPO, "newTag": PLACEHOLDER_IMAGE_TAG}
+            for name in (IMAGE_NAME, STORE_IMAGE_NAME)
         ],
         # ... and your FSx ids in configmap.yaml: they are copied into the PersistentVolume.
         "replacements": [

@@ -35,16 +35,51 @@ PV_NAME = "fsdp-fsx"
 PVC_NAME = "fsx-claim"
 CONTAINER = "trainer"
 FSX_MOUNT = "/fsx"
+FSX_FSTYPE = "lustre"
+"""What the start-up check expects at FSX_MOUNT (fsx.csi.aws.com mounts FSx for Lustre)."""
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+"""The container's terminationMessagePath (the kubelet's default, set explicitly): the start-up
+check writes its verdict, naming the node, there."""
 DATA_DIR = f"{FSX_MOUNT}/data/stdlib"
 RDZV_STORE = "fsdp-rdzv"
 """The rendezvous store's Deployment and Service (shared by every training Job)."""
 RDZV_STORE_PORT = 29400
+RDZV_STORE_COMMAND = ("python", "-m", "training.launch.rdzv_store")
+"""What the store's image runs, in /app: the trainer's image, or a small one of its own that
+holds `python` with torch (a CPU build is enough) and RDZV_STORE_FILES under /app."""
+RDZV_STORE_FILES = (
+    "training/__init__.py",
+    "training/launch/__init__.py",
+    "training/launch/rdzv_store.py",
+)
+"""Every repository file the store imports (tests/training/test_rdzv_store.py runs the command
+with these files alone): a store image built from them changes only when they do."""
+RDZV_PRIORITY_CLASS = "fsdp-rdzv-store"
+RDZV_PRIORITY = 1_000_000
+"""Above every pod without a class (0); below the system-*-critical classes (2e9)."""
+TRAINER = "trainer"
+"""The component label of the training Job's pods (and the preflight Job's): the store's
+NetworkPolicy admits exactly these."""
+FSX_NOMINAL_SIZE = "4800Gi"
+"""The FSx PersistentVolume's capacity and its claim's request: a fixed nominal size, never the
+file system's. Kubernetes binds a claim to a volume whose capacity is at least the request and
+does not resize a statically bound claim (the PersistentVolumeClaimResize admission plugin
+refuses claims that were not dynamically provisioned; a smaller request is refused too), so a
+size that followed FSx growth would fail the stack update after CloudFormation had grown the
+file system. 4800 GiB is what the stack deployed by default (cdk.json `fsxStorageCapacityGiB`)
+before the size left the claim, so a stack first deployed with the default keeps its claim as
+it is. Never change it: every deployed claim carries it. The real size is in FSx and in the
+ConfigMap (FSX_STORAGE_CAPACITY); the FSx CSI driver ignores a static volume's capacity (its
+static-provisioning example: aws-fsx-csi-driver, examples/kubernetes/static_provisioning)."""
 TTL_SECONDS_AFTER_FINISHED = 86400  # a finished Job (and its logs) stays a day, then goes
 SCRATCH = "/scratch"
 
 # Placeholders in the committed kustomize YAML (the Python renderer gets the real values).
 DEFAULT_NAMESPACE = "training"
 IMAGE_NAME = "trainer"
+STORE_IMAGE_NAME = "rdzv-store"
+"""The store's image name in the kustomize base: its own `images:` entry (the trainer's image
+by default, or the store's own image where the stack builds one)."""
 PLACEHOLDER_IMAGE_REPO = "ACCOUNT.dkr.ecr.REGION.amazonaws.com/eks-fsdp-resilient"
 PLACEHOLDER_IMAGE_TAG = "latest"
 PLACEHOLDER_IMAGE = f"{PLACEHOLDER_IMAGE_REPO}:{PLACEHOLDER_IMAGE_TAG}"
@@ -109,9 +144,12 @@ def shared_objects(
     mount_name: str,
     storage_capacity_gib: int,
     image: str,
+    store_image: str | None = None,
 ) -> list[dict]:
     """Namespace, FSx PV + PVC, ServiceAccount, ConfigMap and the rendezvous store: what every
-    training job needs. `image` runs the rendezvous store (the trainer's image has torch)."""
+    training job needs. `store_image` runs the rendezvous store (default: `image`, the
+    trainer's, which has torch); a store image of its own keeps the store's pod unchanged
+    when the trainer's image changes. `storage_capacity_gib` goes to the ConfigMap only."""
     return [
         {
             "apiVersion": "v1",
@@ -124,7 +162,7 @@ def shared_objects(
             "metadata": {
                 "name": SERVICE_ACCOUNT,
                 "namespace": namespace,
-                "labels": _labels("trainer"),
+                "labels": _labels(TRAINER),
             },
             # The trainer talks to no Kubernetes API: no token in the pods.
             "automountServiceAccountToken": False,
@@ -135,7 +173,8 @@ def shared_objects(
             "metadata": {"name": CONFIG_MAP, "namespace": namespace, "labels": _labels("config")},
             "data": {
                 **EFA_NCCL_ENV,
-                # The stack's FSx file system; the kustomize base copies these into the PV.
+                # The stack's FSx file system; the kustomize base copies the ids into the PV.
+                # The size is for people and tools: the PV and PVC carry FSX_NOMINAL_SIZE.
                 "FSX_FILE_SYSTEM_ID": file_system_id,
                 "FSX_DNS_NAME": dns_name,
                 "FSX_MOUNT_NAME": mount_name,
@@ -147,7 +186,7 @@ def shared_objects(
             "kind": "PersistentVolume",
             "metadata": {"name": PV_NAME, "labels": _labels("storage")},
             "spec": {
-                "capacity": {"storage": f"{storage_capacity_gib}Gi"},
+                "capacity": {"storage": FSX_NOMINAL_SIZE},
                 "volumeMode": "Filesystem",
                 "accessModes": ["ReadWriteMany"],
                 # Static provisioning: the file system belongs to the stack, never to a claim.
@@ -169,29 +208,48 @@ def shared_objects(
                 "accessModes": ["ReadWriteMany"],
                 "storageClassName": "",
                 "volumeName": PV_NAME,
-                "resources": {"requests": {"storage": f"{storage_capacity_gib}Gi"}},
+                "resources": {"requests": {"storage": FSX_NOMINAL_SIZE}},
             },
         },
-        *_rdzv_store(namespace=namespace, image=image),
+        *_rdzv_store(namespace=namespace, image=store_image or image),
     ]
 
 
 def _rdzv_store(*, namespace: str, image: str) -> list[dict]:
     """A one-replica TCPStore on the system nodes (never on a GPU node, so a lost training node
-    cannot take it along) and its Service, which every launcher joins as a client."""
+    cannot take it along), its Service, which every launcher joins as a client, and what keeps
+    it single, in place and private (see each object)."""
     labels = _labels("rdzv-store")
     return [
+        # Scheduler preemption and the kubelet's node-pressure eviction both rank pods by
+        # priority: with a class above the trainers' (0), the store is neither preempted for nor
+        # evicted before a training pod (kubernetes.io/docs: "Pod Priority and Preemption";
+        # "Node-pressure Eviction", which ranks by usage over requests, then priority).
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": RDZV_PRIORITY_CLASS, "labels": labels},
+            "value": RDZV_PRIORITY,
+            "globalDefault": False,
+            "preemptionPolicy": "PreemptLowerPriority",
+            "description": "The training jobs' rendezvous store: every running launcher needs it.",
+        },
         {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
             "metadata": {"name": RDZV_STORE, "namespace": namespace, "labels": labels},
             "spec": {
                 "replicas": 1,
+                # The old pod goes before the new one starts: a RollingUpdate would serve two
+                # independent stores behind one Service for a while, and launchers that meet
+                # in different stores never form one rendezvous.
+                "strategy": {"type": "Recreate"},
                 "selector": {"matchLabels": labels},
                 "template": {
                     "metadata": {"labels": labels},
                     "spec": {
                         "serviceAccountName": SERVICE_ACCOUNT,
+                        "priorityClassName": RDZV_PRIORITY_CLASS,
                         "affinity": {
                             "nodeAffinity": {
                                 "requiredDuringSchedulingIgnoredDuringExecution": {
@@ -213,7 +271,7 @@ def _rdzv_store(*, namespace: str, image: str) -> list[dict]:
                                 "name": "store",
                                 "image": image,
                                 "workingDir": "/app",
-                                "command": ["python", "-m", "training.launch.rdzv_store"],
+                                "command": list(RDZV_STORE_COMMAND),
                                 "args": [f"--port={RDZV_STORE_PORT}"],
                                 "ports": [{"name": "rdzv", "containerPort": RDZV_STORE_PORT}],
                                 "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
@@ -225,6 +283,42 @@ def _rdzv_store(*, namespace: str, image: str) -> list[dict]:
                         ],
                     },
                 },
+            },
+        },
+        # No voluntary eviction (`kubectl drain`, an autoscaler's scale-down) takes the one
+        # store down: with minAvailable equal to the replicas, a drain of its node waits
+        # (kubernetes.io/docs: "Specifying a Disruption Budget for your Application"). A
+        # store that is not ready can still be evicted (unhealthyPodEvictionPolicy), and a
+        # managed node group version update forces its way through after its drain attempts
+        # (the node group's force update, on by default in aws_eks_v2).
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": RDZV_STORE, "namespace": namespace, "labels": labels},
+            "spec": {
+                "minAvailable": 1,
+                "selector": {"matchLabels": labels},
+                "unhealthyPodEvictionPolicy": "AlwaysAllow",
+            },
+        },
+        # The store has no authentication: only the training Jobs' pods (and the preflight's,
+        # whose pod template is the training Job's) reach its port. Kubelet probes come from
+        # the node, which a NetworkPolicy always admits (kubernetes.io/docs: "Network
+        # Policies"). Enforced only where the CNI enforces policies (the VPC CNI with its
+        # network policy agent turned on).
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": RDZV_STORE, "namespace": namespace, "labels": labels},
+            "spec": {
+                "podSelector": {"matchLabels": labels},
+                "policyTypes": ["Ingress"],
+                "ingress": [
+                    {
+                        "from": [{"podSelector": {"matchLabels": _labels(TRAINER)}}],
+                        "ports": [{"protocol": "TCP", "port": RDZV_STORE_PORT}],
+                    }
+                ],
             },
         },
         {
@@ -331,12 +425,18 @@ def _env(*, size: OverlaySize) -> list[dict]:
         "RECIPE": size.recipe,
         "DATA_DIR": DATA_DIR,
         "TMPDIR": SCRATCH,
+        # training.startup_check: /fsx must be the Lustre claim, writable, before rank 0 trains.
+        "FSX_MOUNT": FSX_MOUNT,
+        "FSX_FSTYPE": FSX_FSTYPE,
+        "TERMINATION_MESSAGE_PATH": TERMINATION_MESSAGE_PATH,
     }
     downward = {
         # Unique per Job object: the rendezvous id (a resubmitted Job gets a fresh rendezvous).
         "JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']",
         # What the other nodes dial for the process groups (ft_launcher's --local-addr).
         "POD_IP": "status.podIP",
+        # Named in the start-up check's messages when this node does not fit.
+        "NODE_NAME": "spec.nodeName",
     }
     return [
         *({"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in downward.items()),
@@ -372,6 +472,10 @@ def _job(*, size: OverlaySize, namespace: str, image: str, command: list[str]) -
         # EFA registers (pins) memory: the provider needs an unlimited memlock.
         "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
         "volumeMounts": volume_mounts,
+        # The start-up check writes its verdict here; any other failure shows its log's tail
+        # (the kubelet's FallbackToLogsOnError: the last 2048 bytes or 80 lines).
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     prepare = {
         "name": "prepare-data",
@@ -403,7 +507,7 @@ def _job(*, size: OverlaySize, namespace: str, image: str, command: list[str]) -
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": size.job_name, "namespace": namespace, "labels": _labels("trainer")},
+        "metadata": {"name": size.job_name, "namespace": namespace, "labels": _labels(TRAINER)},
         "spec": {
             "completionMode": "Indexed",
             "completions": size.nodes,
@@ -414,7 +518,21 @@ def _job(*, size: OverlaySize, namespace: str, image: str, command: list[str]) -
             # hostname (rank), and the old one finishes its final checkpoint first.
             "podReplacementPolicy": "Failed",
             "podFailurePolicy": {
+                # Rules apply in order, the first match wins; no match counts the failure
+                # against backoffLimit (kubernetes.io/docs, Job: "Pod failure policy").
                 "rules": [
+                    # A node that does not fit (training.startup_check): Count, the default
+                    # handling, made explicit and first so no later rule can claim the code.
+                    # The replacement pod may land on another node; if the scheduler picks
+                    # the same one again, backoffLimit bounds the retries (Ignore would not).
+                    {
+                        "action": "Count",
+                        "onExitCodes": {
+                            "containerName": CONTAINER,
+                            "operator": "In",
+                            "values": [exits.NODE_UNFIT],
+                        },
+                    },
                     # Bad configuration, restart cap, no progress, unfit node software, no
                     # command: a replacement pod would meet the same error (training/exits.py).
                     {
@@ -430,7 +548,7 @@ def _job(*, size: OverlaySize, namespace: str, image: str, command: list[str]) -
                 ]
             },
             "template": {
-                "metadata": {"labels": _labels("trainer")},
+                "metadata": {"labels": _labels(TRAINER)},
                 "spec": pod_spec,
             },
         },
@@ -455,7 +573,8 @@ def to_yaml(doc: Any) -> str:
     import yaml
 
     class _Dumper(yaml.SafeDumper):
-        pass
+        def ignore_aliases(self, data: Any) -> bool:
+            return True  # a shared labels dict is written out, not as &id001 / *id001
 
     def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
         style = "|" if "\n" in value else None

@@ -18,7 +18,12 @@ NO_PROGRESS = 3
 RESTARTS_EXHAUSTED = 4
 """The restart cap (`resilience.max_restarts`) was reached."""
 ENVIRONMENT = 5
-"""The pod's hardware or software does not fit the job (GPU count, CUDA, EFA provider)."""
+"""The pod's hardware or software does not fit the job (GPU count, CUDA, EFA provider). The
+start-up check uses it for what every node would meet (the image, the Job's settings, /fsx) and
+`NODE_UNFIT` for what is this node's own."""
+NODE_UNFIT = 6
+"""This node does not fit (GPUs missing, an old driver, no EFA device, a broken FSx client): a
+replacement pod, which may land on another node, can succeed. Counted against backoffLimit."""
 NOT_EXECUTABLE = 126
 COMMAND_NOT_FOUND = 127
 """The shell's codes when the image lacks the command."""

@@ -1,28 +1,46 @@
 """Pod start-up check, run before rendezvous: does this machine fit the job?
 
-Run: ``python -m training.startup_check [--expect-device cuda|cpu|auto]``. Reads ``NPROC_PER_NODE``
-(ranks this node will start; default 1) and ``EXPECT_DEVICE`` (default ``cuda``; the flag wins).
-Prints one JSON line (torch, CUDA, driver, NCCL versions, GPU count, libfabric EFA provider) and
-exits 0, or prints one ``startup_check: <field>: <problem>; <fix>`` line per misfit to stderr and
-exits ``training.exits.ENVIRONMENT`` (the pod failure policy fails the Job: a new pod on the same
-node type would meet the same misfit).
+Run: ``python -m training.startup_check [--expect-device cuda|cpu|auto]``. Reads from the
+environment (the EKS Job sets each; a local run sets none of the optional ones):
+``NPROC_PER_NODE`` (ranks this node will start; default 1), ``EXPECT_DEVICE`` (default ``cuda``;
+the flag wins), ``REQUIRE_EFA=1`` (multi-node over EFA), ``FSX_MOUNT`` and ``FSX_FSTYPE`` (the
+shared file system's mount point and type), ``NODE_NAME`` (the downward API's ``spec.nodeName``)
+and ``TERMINATION_MESSAGE_PATH`` (the container's ``terminationMessagePath``).
+
+Prints one JSON line of facts (torch, CUDA, driver, NCCL, GPUs, EFA provider, NCCL net plugin,
+the /fsx mount, the node) and exits 0, or prints one ``startup_check: <field>: <problem>; <fix>``
+line per misfit to stderr, writes a summary naming the node to the termination message, and
+exits with one of two codes (training/exits.py), which the Job's pod failure policy tells apart:
+- ``ENVIRONMENT`` for what every node would meet (a CPU torch, no NCCL, no NCCL net plugin in
+  the image, /fsx not the expected file system, read-only or full): the Job fails at once;
+- ``NODE_UNFIT`` for what is this node's own (CUDA sees no GPU or too few, a driver older than
+  the CUDA build, no EFA device, a write to /fsx that fails with an I/O error or does not
+  finish): the pod fails and counts against ``backoffLimit``; its replacement may land on
+  another node (cordoning the bad node is the node-loss work's job, not this check's).
 
 Checks on ``cuda``: CUDA available, ``torch.cuda.device_count() >= NPROC_PER_NODE``, NCCL built
-in, and the CUDA driver at least the torch build's CUDA major (CUDA 13 needs an R580+ driver:
-NVIDIA's CUDA toolkit release notes, table 3). The EFA provider is reported, and required only
-when ``REQUIRE_EFA=1`` (set by the EKS launch script; absent on a single-node or local run).
-On ``cpu``: only that torch imports and ``NPROC_PER_NODE`` is a positive integer.
+in, the CUDA driver at least the torch build's CUDA major (CUDA 13 needs an R580+ driver:
+NVIDIA's CUDA toolkit release notes, table 3), and the NCCL net plugin NCCL would load (below).
+The EFA provider and the plugin are reported always and required only when ``REQUIRE_EFA=1``.
+On ``cpu``: only that torch imports and ``NPROC_PER_NODE`` is a positive integer; the plugin is
+"not applicable". On both: /fsx, when ``FSX_MOUNT`` is set.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import errno
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from training import exits
@@ -31,32 +49,56 @@ from training import exits
 # Required Driver Version"): 12.x needs >= 525, 13.x needs >= 580.
 MIN_DRIVER_FOR_CUDA: dict[int, int] = {12: 525, 13: 580}
 
+NCCL_NET_PLUGIN_SYMBOLS = tuple(f"ncclNetPlugin_v{v}" for v in range(12, 4, -1))
+"""The versioned structs NCCL looks up in a net plugin (src/plugin/net.cc, ncclNetPluginLoad:
+the newest first, none below v5)."""
+
+FSX_PROBE_DIR = ".startup_check"
+"""Under the /fsx mount: one probe file per node, written, synced and removed."""
+FSX_PROBE_TIMEOUT_S = 60.0
+# A write that fails with one of these is the file system's or the Job's (every node meets it);
+# any other error, or none within the timeout, is this node's client.
+FSX_JOB_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+TERMINATION_MESSAGE_LIMIT = 4096
+"""The kubelet keeps at most 4096 bytes of a container's termination message (Kubernetes docs,
+"Determine the Reason for Pod Failure")."""
+
 
 @dataclass
 class Report:
     facts: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    """What every node would meet: the Job fails (exits.ENVIRONMENT)."""
+    node_problems: list[str] = field(default_factory=list)
+    """This node's own: a replacement pod may succeed elsewhere (exits.NODE_UNFIT)."""
+
+    @property
+    def code(self) -> int:
+        if self.problems:
+            return exits.ENVIRONMENT
+        return exits.NODE_UNFIT if self.node_problems else exits.OK
 
 
-def efa_provider() -> str | None:
-    """``fi_info -p efa`` output's first provider line, or None without fi_info / EFA."""
+def efa_provider() -> tuple[bool, str | None]:
+    """(fi_info found, the first provider of ``fi_info -p efa`` or None)."""
     fi_info = shutil.which("fi_info") or (
         "/opt/amazon/efa/bin/fi_info" if os.path.exists("/opt/amazon/efa/bin/fi_info") else None
     )
     if fi_info is None:
-        return None
+        return False, None
     try:
         out = subprocess.run(
             [fi_info, "-p", "efa"], capture_output=True, text=True, timeout=20, check=False
         )
     except (OSError, subprocess.TimeoutExpired):
-        return None
+        return True, None
     if out.returncode != 0:
-        return None
+        return True, None
     for line in out.stdout.splitlines():
         if line.strip().startswith("provider:"):
-            return line.split(":", 1)[1].strip()
-    return None
+            return True, line.split(":", 1)[1].strip()
+    return True, None
 
 
 def driver_version() -> str | None:
@@ -78,6 +120,181 @@ def driver_version() -> str | None:
     return lines[0].strip() if out.returncode == 0 and lines else None
 
 
+# --- the NCCL net plugin (aws-ofi-nccl on EFA) ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NetPlugin:
+    library: str | None
+    """The name that loaded (as NCCL would dlopen it), or None."""
+    symbol: str | None
+    """The plugin struct found in it, or None."""
+    detail: str
+    """What was tried, or where the library lies on LD_LIBRARY_PATH."""
+
+
+def nccl_net_plugin(env: Mapping[str, str]) -> NetPlugin:
+    """The net plugin NCCL would load in this process, found the way NCCL finds it (NCCL
+    src/plugin/net.cc, openNetPluginLib): with NCCL_NET_PLUGIN set, dlopen of its value, then of
+    ``libnccl-net-<value>.so``; without it, ``libnccl-net.so``; the dynamic loader searches
+    LD_LIBRARY_PATH (as set when the process started), the ld.so cache and the system
+    directories. Then the newest ``ncclNetPlugin_vN`` struct in it."""
+    name = env.get("NCCL_NET_PLUGIN", "")
+    candidates = [name, f"libnccl-net-{name}.so"] if name else ["libnccl-net.so"]
+    errors = []
+    for candidate in candidates:
+        try:
+            lib = ctypes.CDLL(candidate, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+        except OSError as err:
+            errors.append(str(err))
+            continue
+        symbol = next((s for s in NCCL_NET_PLUGIN_SYMBOLS if hasattr(lib, s)), None)
+        dirs = [d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d]
+        where = next((d for d in dirs if os.path.exists(os.path.join(d, candidate))), None)
+        detail = f"in {where}" if where else "through the loader's cache or system directories"
+        if symbol is None:
+            oldest, newest = NCCL_NET_PLUGIN_SYMBOLS[-1], NCCL_NET_PLUGIN_SYMBOLS[0]
+            detail = f"loads but has none of {oldest}..{newest}"
+        return NetPlugin(library=candidate, symbol=symbol, detail=detail)
+    return NetPlugin(library=None, symbol=None, detail="; ".join(errors))
+
+
+# --- the shared file system (/fsx) --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mount:
+    point: str
+    fstype: str
+    source: str
+    options: tuple[str, ...]
+
+
+def _unescape(field_: str) -> str:
+    # Spaces, tabs, newlines and backslashes in paths are octal escapes (\040 ...).
+    out, i = [], 0
+    while i < len(field_):
+        if field_[i] == "\\" and field_[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field_[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field_[i])
+            i += 1
+    return "".join(out)
+
+
+def mount_at(path: str, mountinfo: str) -> Mount | None:
+    """The mount whose mount point is exactly `path`, from /proc/self/mountinfo text (proc(5):
+    ID, parent ID, major:minor, root, mount point, mount options, optional fields, "-",
+    filesystem type, source, super options). The last entry wins: a later mount on the same
+    point covers the earlier ones. A bind mount shows the type of the file system it binds."""
+    want = os.path.normpath(path)
+    found = None
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if "-" not in fields[6:]:
+            continue
+        sep = fields.index("-", 6)
+        if _unescape(fields[4]) != want or len(fields) < sep + 3:
+            continue
+        found = Mount(
+            point=want,
+            fstype=fields[sep + 1],
+            source=_unescape(fields[sep + 2]),
+            options=tuple(fields[5].split(",")) + tuple(fields[sep + 3].split(",")),
+        )
+    return found
+
+
+def write_probe(path: Path) -> None:
+    """Create, write, fsync and remove `path` (what a checkpoint's first file does)."""
+    path.parent.mkdir(exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, b"startup_check\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    path.unlink()
+
+
+def probe_with_timeout(
+    probe: Callable[[], None], *, timeout_s: float
+) -> tuple[str, OSError | None]:
+    """("ok" | "error" | "timeout", the error). The probe runs in a daemon thread: a write stuck
+    in the kernel cannot be interrupted, but the check still answers and exits."""
+    result: list[OSError | None] = []
+
+    def run() -> None:
+        try:
+            probe()
+            result.append(None)
+        except OSError as err:
+            result.append(err)
+
+    thread = threading.Thread(target=run, name="fsx-probe", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not result:
+        return "timeout", None
+    return ("ok", None) if result[0] is None else ("error", result[0])
+
+
+def check_fsx(
+    *,
+    report: Report,
+    mount_point: str,
+    expected_fstype: str,
+    node: str,
+    mountinfo: str,
+    timeout_s: float = FSX_PROBE_TIMEOUT_S,
+    probe: Callable[[Path], None] = write_probe,
+) -> None:
+    """`mount_point` is a mount of `expected_fstype`, read-write, and a file written there is
+    synced and removed within `timeout_s`. Adds facts and problems to `report`."""
+    mount = mount_at(mount_point, mountinfo)
+    report.facts["fsx"] = (
+        None if mount is None else {"fstype": mount.fstype, "source": mount.source}
+    )
+    fix = "mount the FSx for Lustre claim there (the Job's fsx volume, fsx.csi.aws.com)"
+    if mount is None:
+        report.problems.append(f"fsx: {mount_point} is not a mount point; {fix}")
+        return
+    if mount.fstype != expected_fstype:
+        report.problems.append(
+            f"fsx: {mount_point} is a {mount.fstype} mount of {mount.source}, not "
+            f"{expected_fstype}; {fix}"
+        )
+        return
+    if "ro" in mount.options:
+        report.problems.append(
+            f"fsx: {mount_point} is mounted read-only; the trainer writes checkpoints there: "
+            "drop readOnly from the volume and its claim"
+        )
+        return
+    target = Path(mount_point) / FSX_PROBE_DIR / node
+    state, err = probe_with_timeout(lambda: probe(target), timeout_s=timeout_s)
+    if state == "timeout":
+        report.node_problems.append(
+            f"fsx: a write to {target} did not finish in {timeout_s:g} s on node {node}; this "
+            "node's Lustre client is stuck (see its kernel log): a replacement pod may run "
+            "on another node"
+        )
+    elif err is not None and err.errno in FSX_JOB_ERRNOS:
+        report.problems.append(
+            f"fsx: cannot write {target}: {err.strerror}; free space or fix the file "
+            "system's permissions (every node meets the same)"
+        )
+    elif err is not None:
+        report.node_problems.append(
+            f"fsx: cannot write {target} on node {node}: {err.strerror}; this node's Lustre "
+            "client is broken (see its kernel log): a replacement pod may run on another node"
+        )
+
+
+# --- the decision -------------------------------------------------------------------------------
+
+
 def check(
     *,
     expect_device: str,
@@ -90,10 +307,15 @@ def check(
     nccl_version: str | None,
     driver: str | None,
     efa: str | None,
+    fi_info: bool = True,
+    net_plugin: NetPlugin | None = None,
+    node: str = "",
 ) -> Report:
-    """Pure decision over the facts gathered by :func:`gather` (tested on CPU with real values)."""
+    """Pure decision over the facts gathered by :func:`gather` (tested on CPU with real values).
+    `net_plugin` is None on a CPU run (not applicable)."""
     report = Report(
         facts={
+            "node": node,
             "expect_device": expect_device,
             "torch": torch_version,
             "cuda": cuda_version,
@@ -102,9 +324,16 @@ def check(
             "gpus": device_count,
             "nproc_per_node": nproc_per_node,
             "efa_provider": efa,
+            "nccl_net_plugin": (
+                "not applicable (cpu)"
+                if net_plugin is None
+                else f"{net_plugin.library} ({net_plugin.symbol}, {net_plugin.detail})"
+                if net_plugin.library
+                else f"none ({net_plugin.detail})"
+            ),
         }
     )
-    problems = report.problems
+    problems, mine = report.problems, report.node_problems
     try:
         nproc = int(nproc_per_node)
         if nproc < 1:
@@ -117,41 +346,55 @@ def check(
         return report
     if expect_device == "cpu":
         return report
-    if not cuda_available or cuda_version is None:
-        problems.append(
-            f"cuda: torch {torch_version} sees no usable CUDA (build CUDA {cuda_version}); "
-            "use the image's CUDA torch on a GPU node with the NVIDIA device plugin"
+    if cuda_version is None:
+        problems.append(f"cuda: torch {torch_version} is a CPU build; use the image's CUDA torch")
+        return report
+    if not cuda_available:
+        mine.append(
+            f"cuda: torch {torch_version} (CUDA {cuda_version}) sees no usable GPU on node "
+            f"{node}; its NVIDIA driver or device plugin is broken"
         )
         return report
     if device_count < nproc:
-        problems.append(
-            f"NPROC_PER_NODE: {nproc} ranks but {device_count} GPUs visible; "
-            "request nvidia.com/gpu equal to NPROC_PER_NODE"
+        mine.append(
+            f"NPROC_PER_NODE: {nproc} ranks but {device_count} GPUs visible on node {node}; "
+            "a GPU fell off the bus or the device plugin handed out fewer than nvidia.com/gpu"
         )
     if nccl_version is None:
         problems.append("nccl: torch was built without NCCL; use the CUDA torch wheel")
     cuda_major = int(cuda_version.split(".")[0])
     need = MIN_DRIVER_FOR_CUDA.get(cuda_major)
     if driver is not None and need is not None and int(driver.split(".")[0]) < need:
-        problems.append(
-            f"driver: {driver} is older than CUDA {cuda_version} needs (>= {need}); "
-            "use a node AMI with a newer NVIDIA driver"
+        mine.append(
+            f"driver: {driver} on node {node} is older than CUDA {cuda_version} needs "
+            f"(>= {need}); use a node AMI with a newer NVIDIA driver"
         )
-    if require_efa and efa != "efa":
+    if require_efa and not fi_info:
         problems.append(
-            "efa: libfabric has no EFA provider (fi_info -p efa); request vpc.amazonaws.com/efa "
-            "and use the image with the EFA installer"
+            "efa: no fi_info in the image (libfabric); build the image with the EFA installer"
+        )
+    elif require_efa and efa != "efa":
+        mine.append(
+            f"efa: libfabric has no EFA provider on node {node} (fi_info -p efa); the pod "
+            "requests vpc.amazonaws.com/efa, so the node's EFA devices or driver are missing"
+        )
+    if require_efa and net_plugin is not None and net_plugin.symbol is None:
+        problems.append(
+            f"nccl_net_plugin: NCCL would load no net plugin ({net_plugin.detail}) and fall "
+            "back to TCP sockets; put aws-ofi-nccl where NCCL_NET_PLUGIN and LD_LIBRARY_PATH "
+            "say (the image's EFA installer)"
         )
     return report
 
 
-def gather(*, expect_device: str, nproc_per_node: str, require_efa: bool) -> Report:
+def gather(*, expect_device: str, nproc_per_node: str, require_efa: bool, node: str) -> Report:
     import torch
 
     cuda_available = torch.cuda.is_available()
     nccl = None
     if torch.distributed.is_nccl_available():
         nccl = ".".join(str(part) for part in torch.cuda.nccl.version())
+    fi_info, efa = efa_provider()
     return check(
         expect_device=expect_device,
         nproc_per_node=nproc_per_node,
@@ -162,8 +405,22 @@ def gather(*, expect_device: str, nproc_per_node: str, require_efa: bool) -> Rep
         cuda_version=torch.version.cuda,
         nccl_version=nccl,
         driver=driver_version() if expect_device == "cuda" else None,
-        efa=efa_provider(),
+        efa=efa,
+        fi_info=fi_info,
+        net_plugin=nccl_net_plugin(os.environ) if expect_device == "cuda" else None,
+        node=node,
     )
+
+
+def termination_message(report: Report) -> str:
+    """One summary for `kubectl describe pod` and the Job's status, within the kubelet's limit."""
+    node = report.facts.get("node") or "?"
+    if report.problems:
+        head = f"startup_check: this job does not fit node {node}, nor would it fit any other"
+    else:
+        head = f"startup_check: node {node} does not fit; a replacement pod may run elsewhere"
+    text = "\n".join([head, *report.problems, *report.node_problems])
+    return text.encode()[:TERMINATION_MESSAGE_LIMIT].decode(errors="ignore")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,15 +437,36 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         expect = "cuda" if torch.cuda.is_available() else "cpu"
+    node = os.environ.get("NODE_NAME") or socket.gethostname()
     report = gather(
         expect_device=expect,
         nproc_per_node=os.environ.get("NPROC_PER_NODE", "1"),
         require_efa=os.environ.get("REQUIRE_EFA", "0") == "1",
+        node=node,
     )
+    if os.environ.get("FSX_MOUNT") and not os.environ.get("FSX_FSTYPE"):
+        report.problems.append("FSX_FSTYPE: not set beside FSX_MOUNT; the Job sets both")
+    elif os.environ.get("FSX_MOUNT"):
+        check_fsx(
+            report=report,
+            mount_point=os.environ["FSX_MOUNT"],
+            expected_fstype=os.environ["FSX_FSTYPE"],
+            node=node,
+            mountinfo=Path("/proc/self/mountinfo").read_text(),
+            timeout_s=float(os.environ.get("FSX_PROBE_TIMEOUT_S", FSX_PROBE_TIMEOUT_S)),
+        )
     print(json.dumps({"startup_check": report.facts}, separators=(",", ":")), flush=True)
-    for problem in report.problems:
+    for problem in [*report.problems, *report.node_problems]:
         print(f"startup_check: {problem}", file=sys.stderr, flush=True)
-    return exits.ENVIRONMENT if report.problems else exits.OK
+    if report.code != exits.OK:
+        print(termination_message(report).splitlines()[0], file=sys.stderr, flush=True)
+        path = os.environ.get("TERMINATION_MESSAGE_PATH")
+        if path:
+            try:
+                Path(path).write_text(termination_message(report))
+            except OSError as err:
+                print(f"startup_check: cannot write {path}: {err}", file=sys.stderr)
+    return report.code
 
 
 if __name__ == "__main__":

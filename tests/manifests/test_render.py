@@ -156,11 +156,12 @@ def test_pod_shape(overlay):
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
         "tolerations"
     ]
-    # Failure handling: config errors fail at once, disruptions do not count.
+    # Failure handling: a bad node is retried, config errors fail at once, disruptions do not
+    # count.
     rules = spec["podFailurePolicy"]["rules"]
-    assert rules[0]["action"] == "FailJob"
-    assert 2 in rules[0]["onExitCodes"]["values"]
-    assert rules[1] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+    assert [r["action"] for r in rules] == ["Count", "FailJob", "Ignore"]
+    assert 2 in rules[1]["onExitCodes"]["values"]
+    assert rules[2] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
     assert pod["restartPolicy"] == "Never"
     assert spec["backoffLimit"] >= 1
     assert spec["ttlSecondsAfterFinished"] > 0
@@ -194,7 +195,10 @@ def test_shared_objects_take_cdk_tokens_as_opaque_strings():
         "ConfigMap",
         "PersistentVolume",
         "PersistentVolumeClaim",
+        "PriorityClass",
         "Deployment",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
         "Service",
     ]
     pv = objs[3]
@@ -204,10 +208,128 @@ def test_shared_objects_take_cdk_tokens_as_opaque_strings():
         "volumeAttributes": {"dnsname": tok + ".dns", "mountname": tok + ".mnt"},
     }
     assert pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
-    assert pv["spec"]["capacity"]["storage"] == "2400Gi"
     pvc = objs[4]
     assert pvc["spec"]["volumeName"] == pv["metadata"]["name"]
     assert pvc["metadata"]["namespace"] == "training"
+
+
+def _shared(**changes) -> dict[tuple[str, str], dict]:
+    args = {"namespace": "ns", "image": "img:1", **render.PLACEHOLDER_FSX, **changes}
+    return {_key(o): o for o in render.shared_objects(**args)}
+
+
+def test_fsx_volume_and_claim_do_not_depend_on_the_file_systems_size():
+    """Growing FSx (an in-place CloudFormation update) leaves the PV and PVC as they are: a
+    statically bound claim cannot be resized, so a PV/PVC that followed the size would fail
+    the stack update after the file system had grown. Only the ConfigMap tells the size."""
+    small, big = _shared(storage_capacity_gib=1200), _shared(storage_capacity_gib=48000)
+    for kind, name in (("PersistentVolume", render.PV_NAME), ("PersistentVolumeClaim", "")):
+        (key,) = [k for k in small if k[0] == kind and (not name or k[1] == name)]
+        assert small[key] == big[key], kind
+    changed = {k for k in small if small[k] != big[k]}
+    assert changed == {("ConfigMap", render.CONFIG_MAP)}
+    assert big["ConfigMap", render.CONFIG_MAP]["data"]["FSX_STORAGE_CAPACITY"] == "48000Gi"
+    pv = small["PersistentVolume", render.PV_NAME]
+    pvc = small["PersistentVolumeClaim", render.PVC_NAME]
+    # Kubernetes binds a claim only to a volume at least as big as its request.
+    assert pv["spec"]["capacity"]["storage"] == render.FSX_NOMINAL_SIZE
+    assert pvc["spec"]["resources"]["requests"]["storage"] == render.FSX_NOMINAL_SIZE
+    # The kustomize base must not copy the real size into the PV either.
+    replaced = [
+        field
+        for r in kustomize.kustomize_tree()["base/kustomization.yaml"]["replacements"]
+        for t in r["targets"]
+        for field in t["fieldPaths"]
+    ]
+    assert replaced and not any("capacity" in field for field in replaced)
+
+
+def _selects(selector: dict, labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector (matchLabels AND matchExpressions; kubernetes.io/docs,
+    "Labels and Selectors", set-based requirements)."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for req in selector.get("matchExpressions", []):
+        present, value = req["key"] in labels, labels.get(req["key"])
+        ok = {
+            "In": present and value in req.get("values", []),
+            "NotIn": not present or value not in req.get("values", []),
+            "Exists": present,
+            "DoesNotExist": not present,
+        }[req["operator"]]
+        if not ok:
+            return False
+    return True
+
+
+def _pod_labels(obj: dict) -> dict[str, str]:
+    return obj["spec"]["template"]["metadata"]["labels"]
+
+
+def test_the_store_is_one_pod_at_a_time_high_priority_and_not_drained():
+    objs = _shared()
+    deployment = objs["Deployment", render.RDZV_STORE]
+    pod = deployment["spec"]["template"]["spec"]
+    # Never two independent stores behind one Service.
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    # Priority above every training pod's (they name no class: priority 0).
+    priority = objs["PriorityClass", pod["priorityClassName"]]
+    assert priority["value"] > 0 and priority["globalDefault"] is False
+    assert priority["value"] < 1_000_000_000  # user classes stay below system-*-critical
+    for overlay in render.OVERLAYS:
+        job = _job(render.job_objects(overlay=overlay, namespace="ns", image="i"))
+        assert "priorityClassName" not in job["spec"]["template"]["spec"]
+    # The budget covers the store's pod and allows no voluntary eviction of a ready one.
+    pdb = objs["PodDisruptionBudget", render.RDZV_STORE]
+    assert _selects(pdb["spec"]["selector"], _pod_labels(deployment))
+    assert pdb["spec"]["minAvailable"] == deployment["spec"]["replicas"]
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+
+
+def test_only_the_jobs_pods_reach_the_store():
+    """The store's NetworkPolicy selects the store's pod and admits, on its port only, the pods
+    of every overlay's training Job and of its preflight Job, and no other pod."""
+    from manifests import preflight
+
+    objs = _shared()
+    deployment = objs["Deployment", render.RDZV_STORE]
+    policy = objs["NetworkPolicy", render.RDZV_STORE]["spec"]
+    assert _selects(policy["podSelector"], _pod_labels(deployment))
+    assert policy["policyTypes"] == ["Ingress"]
+    (rule,) = policy["ingress"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    service = objs["Service", render.RDZV_STORE]
+    assert rule["ports"] == [{"protocol": "TCP", "port": render.RDZV_STORE_PORT}]
+    assert container["ports"][0]["containerPort"] == service["spec"]["ports"][0]["targetPort"]
+    assert service["spec"]["ports"][0]["targetPort"] == render.RDZV_STORE_PORT
+    (peer,) = rule["from"]
+    assert set(peer) == {"podSelector"}  # no namespaceSelector: this namespace only
+
+    def admitted(labels: dict[str, str]) -> bool:
+        return _selects(peer["podSelector"], labels)
+
+    for overlay in render.OVERLAYS:
+        job = _job(render.job_objects(overlay=overlay, namespace="ns", image="i"))
+        check = preflight.preflight_job(overlay=overlay, namespace="ns", image="i")
+        assert admitted(_pod_labels(job)) and admitted(_pod_labels(check)), overlay
+    assert not admitted(_pod_labels(deployment))
+    assert not admitted({})
+    assert not admitted({"app.kubernetes.io/name": "fsdp-train"})
+
+
+def test_the_store_can_run_its_own_image():
+    """A store image of its own: the trainer's image can change (every `make gpu-nodes`
+    rebuilds it) while the store's pod template, and so the running store, stays."""
+    default = _shared(image="trainer:1")["Deployment", render.RDZV_STORE]
+    (container,) = default["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "trainer:1"  # callers without the keyword keep working
+    one = _shared(image="trainer:1", store_image="store:1")
+    two = _shared(image="trainer:2", store_image="store:1")
+    assert one["Deployment", render.RDZV_STORE] == two["Deployment", render.RDZV_STORE]
+    (container,) = one["Deployment", render.RDZV_STORE]["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "store:1"
+    assert container["command"] == list(render.RDZV_STORE_COMMAND)
 
 
 def test_unknown_overlay_names_the_allowed_ones():
@@ -344,10 +466,20 @@ def test_pod_failure_policy_comes_from_the_exit_codes_module():
     from training import exits
 
     job = _job(render.job_objects(overlay="2node", namespace="ns", image="i"))
-    (fail, _ignore) = job["spec"]["podFailurePolicy"]["rules"]
+    (node, fail, _ignore) = job["spec"]["podFailurePolicy"]["rules"]
     assert fail["onExitCodes"]["values"] == list(exits.RETRY_CANNOT_HELP)
     assert exits.FAILED not in fail["onExitCodes"]["values"]  # a crash is retried
     assert exits.PREEMPTED not in fail["onExitCodes"]["values"]
+    # A node that does not fit: counted and retried (the replacement may land elsewhere),
+    # never FailJob, and matched before the FailJob rule (the first matching rule wins).
+    assert node["action"] == "Count"
+    assert node["onExitCodes"] == {
+        "containerName": render.CONTAINER,
+        "operator": "In",
+        "values": [exits.NODE_UNFIT],
+    }
+    assert exits.NODE_UNFIT not in exits.RETRY_CANNOT_HELP
+    assert exits.ENVIRONMENT in exits.RETRY_CANNOT_HELP
 
 
 def test_pod_command_with_a_bad_trainer_flag_exits_2_before_any_launcher(tmp_path):
@@ -371,12 +503,11 @@ def test_pod_command_with_a_bad_trainer_flag_exits_2_before_any_launcher(tmp_pat
     assert out.returncode == exits.USAGE, out.stderr
     assert "train.stepz" in out.stderr
     assert not marker.exists()
-    assert (
-        exits.USAGE
-        in _job(render.job_objects(overlay="smoke", namespace="ns", image="i"))["spec"][
-            "podFailurePolicy"
-        ]["rules"][0]["onExitCodes"]["values"]
-    )
+    rules = _job(render.job_objects(overlay="smoke", namespace="ns", image="i"))["spec"][
+        "podFailurePolicy"
+    ]["rules"]
+    (fail,) = [r for r in rules if r["action"] == "FailJob"]
+    assert exits.USAGE in fail["onExitCodes"]["values"]
 
 
 def test_a_bad_trainer_flag_fails_at_render_time_naming_the_field():
@@ -400,6 +531,26 @@ def test_rendezvous_store_is_shared_and_off_the_gpu_nodes():
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["operator"] == "DoesNotExist"
     assert service["spec"]["ports"][0]["port"] == render.RDZV_STORE_PORT
+
+
+@pytest.mark.parametrize("overlay", render.OVERLAYS)
+def test_the_start_up_check_gets_the_fsx_mount_the_node_and_a_message_file(overlay):
+    """training.startup_check reads FSX_MOUNT / FSX_FSTYPE (the fsx volume's mount and the
+    CSI driver's file system), NODE_NAME (downward API) and TERMINATION_MESSAGE_PATH (the
+    container's own terminationMessagePath): one owner each, in render.py."""
+    container = _container(overlay=overlay)
+    env = _env(container)
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert env["FSX_MOUNT"] == mounts["fsx"] == render.FSX_MOUNT
+    assert env["FSX_FSTYPE"] == "lustre"
+    assert env["TERMINATION_MESSAGE_PATH"] == container["terminationMessagePath"]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    downward = {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in container["env"]
+        if "valueFrom" in e
+    }
+    assert downward["NODE_NAME"] == "spec.nodeName"
 
 
 def test_prepare_script_has_no_kubernetes_variable_references():

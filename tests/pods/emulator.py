@@ -63,9 +63,24 @@ class Pod:
     process: subprocess.Popen
     log: Path
     index: int
+    node: str
+    termination_log: Path
+    """The file bound at the container's terminationMessagePath."""
+    message_policy: str
 
     def wait(self, timeout: float) -> int:
         return self.process.wait(timeout=timeout)
+
+    def termination_message(self, exit_code: int) -> str:
+        """The kubelet's reading of a terminated container's message (Kubernetes docs,
+        "Determine the Reason for Pod Failure"): the file's text; if it is empty, the container
+        failed and the policy is FallbackToLogsOnError, the last 80 lines or 2048 bytes of its
+        log, whichever is smaller."""
+        text = self.termination_log.read_text(errors="replace")
+        if text or exit_code == 0 or self.message_policy != "FallbackToLogsOnError":
+            return text
+        tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-80:])
+        return tail.encode()[-2048:].decode(errors="replace")
 
 
 @dataclass
@@ -105,9 +120,15 @@ class Cluster:
         env: dict[str, str],
         log: Path,
     ) -> subprocess.Popen:
+        # A directory is bound on a directory, a file on a file (the mount point of a file,
+        # e.g. /dev/termination-log, is an empty file that stays on this machine, as on a node).
         binds = "".join(
-            f"mkdir -p {shlex.quote(target)} && mount --bind {shlex.quote(str(src))} "
-            f"{shlex.quote(target)} && "
+            (
+                f"mkdir -p {shlex.quote(target)}"
+                if src.is_dir()
+                else f"{{ [ -e {shlex.quote(target)} ] || : > {shlex.quote(target)}; }}"
+            )
+            + f" && mount --bind {shlex.quote(str(src))} {shlex.quote(target)} && "
             for target, src in mounts.items()
         )
         inner = (
@@ -195,13 +216,19 @@ class Cluster:
         spec = job["spec"]["template"]["spec"]
         # Set by the Job controller and the runtime in every container of the pod.
         pod_env = {"JOB_COMPLETION_INDEX": str(index), "HOSTNAME": name}
-        downward = {"POD_IP": ip, "JOB_UID": job_uid}
+        # The scheduler's choice: every pod start lands on a node of its own (a cluster with
+        # a spare node; on a full one a replacement can meet the same node again).
+        node = node_name(index=index, attempt=attempt)
+        downward = {"POD_IP": ip, "JOB_UID": job_uid, "NODE_NAME": node}
         scratch = self.root / f"scratch-{index}-{attempt}"
         scratch.mkdir(parents=True, exist_ok=True)
         log = self.root / f"{name}-{attempt}.log"
+        (container,) = spec["containers"]
+        termination_log = self.root / f"termination-{index}-{attempt}"
+        termination_log.write_text("")
         mounts = {"/fsx": self.root / "fsx", "/scratch": scratch}
 
-        def run(container: dict) -> subprocess.Popen:
+        def run(container: dict, extra_mounts: dict[str, Path] | None = None) -> subprocess.Popen:
             env = {
                 **self._container_env(
                     container=container, config_map=config_map, downward=downward
@@ -213,7 +240,7 @@ class Cluster:
             return self._run_in(
                 netns=f"fsdp-pod{index}",
                 hostname=name,
-                mounts=mounts,
+                mounts={**mounts, **(extra_mounts or {})},
                 argv=argv,
                 env={**self._base_env(), **env},
                 log=log,
@@ -223,8 +250,17 @@ class Cluster:
             code = run(init).wait(timeout=600)
             if code != 0:
                 raise RuntimeError(f"init container {init['name']} of {name} exited {code}")
-        (container,) = spec["containers"]
-        return Pod(name=name, ip=ip, process=run(container), log=log, index=index)
+        message_path = container.get("terminationMessagePath", "/dev/termination-log")
+        return Pod(
+            name=name,
+            ip=ip,
+            process=run(container, {message_path: termination_log}),
+            log=log,
+            index=index,
+            node=node,
+            termination_log=termination_log,
+            message_policy=container.get("terminationMessagePolicy", "File"),
+        )
 
     def pids(self, index: int) -> list[int]:
         """Every process in pod `index` (its network namespace)."""
@@ -291,15 +327,29 @@ class JobResult:
     exit_codes: dict[int, list[int]]
     """Completion index -> exit code of each pod it ran, in order (a signal N reads 128 + N,
     as the kubelet reports it)."""
+    messages: dict[int, list[str]] = field(default_factory=dict)
+    """Completion index -> each pod's termination message, in order."""
+    nodes: dict[int, list[str]] = field(default_factory=dict)
+    """Completion index -> the node each pod ran on, in order."""
 
 
-def fail_job_codes(job: dict) -> set[int]:
-    return {
-        code
-        for rule in job["spec"]["podFailurePolicy"]["rules"]
-        if rule["action"] == "FailJob"
-        for code in rule["onExitCodes"]["values"]
-    }
+def node_name(*, index: int, attempt: int) -> str:
+    return f"node-{index}-{attempt}"
+
+
+def pod_failure_action(job: dict, *, container: str, exit_code: int) -> str:
+    """The Job's podFailurePolicy for a container that exited `exit_code` (Kubernetes docs,
+    Job: "Pod failure policy"; the API's PodFailurePolicy: rules are evaluated in order, the
+    first match wins, no match means the default handling, Count). Only onExitCodes rules can
+    match here: the emulated pods carry no conditions such as DisruptionTarget."""
+    for rule in job["spec"].get("podFailurePolicy", {}).get("rules", []):
+        on = rule.get("onExitCodes")
+        if on is None or on.get("containerName", container) != container:
+            continue
+        listed = exit_code in on["values"]
+        if listed == (on["operator"] == "In"):
+            return rule["action"]
+    return "Count"
 
 
 def container_exit_code(returncode: int) -> int:
@@ -331,17 +381,21 @@ def run_job(
     delete: threading.Event | None = None,
 ) -> JobResult:
     """The Job controller's documented behaviour for an Indexed Job with restartPolicy Never:
-    an exit code listed in a FailJob rule fails the Job at once; any other failure counts
-    against backoffLimit and a replacement pod with the same index starts once the old one is
-    gone (podReplacementPolicy Failed); the Job completes when every index succeeded.
+    a failed pod's exit code goes through the pod failure policy (`pod_failure_action`):
+    FailJob fails the Job at once; Count (also when no rule matches) counts against
+    backoffLimit and Ignore does not, and either way a replacement pod with the same index
+    starts once the old one is gone (podReplacementPolicy Failed); the Job completes when
+    every index succeeded.
     `on_start(index, attempt, pod)` lets a test watch a pod; setting `delete` terminates every
     pod as the kubelet does for a drain or `kubectl delete job` (SIGTERM to the container's
     main process, SIGKILL after terminationGracePeriodSeconds) and ends the Job "Deleted"."""
     spec = job["spec"]
     grace_s = spec["template"]["spec"]["terminationGracePeriodSeconds"]
-    fail_codes = fail_job_codes(job)
+    (container,) = spec["template"]["spec"]["containers"]
     failures = 0
     codes: dict[int, list[int]] = {i: [] for i in range(spec["completions"])}
+    messages: dict[int, list[str]] = {i: [] for i in range(spec["completions"])}
+    nodes: dict[int, list[str]] = {i: [] for i in range(spec["completions"])}
     running: dict[int, Pod] = {}
     for index in range(spec["completions"]):
         c.add_pod_slot(job=job["metadata"]["name"], index=index)
@@ -355,8 +409,18 @@ def run_job(
             env_overrides=env_overrides,
             attempt=attempt,
         )
+        nodes[index].append(running[index].node)
         if on_start:
             on_start(index, attempt, running[index])
+
+    def ended(index: int, pod: Pod, code: int) -> None:
+        codes[index].append(code)
+        messages[index].append(pod.termination_message(code))
+
+    def result(status: str, reason: str) -> JobResult:
+        return JobResult(
+            status=status, reason=reason, exit_codes=codes, messages=messages, nodes=nodes
+        )
 
     def stop_all() -> None:  # the controller deletes the Job's other pods
         for other in running.values():
@@ -365,7 +429,7 @@ def run_job(
 
     def fail(reason: str) -> JobResult:
         stop_all()
-        return JobResult(status="Failed", reason=reason, exit_codes=codes)
+        return result("Failed", reason)
 
     def terminate() -> JobResult:
         for pod in running.values():
@@ -377,9 +441,9 @@ def run_job(
             except subprocess.TimeoutExpired:
                 c.kill_pod(index)
                 code = pod.process.wait()
-            codes[index].append(container_exit_code(code))
+            ended(index, pod, container_exit_code(code))
         running.clear()
-        return JobResult(status="Deleted", reason="terminated", exit_codes=codes)
+        return result("Deleted", "terminated")
 
     for index in range(spec["completions"]):
         start(index, 0)
@@ -394,14 +458,16 @@ def run_job(
             if returncode is None:
                 continue
             code = container_exit_code(returncode)
-            codes[index].append(code)
+            ended(index, pod, code)
             del running[index]
             c.kill_pod(index)  # the container's other processes end with its main process
             if code == 0:
                 continue
-            if code in fail_codes:
+            action = pod_failure_action(job, container=container["name"], exit_code=code)
+            if action == "FailJob":
                 return fail(f"PodFailurePolicy: exit {code}")
-            failures += 1
+            if action == "Count":
+                failures += 1
             if failures > spec["backoffLimit"]:
                 return fail("BackoffLimitExceeded")
             start(index, len(codes[index]))
@@ -409,4 +475,4 @@ def run_job(
             delete.wait(0.2)  # returns at once when set
         else:
             time.sleep(0.2)
-    return JobResult(status="Complete", reason="", exit_codes=codes)
+    return result("Complete", "")

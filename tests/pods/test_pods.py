@@ -16,6 +16,7 @@ bit for bit: model and optimizer, `torch.equal` per tensor.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -29,7 +30,7 @@ import pytest
 from support import TINY_MODEL, assert_identical, final_state
 
 from manifests import render, sizes
-from training import exits
+from training import exits, startup_check
 
 reason = emulator.can_run()
 pytestmark = [
@@ -133,12 +134,17 @@ def _run(
     delete: threading.Event | None = None,
     mutate_job: Callable[[dict], None] | None = None,
     timeout_s: float = 300,
+    expect_lustre: bool = False,
 ):
     """One emulated Job on a fresh cluster under `root`; `when_step=(k, act)` calls act(cluster)
-    once rank 0 has logged step k."""
+    once rank 0 has logged step k. The emulated /fsx is a bind mount of a local directory, not
+    Lustre: the pods' start-up check is told to expect that directory's file system type
+    (FSX_FSTYPE, found by findmnt) unless `expect_lustre` keeps the Job's own `lustre`."""
     with emulator.cluster(root) as pods:
         if not (root / "fsx" / "data" / "stdlib" / "meta.json").exists():
             _prepare_data(root)
+        if not expect_lustre:
+            env = {"FSX_FSTYPE": _fstype(root / "fsx"), **env}
         shared, job, config_map = _objects(overlay, restart=restart, train_args=[*FAST, *extra])
         if nodes is not None:
             job = emulator.scaled(job, nodes=nodes)
@@ -171,6 +177,19 @@ def _run(
         if watcher is not None:
             watcher.join(timeout=5)
     return result, job
+
+
+def _fstype(path: Path) -> str:
+    """The type of the file system holding `path` (util-linux findmnt, not the check's own
+    mountinfo parser)."""
+    out = subprocess.run(
+        ["findmnt", "-n", "-o", "FSTYPE", "--target", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    return out.stdout.strip()
 
 
 def _recovery_s(root: Path, job: dict, *, fault_time: float) -> float:
@@ -313,3 +332,55 @@ def test_a_pod_on_a_node_that_does_not_fit_fails_the_job_at_once(tmp_path: Path)
     assert result.reason == f"PodFailurePolicy: exit {exits.ENVIRONMENT}", log
     assert "startup_check: cuda" in log
     assert "[ft_launcher" not in log, "no launcher may start on a node that does not fit"
+
+
+def test_an_fsx_that_is_not_lustre_fails_the_job_at_once(tmp_path: Path) -> None:
+    """The Job's own FSX_FSTYPE (lustre) on the emulated /fsx, a bind mount of a local
+    directory: the start-up check refuses before any launcher starts, naming the file system it
+    found; the Job fails (every node would meet the same claim) and the pod's termination
+    message names the node."""
+    result, _ = _run(
+        tmp_path, "smoke", restart="nested", env=ONE_POD, expect_lustre=True, timeout_s=120
+    )
+    log = _logs(tmp_path)
+    assert result.status == "Failed", log
+    assert result.reason == f"PodFailurePolicy: exit {exits.ENVIRONMENT}", log
+    fstype = _fstype(tmp_path / "fsx")
+    assert f"startup_check: fsx: /fsx is a {fstype} mount" in log and "not lustre" in log
+    assert "[ft_launcher" not in log, "no launcher may start without the file system"
+    (message,) = result.messages[0]
+    node = emulator.node_name(index=0, attempt=0)
+    assert result.nodes[0] == [node]
+    assert message.startswith(f"startup_check: this job does not fit node {node}")
+    assert "fsx: /fsx is a" in message
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="training/launch/pod.py turns every start-up check failure into exits.ENVIRONMENT; "
+    "it must return the check's own code (NODE_UNFIT) for the Count rule to see it",
+)
+def test_a_bad_node_is_replaced_and_named(tmp_path: Path) -> None:
+    """The first pod's node has a stuck Lustre client: its probe file on the emulated /fsx is a
+    FIFO, so the check's write blocks as a create on a client cut off from its servers does.
+    The check exits NODE_UNFIT naming the node; the pod failure policy counts it (Count) and
+    the replacement pod, on another node, trains to the end."""
+    bad = emulator.node_name(index=0, attempt=0)
+    fifo = tmp_path / "fsx" / startup_check.FSX_PROBE_DIR / bad
+    fifo.parent.mkdir(parents=True)
+    os.mkfifo(fifo)
+    result, job = _run(
+        tmp_path,
+        "smoke",
+        restart="nested",
+        env={**ONE_POD, "FSX_PROBE_TIMEOUT_S": "3"},
+        nodes=1,
+    )
+    log = _logs(tmp_path)
+    assert result.status == "Complete", f"{result}\n{log}"
+    assert result.exit_codes == {0: [exits.NODE_UNFIT, 0]}, log
+    assert result.nodes[0] == [bad, emulator.node_name(index=0, attempt=1)]
+    first, _ = result.messages[0]
+    assert first.startswith(f"startup_check: node {bad} does not fit"), first
+    assert f"did not finish in 3 s on node {bad}" in first
+    assert any(e["kind"] == "run_end" for e in _events(tmp_path, job))
