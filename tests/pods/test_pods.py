@@ -355,11 +355,6 @@ def test_an_fsx_that_is_not_lustre_fails_the_job_at_once(tmp_path: Path) -> None
     assert "fsx: /fsx is a" in message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="training/launch/pod.py turns every start-up check failure into exits.ENVIRONMENT; "
-    "it must return the check's own code (NODE_UNFIT) for the Count rule to see it",
-)
 def test_a_bad_node_is_replaced_and_named(tmp_path: Path) -> None:
     """The first pod's node has a stuck Lustre client: its probe file on the emulated /fsx is a
     FIFO, so the check's write blocks as a create on a client cut off from its servers does.

@@ -5,7 +5,9 @@ CMD is the node's launcher command, rendered by `manifests/render.py` from
 - the trainer's arguments are validated (a bad flag exits `exits.USAGE` at once, and the pod
   failure policy fails the Job instead of retrying);
 - the node must fit the run (`training.startup_check`: torch, CUDA, driver, NCCL, GPU count,
-  EFA; a misfit exits `exits.ENVIRONMENT`, which fails the Job), checked while waiting for
+  EFA, /fsx; what no node would fit exits `exits.ENVIRONMENT`, which fails the Job; what is this
+  node's own fault exits `exits.NODE_UNFIT`, which the Job counts and replaces), checked while
+  waiting for
 - the rendezvous host to resolve (the Service's DNS name appears shortly after the pod).
 Then the launcher runs as a child; SIGTERM and SIGINT (the kubelet's stop) are passed on to it,
 and its exit code is translated: a verdict left by a rank (`training.runlog.verdict`) wins, a
@@ -68,9 +70,11 @@ def supervise(command: Sequence[str]) -> int:
         check.kill()
         print(f"error: rendezvous host {host} never resolved", file=sys.stderr, flush=True)
         return exits.FAILED
-    if check.wait() != exits.OK:
+    code = check.wait()
+    if code != exits.OK:
         print("error: this node does not fit the run (startup_check above)", file=sys.stderr)
-        return exits.ENVIRONMENT
+        # The check's own verdict decides between failing the Job and replacing this pod.
+        return code if code in (exits.ENVIRONMENT, exits.NODE_UNFIT) else exits.ENVIRONMENT
     stopping: list[int] = []
     child = subprocess.Popen(list(command))
 
