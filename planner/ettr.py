@@ -149,14 +149,15 @@ def busy_period_s(
     M/G/infinity queue when the start has the idle mix, ``(e^(mu R) - 1) / mu`` for one R).
     """
     mu = idle_rate
+    # Kinds too rare to matter are left out (they would only add round-off).
+    idle = [k for k in idle if k.share > 1e-12]
     if mu <= 0 or not idle:
         return [float(r) for r in start_s]
-    points = sorted({float(k.recovery_s) for k in idle if k.share > 0})
+    points = sorted({float(k.recovery_s) for k in idle})
     n = len(points)
     q = np.zeros(n)
     for k in idle:
-        if k.share > 0:
-            q[points.index(float(k.recovery_s))] += k.share
+        q[points.index(float(k.recovery_s))] += k.share
     q /= q.sum()
 
     def advance(a: float, b: np.ndarray, lo: float, hi: float, i: int) -> tuple[float, np.ndarray]:
@@ -165,10 +166,13 @@ def busy_period_s(
         if mass <= 0:
             return a + (hi - lo), b
         c = np.zeros(n)
-        c[i:] = q[i:]
-        k_a, k_b = 1.0 / (mu * mass), c / mass
-        e = math.exp(-mu * mass * (hi - lo))
-        return k_a + (a - k_a) * e, k_b + (b - k_b) * e
+        c[i:] = q[i:] / mass
+        # T(hi) = K + (T(lo) - K) e^(-x), K = (1 + mu c.T) / (mu mass); written with expm1 so
+        # that a tiny mass (x -> 0) gives T(hi) = T(lo) + (hi - lo) without cancellation.
+        x = mu * mass * (hi - lo)
+        grow = -math.expm1(-x)
+        e = 1.0 - grow
+        return a * e + grow / (mu * mass), b * e + c * grow
 
     rows_a = np.zeros(n)
     rows_b = np.zeros((n, n))

@@ -54,9 +54,9 @@ def plot_plan(*, inputs: Inputs, plans: list[SizePlan], out: Path) -> Path:
     ax.set_ylabel("ETTR (productive / wall)")
     ax.set_title(
         f"ETTR, {inputs.params / 1e9:.0f}B params, cost model '{inputs.model.name}', spares as "
-        f"recommended\n{first} rate: closed form (lines; shaded up to low NCCL/rendezvous "
-        f"start-up), Monte Carlo p5 (triangles, {inputs.trials} x {inputs.days:g}-day jobs)"
-        + (f"; dotted: {others}" if others else ""),
+        f"recommended, {first} rate\nlines: closed form, shaded to low NCCL/rendezvous start-up; "
+        f"triangles: Monte Carlo p5 ({inputs.trials} x {inputs.days:g}-day jobs)"
+        + (f"\ndotted: {others}" if others else ""),
         fontsize=8,
     )
     ax.grid(alpha=0.3, which="both")

@@ -81,10 +81,11 @@ def _answer(inputs: Inputs, p: SizePlan, r: RateResult) -> list[str]:
     lo, hi = sorted((best.ettr, best.ettr_low_startup))
     spread = hi - lo
     margin = r.margins[0]
+    lead = f"{min(r.margins) * 100:+.1f} to {max(r.margins) * 100:+.1f} pt over the start-up range"
     verdict = (
-        " - within the model's error (the order flips or the lead vanishes over the start-up range)"
+        f" - within the model's error ({lead}; under 0.1 pt or the order flips)"
         if r.within_error
-        else f" (+{min(r.margins):.1%} to +{max(r.margins):.1%} over the start-up range)"
+        else f" ({lead})"
     )
     mc = best.mc
     mc_text = f"; Monte Carlo p5 {_pct(mc.p5)} (one week in twenty)" if mc else ""
@@ -98,7 +99,13 @@ def _answer(inputs: Inputs, p: SizePlan, r: RateResult) -> list[str]:
     point_usd = p.job.gpus * 0.01 * gpu_usd
     fsx_usd = best.cost_usd_per_h - p.job.gpus * gpu_usd * (1 - best.ettr)
     refill_h = inputs.model.params["spare_refill_s"] / 3600
-    top = ", ".join(f"{LOSS_LABELS.get(k, k)} {v * 100:.1f} pt" for k, v in r.losses[:3])
+    # First-order terms, scaled to share out the points actually lost (they overcount once
+    # outages approach the MTBF).
+    total = sum(v for _, v in r.losses) or 1.0
+    lost = 1.0 - best.ettr
+    top = ", ".join(
+        f"{LOSS_LABELS.get(k, k)} {v / total * lost * 100:.1f} pt" for k, v in r.losses[:3]
+    )
     return [
         f"{p.job.gpus:,} GPUs, {r.rate_name} rate ({r.rate:g} failures/1,000 node-days, "
         f"MTBF {r.mtbf_s / 60:.0f} min)",
@@ -108,12 +115,12 @@ def _answer(inputs: Inputs, p: SizePlan, r: RateResult) -> list[str]:
         f"{inputs.step_time_s:g} s/step; checkpoint commits {best.write_s:.0f} s after its stall)"
         + ("  [as given]" if inputs.interval_steps else ""),
         f"  spares    {sp.in_force.count} hot spares ({origin}): P(no spare) "
-        f"{sp.no_spare_chance:.1%} at a {refill_h:g} h refill (1% needs {sp.recommended}); idle "
+        f"{sp.no_spare_chance:.2%} at a {refill_h:g} h refill (1% needs {sp.recommended}); idle "
         f"{sp.in_force.count * inputs.gpus_per_node} GPUs = {sp.idle_gpu_share:.2%} of the job, "
         f"${sp.idle_usd_per_h:,.0f}/h",
         f"  FSx       cdk deploy {best.fsx.cdk_context()}  (${fsx_usd:,.0f}/h; "
         f"{best.fsx.throughput_mbps / 1000:.1f} GB/s; 1 ETTR pt = ${point_usd:,.0f}/h of GPUs)",
-        f"  dominant  {top}",
+        f"  dominant  {top} (of {lost * 100:.1f} pt lost)",
     ]
 
 

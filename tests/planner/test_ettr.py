@@ -255,3 +255,17 @@ def test_draws_are_seeded_and_checked_for_length() -> None:
             drag=0.0,
             job_s=1e6,
         )
+
+
+def test_busy_period_is_stable_with_vanishing_kinds() -> None:
+    """A kind with a share of 1e-40 (a spare pool that is practically never empty) must not
+    change the outage: the piecewise solution is written without cancellation."""
+    mu = 1 / 1800
+    base = [Kind(share=1.0, recovery_s=300.0, strikes_idle=True)]
+    tiny = [*base, Kind(share=1e-40, recovery_s=1600.0, strikes_idle=True)]
+    tiny_10 = [*base, Kind(share=1e-10, recovery_s=1600.0, strikes_idle=True)]
+    want = busy_period_s(start_s=[300.0, 1600.0], idle_rate=mu, idle=base)
+    assert busy_period_s(start_s=[300.0, 1600.0], idle_rate=mu, idle=tiny) == pytest.approx(want)
+    assert busy_period_s(start_s=[300.0, 1600.0], idle_rate=mu, idle=tiny_10) == pytest.approx(
+        want, rel=1e-6
+    )
