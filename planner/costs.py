@@ -456,6 +456,18 @@ def low_startup(model: CostModel) -> CostModel:
     return CostModel(name="cluster", params=params, sources=sources)
 
 
+def scaled_estimates(model: CostModel, factor: float) -> CostModel:
+    """The model with every estimated parameter (not overridden) multiplied by ``factor``: the
+    planner's error bar for what no publication pins down."""
+    if model.name != "cluster":
+        return model
+    params = dict(model.params)
+    for name, prm in DEFAULTS.items():
+        if prm.estimate and model.sources[name] != "override" and prm.unit != "fraction":
+            params[name] = params[name] * factor
+    return CostModel(name="cluster", params=params, sources=dict(model.sources))
+
+
 def _job_restart(t: dict[str, Term], outcome: Outcome, detect: Term) -> list[Term]:
     """Every pod torn down and recreated (a new node, if one is needed, comes up meanwhile)."""
     pods = t["pod_replace_all_s"]

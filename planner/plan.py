@@ -154,8 +154,8 @@ class RateResult:
     best: str
     """Best shipped mode."""
     runner_up: str
-    margins: tuple[float, float]
-    """Best minus runner-up ETTR with published and with low start-up costs."""
+    margins: tuple[float, ...]
+    """Best minus runner-up ETTR: published costs, low start-up costs, estimates x0.5, x2."""
     losses: tuple[tuple[str, float], ...]
     """First-order ETTR loss by term for the best mode, largest first."""
     planned_loss: float
@@ -446,10 +446,27 @@ def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
                 )
             ranked = sorted(costs.MODES, key=lambda m: -modes[m].ettr)
             best, second = ranked[0], ranked[1]
-            margins = (
+            margins = [
                 modes[best].ettr - modes[second].ettr,
                 modes[best].ettr_low_startup - modes[second].ettr_low_startup,
-            )
+            ]
+            for factor in (0.5, 2.0):
+                scaled = costs.scaled_estimates(model, factor)
+                at = {
+                    m: _evaluate(
+                        inputs,
+                        gpus=g,
+                        mode=m,
+                        fsx=modes[m].fsx,
+                        outs=outs,
+                        stall=costs.checkpoint_stall_s(model=scaled, job=draft),
+                        mtbf=mtbf,
+                        model=scaled,
+                        steps=modes[m].interval_steps,
+                    ).ettr
+                    for m in (best, second)
+                }
+                margins.append(at[best] - at[second])
             sweep = []
             for k in sorted({*SPARE_SWEEP, recommended, in_force.count}):
                 fk = inputs.failure_model(rate, hot_spares=k)
@@ -502,7 +519,7 @@ def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
                     ),
                     best=best,
                     runner_up=second,
-                    margins=margins,
+                    margins=tuple(margins),
                     losses=tuple(_losses(inputs, best=modes[best], stall=stall, mtbf=mtbf)),
                     planned_loss=planned_rate * planned_r / (1.0 + planned_rate * planned_r),
                 )

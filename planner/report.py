@@ -81,7 +81,10 @@ def _answer(inputs: Inputs, p: SizePlan, r: RateResult) -> list[str]:
     lo, hi = sorted((best.ettr, best.ettr_low_startup))
     spread = hi - lo
     margin = r.margins[0]
-    lead = f"{min(r.margins) * 100:+.1f} to {max(r.margins) * 100:+.1f} pt over the start-up range"
+    lead = (
+        f"{min(r.margins) * 100:+.1f} to {max(r.margins) * 100:+.1f} pt over the start-up range "
+        "and estimates x0.5-x2"
+    )
     verdict = (
         f" - within the model's error ({lead}; under 0.1 pt or the order flips)"
         if r.within_error

@@ -20,6 +20,7 @@ from planner.costs import (
     recovery,
     recovery_s,
     replica_loss_s,
+    scaled_estimates,
     terms,
 )
 from planner.failures import Outcome
@@ -177,3 +178,12 @@ def test_low_startup_swaps_in_the_low_ends() -> None:
     assert t["nccl_init_s"].seconds == pytest.approx(26.5)
     assert t["rendezvous_s"].seconds == pytest.approx(10.0)
     assert low.sources["nccl_init_s_at_96k"] == "estimate"
+
+
+def test_scaled_estimates_touch_only_estimates_that_were_not_overridden() -> None:
+    model = cluster_model(overrides={"worker_start_s": 12.0})
+    doubled = scaled_estimates(model, 2.0)
+    assert doubled.params["node_boot_s"] == 600.0  # an estimate
+    assert doubled.params["worker_start_s"] == 12.0  # the user's value stays
+    assert doubled.params["nccl_init_s_at_96k"] == 265.0  # published
+    assert doubled.params["write_drag"] == model.params["write_drag"]  # a fraction
