@@ -78,7 +78,7 @@ def size_fsx(*, ckpt_bytes: float, keep: int, write_within_s: float) -> FsxPlan:
     )
 
 
-def fsx_options(*, ckpt_bytes: float, keep: int, fastest_write_s: float = 2.0) -> list[FsxPlan]:
+def fsx_options(*, ckpt_bytes: float, keep: int, fastest_write_s: float = 0.5) -> list[FsxPlan]:
     """Valid file systems worth weighing: per tier, capacities from the storage floor up a
     geometric ladder until a checkpoint would write in under ``fastest_write_s``."""
     storage_gib = (keep + 1) * ckpt_bytes / GIB

@@ -112,6 +112,11 @@ class ModeResult:
     """The same with NCCL start-up and rendezvous at the low ends of their ranges."""
     cost_usd_per_h: float
     """GPU-hours the ETTR loses plus the FSx, per hour."""
+    fsx_usd_per_h: float
+    """The chosen FSx's price per hour."""
+    fsx_near: FsxPlan
+    """The cheapest FSx whose ETTR (at its own best interval) is within 0.1 pt of the choice."""
+    fsx_near_usd_per_h: float
     mc: ettr.MonteCarlo | None
     """Monte Carlo at the same settings (None for modes without one)."""
 
@@ -388,6 +393,7 @@ def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
             fm = inputs.failure_model(rate, hot_spares=in_force.count)
             outs = failures.outcomes(model=fm, nodes=draft.nodes, refill_s=refill)
             evals: dict[str, _Eval] = {}
+            near: dict[str, _Eval] = {}
             for mode in ALL_MODES:
                 cands = [
                     _evaluate(
@@ -403,6 +409,10 @@ def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
                     for f in options
                 ]
                 evals[mode] = min(cands, key=lambda e: e.cost)
+                near[mode] = min(
+                    (e for e in cands if e.ettr >= evals[mode].ettr - 0.001),
+                    key=lambda e: _fsx_price(model, e.fsx),
+                )
             modes: dict[str, ModeResult] = {}
             for mode, e in evals.items():
                 lo = _evaluate(
@@ -442,6 +452,9 @@ def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
                     ettr=e.ettr,
                     ettr_low_startup=lo.ettr,
                     cost_usd_per_h=e.cost,
+                    fsx_usd_per_h=_fsx_price(model, e.fsx),
+                    fsx_near=near[mode].fsx,
+                    fsx_near_usd_per_h=_fsx_price(model, near[mode].fsx),
                     mc=mc,
                 )
             ranked = sorted(costs.MODES, key=lambda m: -modes[m].ettr)

@@ -100,7 +100,6 @@ def _answer(inputs: Inputs, p: SizePlan, r: RateResult) -> list[str]:
     }.get(sp.in_force.origin, f"the product's count, {sp.in_force.origin}")
     gpu_usd = inputs.model.params.get("gpu_hour_usd", 0.0)
     point_usd = p.job.gpus * 0.01 * gpu_usd
-    fsx_usd = best.cost_usd_per_h - p.job.gpus * gpu_usd * (1 - best.ettr)
     refill_h = inputs.model.params["spare_refill_s"] / 3600
     # First-order terms, scaled to share out the points actually lost (they overcount once
     # outages approach the MTBF).
@@ -121,8 +120,16 @@ def _answer(inputs: Inputs, p: SizePlan, r: RateResult) -> list[str]:
         f"{sp.no_spare_chance:.2%} at a {refill_h:g} h refill (1% needs {sp.recommended}); idle "
         f"{sp.in_force.count * inputs.gpus_per_node} GPUs = {sp.idle_gpu_share:.2%} of the job, "
         f"${sp.idle_usd_per_h:,.0f}/h",
-        f"  FSx       cdk deploy {best.fsx.cdk_context()}  (${fsx_usd:,.0f}/h; "
+        f"  FSx       cdk deploy {best.fsx.cdk_context()}  (${best.fsx_usd_per_h:,.0f}/h; "
         f"{best.fsx.throughput_mbps / 1000:.1f} GB/s; 1 ETTR pt = ${point_usd:,.0f}/h of GPUs)",
+        *(
+            [
+                f"            within 0.1 pt for less: {best.fsx_near.cdk_context()}  "
+                f"(${best.fsx_near_usd_per_h:,.0f}/h)"
+            ]
+            if best.fsx_near != best.fsx
+            else []
+        ),
         f"  dominant  {top} (of {lost * 100:.1f} pt lost)",
     ]
 

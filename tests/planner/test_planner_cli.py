@@ -64,6 +64,7 @@ def test_fsx_and_interval_are_chosen_together_by_price_per_rate() -> None:
     ].rates[0]
     assert alone.modes["nested"].ettr == both.modes["nested"].ettr
     assert alone.modes["nested"].fsx == both.modes["nested"].fsx
+    assert alone.modes["nested"].fsx_near_usd_per_h <= alone.modes["nested"].fsx_usd_per_h
     # The chosen FSx is the cheapest of the options once its lost GPU-hours are counted.
     inputs = _inputs("--gpus", "16384", "--failure-rate", "llama3")
     chosen = alone.modes["nested"]
