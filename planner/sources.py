@@ -98,9 +98,9 @@ SOURCES: dict[str, str] = {
         "re-initialisation (modelled here as NOT SHIPPED)"
     ),
     "nvrx-reserve": (
-        "NVRx in-process restart (nvidia.github.io/nvidia-resiliency-ext, inprocess usage guide): "
-        "the Wrapper's rank assignment can keep reserve ranks that replace failed ones without "
-        "a new job (modelled here as NOT SHIPPED on the hot spares)"
+        "NVRx 0.4.1 inprocess/rank_assignment.py: the Tree rank assignment replaces terminated "
+        "ranks with inactive ranks of the nearest layer flagged LayerFlag.RESERVE, inside the "
+        "running job (modelled here as NOT SHIPPED, the reserve ranks on the hot spares)"
     ),
     "estimate": "no published figure found: an estimate, override with --set NAME=VALUE",
     "bench": (

@@ -265,3 +265,11 @@ def test_module_entry_point_runs() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "cost model: cluster" in done.stdout
+
+
+def test_recipe_sets_params_and_step_time_from_facts() -> None:
+    from facts.recipes import RECIPES
+
+    inputs = _inputs("--recipe", "p5_70b", "--gpus", "128")
+    assert inputs.params == RECIPES["p5_70b"].params
+    assert inputs.step_time_s == pytest.approx(RECIPES["p5_70b"].step_time_s)
