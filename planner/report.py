@@ -229,7 +229,12 @@ def _full(inputs: Inputs, plans: list[SizePlan]) -> list[str]:
             indent="    ",
         )
 
-    out += ["", "Hot spares: chance a node failure finds none | best mode's ETTR, by spare count"]
+    out += [
+        "",
+        "Hot spares: chance a node failure finds none | best mode's ETTR, by spare count",
+        "  (closed form; when the pool is often empty it is conservative by up to a few points,",
+        "  the Monte Carlo simulates the pool: docs/planner.md)",
+    ]
     for p in plans:
         for r in p.rates:
             cells = ", ".join(f"{k}: {b:.1%} | {_pct(e)}" for k, b, e in r.spares.sweep)
