@@ -77,7 +77,7 @@ eks-stop: $(VENV)/.stamp ## Delete the EKS training job (never the data on FSx)
 report: $(VENV)/.stamp ## Redraw a run's timeline and summary: make report RUN=local
 	$(PY) -m training.runlog.report runs/$(RUN)
 
-planner: $(VENV)/.stamp ## Goodput planner for cluster scale (writes docs/planner.png)
+planner: $(VENV)/.stamp ## Goodput planner: mode, interval, spares, FSx per size (ARGS="--full", "--sanity"; writes docs/planner.png; docs/planner.md)
 	$(PY) -m planner $(ARGS)
 
 bench: $(VENV)/.stamp data ## Run every benchmark side by side and print the tables

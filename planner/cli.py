@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import NoReturn
 
 from facts.checkpoint import BYTES_PER_PARAM
-from planner.costs import DEFAULTS, cluster_model
+from facts.recipes import RECIPES
+from planner.costs import DEFAULTS, ZERO_OK, cluster_model
 from planner.failures import FAILURE_RATES
 from planner.measured import describe, measured_cpu_model
 from planner.plan import Inputs, plan
 from planner.report import format_report
+from planner.sanity import format_sanity
 from planner.sources import SOURCES
 from training.tables import text_table
 
@@ -103,7 +105,11 @@ def _overrides(text: str) -> dict[str, float]:
             raise argparse.ArgumentTypeError(
                 f"expected NAME=VALUE with a cost parameter NAME (see --list-costs), got {item!r}"
             )
-        out[name.strip()] = _positive(value)
+        name = name.strip()
+        if name in ZERO_OK:
+            out[name] = _fraction(value)
+        else:
+            out[name] = _positive(value)
     return out
 
 
@@ -137,7 +143,34 @@ def build_parser() -> argparse.ArgumentParser:
         type=_fraction,
         help="share of failures that need a new node (default: Llama 3 Table 5, 76.6%%)",
     )
-    p.add_argument("--hot-spares", type=_count, default=0, help="spare nodes waiting (0)")
+    p.add_argument(
+        "--hot-spares",
+        type=_count,
+        help="spare nodes waiting (default: manifests/sizes.py's count for the size when it has "
+        "one, else the fewest that keep the chance of finding none below 1%%)",
+    )
+    p.add_argument(
+        "--interval-steps",
+        type=_positive_int,
+        help="evaluate this trainer interval (--checkpoint.interval) instead of optimising it",
+    )
+    p.add_argument(
+        "--recipe",
+        choices=sorted(RECIPES),
+        help="take --params and --step-time-s from a trainer recipe (facts/recipes.py)",
+    )
+    p.add_argument(
+        "--software-per-job",
+        action="store_true",
+        help="software faults per job (Llama 3's count at any size) instead of per node",
+    )
+    p.add_argument("--brief", action="store_true", help="print only the answer")
+    p.add_argument("--full", action="store_true", help="add every table and the sources")
+    p.add_argument(
+        "--sanity",
+        action="store_true",
+        help="print the published results the model is checked against, and exit",
+    )
     p.add_argument(
         "--lemon-share", type=_fraction, default=0.0, help="share of hardware failures from lemons"
     )
@@ -190,6 +223,10 @@ def inputs_from_args(args: argparse.Namespace) -> Inputs:
     """Flags -> Inputs; raises ValueError with a message for the user."""
     if (args.fsx_capacity_gib is None) != (args.fsx_tier is None):
         raise ValueError("--fsx-capacity-gib and --fsx-tier go together")
+    if args.recipe:
+        recipe = RECIPES[args.recipe]
+        args.params = float(recipe.params)
+        args.step_time_s = recipe.step_time_s
     overrides: dict[str, float] = {}
     for chunk in args.set:
         overrides.update(chunk)
@@ -217,6 +254,8 @@ def inputs_from_args(args: argparse.Namespace) -> Inputs:
         days=args.days,
         trials=args.trials,
         seed=args.seed,
+        interval_steps=args.interval_steps,
+        per_job_software=args.software_per_job,
     )
 
 
@@ -227,13 +266,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.list_costs:
         print(list_costs())
         return 0
+    if args.sanity:
+        print(format_sanity())
+        return 0
     try:
         inputs = inputs_from_args(args)
         plans = plan(inputs=inputs)
     except ValueError as e:
         parser.error(str(e))
     measured = describe(bench_dir=args.bench_dir) if args.costs == "measured-cpu" else []
-    print(format_report(inputs=inputs, plans=plans, measured_lines=measured))
+    print(
+        format_report(
+            inputs=inputs, plans=plans, measured_lines=measured, brief=args.brief, full=args.full
+        )
+    )
     if not args.no_plot:
         from planner.plot import plot_plan
 

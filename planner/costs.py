@@ -25,6 +25,19 @@ Recovery paths per mode (``recovery``):
   recovered in place (the trainer will not shrink the world), so it falls back to ``none``.
 - ``nested`` (in-process inside in-job): in-place faults take the in-process path, a lost node
   the in-job path.
+- a host fault (the node stops answering) waits on EKS's 30-min Ready repair instead of the
+  10-min GPU one; a manual intervention waits ``manual_intervention_s`` then restarts the job.
+
+Modes users would buy next, NOT SHIPPED, modelled to show what would close the gap at 100k GPUs:
+
+- ``reserve``: NVRx in-process restart with reserve ranks on the hot spares: a lost node's ranks
+  are replaced inside the running job (in-process path) while a spare is free; else as
+  ``inprocess``.
+- ``replica``: replica-group recovery (torchft-like): the failed group recovers alone while the
+  others keep training; no global NCCL re-initialisation, no rollback (``replica_loss_s``).
+
+NCCL start-up and rendezvous are ranges: the published figures (high) and a labelled low end
+for lazy or scalable initialisation (``low_startup``).
 """
 
 from __future__ import annotations
@@ -32,6 +45,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from facts import prices
 from planner.failures import Outcome
 from training.config import ResilienceConfig
 from training.resilience.nvrx import (
@@ -44,11 +58,16 @@ from training.resilience.nvrx import (
 _RESILIENCE = ResilienceConfig()
 
 MODES: tuple[str, ...] = ("none", "injob", "inprocess", "nested")
+"""The restart modes this project ships."""
+NOT_SHIPPED: tuple[str, ...] = ("reserve", "replica")
+"""Modes users would buy next, modelled to show what would close the gap; not in the product."""
 MODE_LABELS: dict[str, str] = {
     "none": "no resilience (whole-job restart)",
     "injob": "in-job (ft_launcher)",
     "inprocess": "in-process (NVRx Wrapper)",
     "nested": "nested (in-process in in-job)",
+    "reserve": "NOT SHIPPED: in-process with NVRx reserve ranks on the hot spares",
+    "replica": "NOT SHIPPED: replica-group recovery (torchft-like, no global NCCL re-init)",
 }
 GB = 1e9
 
@@ -192,6 +211,75 @@ DEFAULTS: dict[str, Param] = {
         source="soci",
         help="pull the training image on a new node (15-20 GB: 4-6 min)",
     ),
+    "host_repair_wait_s": Param(
+        value=1800.0,
+        unit="s",
+        source="eks-repair",
+        help="EKS node auto-repair waits this long on a failed Ready condition (host faults)",
+    ),
+    "manual_intervention_s": Param(
+        value=7200.0,
+        unit="s",
+        source="estimate",
+        estimate=True,
+        help="a failure automation cannot handle: a person diagnoses it before the restart",
+    ),
+    "spare_refill_s": Param(
+        value=4 * 3600.0,
+        unit="s",
+        source="estimate",
+        estimate=True,
+        help="a used hot spare is replaced (capacity block / reservation: the failed host must "
+        "come back from repair; 1205 s if EC2 always had a free p5)",
+    ),
+    "nccl_init_low_s_at_96k": Param(
+        value=26.5,
+        unit="s",
+        source="estimate",
+        estimate=True,
+        help="low end of NCCL start-up at 98,304 ranks (lazy or scalable init, a tenth of the "
+        "published 265 s)",
+    ),
+    "rendezvous_low_s_at_98k": Param(
+        value=10.0,
+        unit="s",
+        source="estimate",
+        estimate=True,
+        help="low end of rendezvous at 98,304 ranks (a tenth of the published 100 s)",
+    ),
+    # --- modes that are not shipped -----------------------------------------------------------
+    "ft_quorum_s": Param(
+        value=5.0,
+        unit="s",
+        source="torchft",
+        estimate=True,
+        help="replica-group recovery (torchft-like, NOT SHIPPED): the healthy groups' pause to "
+        "agree on a new quorum",
+    ),
+    "replica_group_gpus": Param(
+        value=512.0,
+        unit="GPUs",
+        source="estimate",
+        estimate=True,
+        help="replica-group recovery (NOT SHIPPED): GPUs per replica group (HSDP shard group)",
+    ),
+    # --- prices -------------------------------------------------------------------------------
+    "gpu_hour_usd": Param(
+        value=prices.GPU_HOUR_USD,
+        unit="USD",
+        source="prices",
+        help="one H100 hour (p5.48xlarge Capacity Block / 8): what an ETTR point and an idle "
+        "spare cost",
+    ),
+    **{
+        f"fsx_usd_per_gb_month_{tier}": Param(
+            value=usd,
+            unit="USD",
+            source="prices",
+            help=f"FSx for Lustre Persistent-2 SSD at {tier} MB/s/TiB, per GB-month",
+        )
+        for tier, usd in prices.FSX_PERSISTENT2_USD_PER_GB_MONTH.items()
+    },
     # --- checkpoint --------------------------------------------------------------------------
     "d2h_gbps": Param(
         value=32.0,
@@ -207,7 +295,17 @@ DEFAULTS: dict[str, Param] = {
         estimate=True,
         help="per-save blocking work besides the copy (planning, commit barrier)",
     ),
+    "write_drag": Param(
+        value=0.0,
+        unit="fraction",
+        source="estimate",
+        estimate=True,
+        help="training slows by this fraction while the background write runs (0: not charged, "
+        "no steady-state figure published; try 0.02-0.05)",
+    ),
 }
+ZERO_OK = frozenset(name for name, p in DEFAULTS.items() if p.unit == "fraction")
+"""Parameters that may be set to 0."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -305,6 +403,11 @@ def terms(*, model: CostModel, job: Job) -> dict[str, Term]:
         p["node_repair_wait_s"] + p["node_boot_s"] + p["image_pull_s"] + p["pod_start_s"],
         s["node_repair_wait_s"],
     )
+    out["node_replace_host_s"] = Term(
+        "node_replace_host_s",
+        p["host_repair_wait_s"] + p["node_boot_s"] + p["image_pull_s"] + p["pod_start_s"],
+        s["host_repair_wait_s"],
+    )
     out["spare_swap_s"] = Term("spare_swap_s", p["pod_start_s"], s["pod_start_s"])
     out["ckpt_stall_s"] = Term(
         "ckpt_stall_s",
@@ -333,35 +436,108 @@ def _detection(t: dict[str, Term], *, mode: str, outcome: Outcome) -> Term:
 
 
 def _node(t: dict[str, Term], outcome: Outcome) -> Term:
-    return t["spare_swap_s"] if outcome.spare else t["node_replace_s"]
+    if outcome.spare:
+        return t["spare_swap_s"]
+    return t["node_replace_host_s" if outcome.host else "node_replace_s"]
 
 
-def recovery(*, model: CostModel, job: Job, mode: str, outcome: Outcome) -> list[Term]:
-    """The terms one failure of this outcome costs in this mode, in order; their sum is R."""
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}: use one of {', '.join(MODES)}")
+def low_startup(model: CostModel) -> CostModel:
+    """The model with NCCL start-up and rendezvous at the low ends of their ranges."""
+    if model.name != "cluster":
+        return model
+    params = dict(model.params)
+    sources = dict(model.sources)
+    for high, low in (
+        ("nccl_init_s_at_96k", "nccl_init_low_s_at_96k"),
+        ("rendezvous_s_at_98k", "rendezvous_low_s_at_98k"),
+    ):
+        params[high] = params[low]
+        sources[high] = sources[low]
+    return CostModel(name="cluster", params=params, sources=sources)
+
+
+def scaled_estimates(model: CostModel, factor: float) -> CostModel:
+    """The model with every estimated parameter (not overridden) multiplied by ``factor``: the
+    planner's error bar for what no publication pins down."""
+    if model.name != "cluster":
+        return model
+    params = dict(model.params)
+    for name, prm in DEFAULTS.items():
+        if prm.estimate and model.sources[name] != "override" and prm.unit != "fraction":
+            params[name] = params[name] * factor
+    return CostModel(name="cluster", params=params, sources=dict(model.sources))
+
+
+def _job_restart(t: dict[str, Term], outcome: Outcome, detect: Term) -> list[Term]:
+    """Every pod torn down and recreated (a new node, if one is needed, comes up meanwhile)."""
+    pods = t["pod_replace_all_s"]
+    if outcome.needs_node and not outcome.spare:
+        # The new node and the recreated pods come up in parallel; the slower one counts.
+        pods = max(pods, _node(t, outcome), key=lambda x: x.seconds)
+    tail = [t["rendezvous_s"], t["nccl_init_s"], t["ckpt_load_s"]]
+    return [detect, t["pod_teardown_s"], pods, t["worker_start_s"], *tail]
+
+
+def recovery(
+    *,
+    model: CostModel,
+    job: Job,
+    mode: str,
+    outcome: Outcome,
+    precomputed: Mapping[str, Term] | None = None,
+) -> list[Term]:
+    """The terms one failure of this outcome costs in this mode, in order; their sum is R.
+
+    ``replica`` (not shipped) is charged elsewhere (:func:`replica_loss_s`): its recovery does
+    not stop the whole job.
+    """
+    if mode not in (*MODES, "reserve"):
+        raise ValueError(f"unknown mode {mode!r}: use one of {', '.join((*MODES, 'reserve'))}")
     if model.name == "measured-cpu":
         return [Term("measured restart", _measured_restart(model, mode, outcome), "bench")]
-    t = terms(model=model, job=job)
+    t = dict(precomputed) if precomputed is not None else terms(model=model, job=job)
     detect = _detection(t, mode=mode, outcome=outcome)
-    tail = [t["rendezvous_s"], t["nccl_init_s"], t["ckpt_load_s"]]
-    if mode == "none" or (mode == "inprocess" and outcome.needs_node):
-        pods = t["pod_replace_all_s"]
-        if outcome.needs_node and not outcome.spare:
-            # The new node and the recreated pods come up in parallel; the slower one counts.
-            pods = max(pods, t["node_replace_s"], key=lambda x: x.seconds)
-        return [detect, t["pod_teardown_s"], pods, t["worker_start_s"], *tail]
-    if mode == "injob" or (mode == "nested" and outcome.needs_node):
-        node = [_node(t, outcome)] if outcome.needs_node else []
-        return [detect, t["worker_stop_s"], *node, t["worker_start_s"], *tail]
-    # inprocess / nested, fault recoverable in place: no new processes, no new store clients.
-    return [
+    if outcome.manual:
+        return [t["manual_intervention_s"], *_job_restart(t, outcome, detect)]
+    in_place = [
         detect,
         t["inprocess_abort_s"],
         t["inprocess_barrier_s"],
         t["nccl_init_s"],
         t["ckpt_load_s"],
     ]
+    if mode == "reserve" and outcome.needs_node and outcome.spare:
+        # NVRx reserve ranks: the spare's processes already run; the Wrapper swaps them in.
+        return in_place
+    if mode == "none" or (mode in ("inprocess", "reserve") and outcome.needs_node):
+        return _job_restart(t, outcome, detect)
+    if mode == "injob" or (mode == "nested" and outcome.needs_node):
+        node = [_node(t, outcome)] if outcome.needs_node else []
+        tail = [t["rendezvous_s"], t["nccl_init_s"], t["ckpt_load_s"]]
+        return [detect, t["worker_stop_s"], *node, t["worker_start_s"], *tail]
+    # inprocess / nested / reserve, fault recoverable in place: no new processes or store clients.
+    return in_place
+
+
+def replica_loss_s(*, model: CostModel, job: Job, outcome: Outcome) -> float:
+    """Replica-group recovery (NOT SHIPPED): job-wide seconds lost to one failure.
+
+    The healthy replica groups pause for a quorum and lose the step in flight; the failed group
+    (``replica_group_gpus``) recovers on its own (nested mode's path at the group's size) while
+    the job runs without it, costing that group's share of throughput. No rollback to the last
+    checkpoint. A first-order estimate, in the spirit of torchft (github.com/pytorch/torchft).
+    """
+    p = model.params
+    group_gpus = min(job.gpus, int(p["replica_group_gpus"]))
+    group = Job(
+        gpus=group_gpus,
+        gpus_per_node=job.gpus_per_node,
+        ckpt_bytes=job.ckpt_bytes,
+        step_time_s=job.step_time_s,
+        fsx_bytes_per_s=job.fsx_bytes_per_s,
+    )
+    group_r = recovery_s(model=model, job=group, mode="nested", outcome=outcome)
+    return p["ft_quorum_s"] + job.step_time_s + group_r * group_gpus / job.gpus
 
 
 def recovery_s(*, model: CostModel, job: Job, mode: str, outcome: Outcome) -> float:
@@ -375,6 +551,6 @@ def _measured_restart(model: CostModel, mode: str, outcome: Outcome) -> float:
         return m["cold_s"]
     if mode == "injob":
         return m["injob_s"]
-    if mode == "inprocess":
+    if mode in ("inprocess", "reserve"):
         return m["cold_s"] if outcome.needs_node else m["inprocess_s"]
     return m["injob_s"] if outcome.needs_node else m["inprocess_s"]

@@ -119,49 +119,255 @@ def draws(*, trials: int, max_failures_mean: float, seed: int) -> Draws:
     )
 
 
-def simulate_ettr(
+# --- the product's model: commit lag, write drag, idle-only failures during a recovery -------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Kind:
+    """One failure outcome as the ETTR model sees it."""
+
+    share: float
+    """Probability that a failure is of this kind."""
+    recovery_s: float
+    """R: seconds from the failure until training resumes (no further failure)."""
+    strikes_idle: bool
+    """Also strikes while the job is recovering; else only while it trains."""
+
+
+def busy_period_s(
+    *, start_s: Sequence[float], idle_rate: float, idle: Sequence[Kind]
+) -> list[float]:
+    """Expected outage from a failure needing ``start_s`` until training resumes, for each start.
+
+    During the outage, failures that can strike an idle cluster arrive at ``idle_rate`` with
+    the mix ``idle`` (shares summing to 1); one at time t needing R moves the outage's end to
+    ``max(end, t + R)`` (a failure during a recovery extends it, never shortens it). The time
+    left D falls at rate 1 and jumps to ``max(D, R)`` at each arrival, so the expected time to
+    reach 0 from D = d solves ``T'(d) = 1 + mu * sum_{R_j > d} q_j (T(R_j) - T(d))``, T(0) = 0:
+    linear with constant coefficients between the R_j, so T is affine in the unknowns T(R_j)
+    on each piece, and one small linear system gives them (exact; the busy period of an
+    M/G/infinity queue when the start has the idle mix, ``(e^(mu R) - 1) / mu`` for one R).
+    """
+    mu = idle_rate
+    # Kinds too rare to matter are left out (they would only add round-off).
+    idle = [k for k in idle if k.share > 1e-12]
+    if mu <= 0 or not idle:
+        return [float(r) for r in start_s]
+    points = sorted({float(k.recovery_s) for k in idle})
+    n = len(points)
+    q = np.zeros(n)
+    for k in idle:
+        q[points.index(float(k.recovery_s))] += k.share
+    q /= q.sum()
+
+    def advance(a: float, b: np.ndarray, lo: float, hi: float, i: int) -> tuple[float, np.ndarray]:
+        # On (lo, hi) the recoveries above d are points[i:]: T' = 1 + mu*(c.T) - mu*A*T.
+        mass = float(q[i:].sum()) if i < n else 0.0
+        if mass <= 0:
+            return a + (hi - lo), b
+        c = np.zeros(n)
+        c[i:] = q[i:] / mass
+        # T(hi) = K + (T(lo) - K) e^(-x), K = (1 + mu c.T) / (mu mass); written with expm1 so
+        # that a tiny mass (x -> 0) gives T(hi) = T(lo) + (hi - lo) without cancellation.
+        x = mu * mass * (hi - lo)
+        grow = -math.expm1(-x)
+        e = 1.0 - grow
+        return a * e + grow / (mu * mass), b * e + c * grow
+
+    rows_a = np.zeros(n)
+    rows_b = np.zeros((n, n))
+    a, b, lo = 0.0, np.zeros(n), 0.0
+    for i, hi in enumerate(points):
+        a, b = advance(a, b, lo, hi, i)
+        rows_a[i], rows_b[i] = a, b
+        lo = hi
+    t_at = np.linalg.solve(np.eye(n) - rows_b, rows_a)
+
+    def value(d: float) -> float:
+        a, b, lo = 0.0, np.zeros(n), 0.0
+        for i, hi in enumerate(points):
+            if d <= hi:
+                a, b = advance(a, b, lo, d, i)
+                return float(a + b @ t_at)
+            a, b = advance(a, b, lo, hi, i)
+            lo = hi
+        return float(t_at[-1] + (d - points[-1]))
+
+    return [value(float(d)) for d in start_s]
+
+
+def cycle_s(
+    *, interval_s: float | np.ndarray, stall_s: float, write_s: float, drag: float
+) -> float | np.ndarray:
+    """Wall seconds per checkpoint cycle: compute, slowed by ``drag`` while the previous write
+    runs, then the stall, then a wait if the previous write is still running."""
+    compute = interval_s + drag * np.minimum(write_s, interval_s)
+    return compute + stall_s + np.maximum(0.0, write_s - compute)
+
+
+def outage_s(*, mtbf_s: float, kinds: Sequence[Kind]) -> float:
+    """X: expected seconds from a failure while training until training resumes."""
+    shares = [k.share for k in kinds]
+    _check_mix(shares, [k.recovery_s for k in kinds])
+    idle = [k for k in kinds if k.strikes_idle and k.share > 0]
+    idle_share = sum(k.share for k in idle)
+    idle_mix = [
+        Kind(share=k.share / idle_share, recovery_s=k.recovery_s, strikes_idle=True) for k in idle
+    ]
+    busy = busy_period_s(
+        start_s=[k.recovery_s for k in kinds], idle_rate=idle_share / mtbf_s, idle=idle_mix
+    )
+    return sum(k.share * x for k, x in zip(kinds, busy, strict=True))
+
+
+def ettr_model(
+    *,
+    interval_s: float | np.ndarray,
+    stall_s: float,
+    write_s: float,
+    drag: float,
+    mtbf_s: float,
+    outage: float,
+) -> float | np.ndarray:
+    """ETTR with commit lag, write drag and the outage X from :func:`outage_s`.
+
+    A checkpoint is restorable only once its write commits, ``W = write_s`` after its stall, so
+    after a restart the k-th checkpoint commits at ``W + k c`` (c = :func:`cycle_s`). From the
+    end of an outage, the time Y until the first of those cycles begins with no further
+    failure satisfies ``M + Y = (M + X) e^(W/M)``, and each cycle of c needs c failure-free
+    seconds to bank tau: ``T = (e^(c/M) - 1)(M + Y)``, so
+
+        ETTR = tau e^(-W/M) / ((e^(c/M) - 1) (M + X))
+
+    With W = 0 and X = sum p_k R_k this is Daly's (2006) form for a mix.
+    """
+    tau = np.asarray(interval_s, dtype=float)
+    c = cycle_s(interval_s=tau, stall_s=stall_s, write_s=write_s, drag=drag)
+    m = mtbf_s
+    out = tau * math.exp(-write_s / m) / (np.expm1(c / m) * (m + outage))
+    return float(out) if out.ndim == 0 else out
+
+
+def best_interval_steps(
+    *,
+    step_s: float,
+    stall_s: float,
+    write_s: float,
+    drag: float,
+    mtbf_s: float,
+    outage: float,
+) -> int:
+    """The whole number of steps that maximises :func:`ettr_model` (searched, not a formula:
+    the commit lag and the wait for a long write move it away from Daly's optimum)."""
+    guess = daly_interval_s(stall_s=max(stall_s, 1e-3), mtbf_s=mtbf_s) + write_s
+    top = max(4, int(4 * max(guess, write_s, step_s) / step_s) + 4)
+    steps = np.unique(np.geomspace(1, top, 400).astype(int))
+    values = ettr_model(
+        interval_s=steps * step_s,
+        stall_s=stall_s,
+        write_s=write_s,
+        drag=drag,
+        mtbf_s=mtbf_s,
+        outage=outage,
+    )
+    best = int(steps[int(np.argmax(values))])
+    # Refine around the coarse optimum (the grid is geometric).
+    fine = np.arange(max(1, best // 2), best * 2 + 2)
+    values = ettr_model(
+        interval_s=fine * step_s,
+        stall_s=stall_s,
+        write_s=write_s,
+        drag=drag,
+        mtbf_s=mtbf_s,
+        outage=outage,
+    )
+    return int(fine[int(np.argmax(values))])
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimKind:
+    """One failure kind for the Monte Carlo: the pool decides whether a spare takes it."""
+
+    share: float
+    """Probability that a failure is of this kind."""
+    recovery_s: float
+    """R without a spare."""
+    spare_recovery_s: float
+    """R when a free spare takes the failed node's place (= recovery_s if no node is needed)."""
+    needs_node: bool
+    """Takes a spare when one is free."""
+    strikes_idle: bool
+    """Also strikes during a recovery."""
+
+
+def simulate(
     *,
     draws: Draws,
     mtbf_s: float,
+    kinds: Sequence[SimKind],
+    spares: int,
+    refill_s: float,
     interval_s: float,
     stall_s: float,
-    shares: Sequence[float],
-    recoveries_s: Sequence[float],
+    write_s: float,
+    drag: float,
     job_s: float,
 ) -> MonteCarlo:
-    """ETTR of simulated jobs of ``job_s`` seconds.
+    """ETTR of simulated jobs of ``job_s`` seconds, failure by failure (vectorised over jobs).
 
-    Between two failures (a segment) the job first recovers (``R`` of the kind of the failure
-    that opened the segment; none for the first segment); a segment shorter than that recovery
-    does no work (the next failure starts a new recovery), otherwise it runs whole
-    ``tau + delta`` cycles and loses the unfinished one. The end of the job keeps the work since
-    the last checkpoint (the job ends cleanly).
+    Failures arrive at 1/M. One that arrives while the job trains banks the checkpoints
+    committed since training resumed (the k-th at ``W + k c``) and opens an outage of its R;
+    one that arrives during an outage strikes only if its kind can strike an idle cluster, and
+    then moves the outage's end to ``max(end, t + R)``. A node failure takes a free spare (the
+    spare comes back ``refill_s`` later) or, when all are in refill, takes none and needs a new
+    node. The job ends cleanly: the work since the last checkpoint counts.
     """
-    _check_mix(shares, recoveries_s)
+    shares = [k.share for k in kinds]
+    _check_mix(shares, [k.recovery_s for k in kinds])
     arrivals = draws.arrivals * mtbf_s
     if (arrivals[:, -1] < job_s).any():
         raise ValueError("draws too short for this job length and MTBF")
-    bounds = np.cumsum(shares)[:-1]
-    kind = np.searchsorted(bounds, draws.kinds, side="right")
-    per_failure = np.asarray(recoveries_s, dtype=float)[kind]
-    ends = np.minimum(arrivals, job_s)
-    starts = np.zeros_like(ends)
-    starts[:, 1:] = ends[:, :-1]
-    length = ends - starts  # 0 for segments after the job's end
-    cost = np.zeros_like(length)
-    cost[:, 1:] = per_failure[:, :-1]  # segment i opens with failure i-1's recovery
-    usable = np.maximum(length - cost, 0.0)
-    cycle = interval_s + stall_s
-    cycles = np.floor(usable / cycle)
-    work = cycles * interval_s
-    by_failure = arrivals < job_s
-    tail = np.minimum(usable - cycles * cycle, interval_s)
-    work = np.where(by_failure, work, work + tail)
-    ettr = work.sum(axis=1) / job_s
+    kind = np.searchsorted(np.cumsum(shares)[:-1], draws.kinds, side="right")
+    r_none = np.asarray([k.recovery_s for k in kinds])[kind]
+    r_spare = np.asarray([k.spare_recovery_s for k in kinds])[kind]
+    needs = np.asarray([k.needs_node for k in kinds])[kind]
+    idle = np.asarray([k.strikes_idle for k in kinds])[kind]
+    trials = arrivals.shape[0]
+    rows = np.arange(trials)
+    c = float(cycle_s(interval_s=interval_s, stall_s=stall_s, write_s=write_s, drag=drag))
+    train_from = np.zeros(trials)
+    out_end = np.zeros(trials)
+    work = np.zeros(trials)
+    struck = np.zeros(trials)
+    pool = np.zeros((trials, max(spares, 1)))
+    for i in range(arrivals.shape[1]):
+        t = arrivals[:, i]
+        live = t < job_s
+        if not live.any():
+            break
+        recovering = t < out_end
+        strikes = live & (~recovering | idle[:, i])
+        training = strikes & ~recovering
+        banked = np.floor(np.maximum(t - train_from - write_s, 0.0) / c)
+        work += np.where(training, banked * interval_s, 0.0)
+        r = r_none[:, i]
+        if spares > 0:
+            j = pool.argmin(axis=1)
+            use = strikes & needs[:, i] & (pool[rows, j] <= t)
+            pool[rows[use], j[use]] = t[use] + refill_s
+            r = np.where(use, r_spare[:, i], r)
+        end = np.where(training, t + r, np.maximum(out_end, t + r))
+        out_end = np.where(strikes, end, out_end)
+        train_from = np.where(strikes, out_end, train_from)
+        struck += strikes
+    left = np.maximum(job_s - train_from, 0.0)
+    cycles = np.floor(left / c)
+    work += cycles * interval_s + np.minimum(left - cycles * c, interval_s)
+    ettr = work / job_s
     return MonteCarlo(
         mean=float(ettr.mean()),
         stderr=float(ettr.std(ddof=1) / math.sqrt(len(ettr))) if len(ettr) > 1 else 0.0,
         p5=float(np.percentile(ettr, 5)),
         p95=float(np.percentile(ettr, 95)),
-        failures_mean=float(by_failure.sum(axis=1).mean()),
+        failures_mean=float(struck.mean()),
     )

@@ -2,9 +2,11 @@
 
 The file system must hold the retained checkpoints plus the one being written, and its
 aggregate throughput (capacity x per-TiB tier) must write a whole checkpoint within the
-checkpoint interval, or the next save would wait for the previous one. Rule: the smallest file
-system that does both; among tiers giving that size, the lowest (no prices are modelled, so
-this buys the least provisioned storage, then the least provisioned throughput).
+checkpoint interval, or the next save would wait for the previous one. ``size_fsx``: the
+smallest file system that does both; among tiers giving that size, the lowest.
+``fsx_options``: the valid file systems the plan weighs against each other by price (the write
+time also delays each checkpoint's commit, so a faster file system can pay for itself; the
+plan chooses file system and interval together, ``planner.plan``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ class FsxPlan:
     by_tier: dict[int, int]
     """Smallest valid capacity meeting both needs, per tier."""
     chosen_by: str
-    """``sized`` (by this planner) or ``given`` (--fsx-capacity-gib / --fsx-tier)."""
+    """``sized`` (smallest that writes within a time), ``priced`` (one of the options the plan
+    weighs by price) or ``given`` (--fsx-capacity-gib / --fsx-tier)."""
 
     @property
     def throughput_mbps(self) -> float:
@@ -73,6 +76,37 @@ def size_fsx(*, ckpt_bytes: float, keep: int, write_within_s: float) -> FsxPlan:
         by_tier=by_tier,
         chosen_by="sized",
     )
+
+
+def fsx_options(*, ckpt_bytes: float, keep: int, fastest_write_s: float = 0.5) -> list[FsxPlan]:
+    """Valid file systems worth weighing: per tier, capacities from the storage floor up a
+    geometric ladder until a checkpoint would write in under ``fastest_write_s``."""
+    storage_gib = (keep + 1) * ckpt_bytes / GIB
+    floor = fsx_facts.smallest_capacity_gib(at_least_gib=storage_gib)
+    out: list[FsxPlan] = []
+    for tier in fsx_facts.THROUGHPUT_TIERS_MBPS_PER_TIB:
+        caps: list[int] = []
+        factor = 1.0
+        while True:
+            cap = fsx_facts.smallest_capacity_gib(at_least_gib=floor * factor)
+            if cap not in caps:
+                caps.append(cap)
+            mbps = fsx_facts.throughput_mbps(capacity_gib=cap, tier_mbps_per_tib=tier)
+            if ckpt_bytes / (mbps * fsx_facts.MB) < fastest_write_s or len(caps) > 40:
+                break
+            factor *= 1.3
+        out += [
+            FsxPlan(
+                capacity_gib=cap,
+                tier_mbps_per_tib=tier,
+                storage_need_gib=storage_gib,
+                write_need_mbps=0.0,
+                by_tier={tier: cap},
+                chosen_by="priced",
+            )
+            for cap in caps
+        ]
+    return out
 
 
 def given_fsx(

@@ -1,14 +1,26 @@
-"""The plan: per size x failure rate x mode, the interval, recoveries and ETTR; FSx per size."""
+"""The plan: per size x failure rate, each mode's best FSx and interval (chosen together), the
+spare count, the ETTR with its range and Monte Carlo spread, and the recommendation.
+
+For every mode and every candidate FSx (``planner.fsx.fsx_options``) the interval is the whole
+number of steps that maximises the ETTR (``planner.ettr``: commit lag and write drag included);
+the FSx is the one whose hourly price plus the GPU-hours its ETTR loses costs least
+(``facts.prices``). The best shipped mode is the one with the highest ETTR.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from facts.checkpoint import checkpoint_bytes
-from planner import costs, ettr, failures
+from facts.prices import fsx_usd_per_hour
+from planner import costs, ettr, failures, spares
 from planner.costs import CostModel, Job, Term
-from planner.fsx import FsxPlan, given_fsx, size_fsx
+from planner.fsx import FsxPlan, fsx_options, given_fsx
+
+ALL_MODES: tuple[str, ...] = (*costs.MODES, "reserve")
+"""Modes with a closed form and a Monte Carlo (``replica`` is first-order, see costs)."""
+SPARE_SWEEP: tuple[int, ...] = (0, 1, 2, 4, 8, 16, 32, 64)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,8 +41,8 @@ class Inputs:
     """Failures per 1,000 node-days, by name."""
     hardware_share: float | None
     """Override of the Llama 3 hardware share (None: the paper's table)."""
-    hot_spares: int
-    """Spare nodes waiting to replace a failed one."""
+    hot_spares: int | None
+    """Spare nodes (None: the product's count from manifests.sizes, else the recommendation)."""
     lemon_share: float
     """Share of hardware failures from lemon nodes."""
     exclude_lemons: bool
@@ -38,9 +50,9 @@ class Inputs:
     keep: int
     """Committed checkpoints retained (training keep_last); FSx holds keep + 1."""
     fsx_capacity_gib: int | None
-    """An existing file system's capacity (None: size one)."""
+    """An existing file system's capacity (None: choose one)."""
     fsx_tier: int | None
-    """An existing file system's MB/s/TiB (None: size one)."""
+    """An existing file system's MB/s/TiB (None: choose one)."""
     model: CostModel
     """The cost model in force."""
     days: float
@@ -49,18 +61,24 @@ class Inputs:
     """Simulated jobs per configuration."""
     seed: int
     """Monte Carlo seed."""
+    interval_steps: int | None = None
+    """Evaluate this trainer interval (``--checkpoint.interval``) instead of optimising it."""
+    per_job_software: bool = False
+    """Software faults per job (Llama 3's count at any size) instead of per node."""
 
     @property
     def ckpt_bytes(self) -> float:
         """Bytes of one full checkpoint."""
         return checkpoint_bytes(params=self.params, bytes_per_param=self.bytes_per_param)
 
-    def failure_model(self, rate: float) -> failures.FailureModel:
+    def failure_model(self, rate: float, hot_spares: int = 0) -> failures.FailureModel:
         """The failure model at one rate."""
         return failures.FailureModel(
             rate_per_1000_node_days=rate,
-            kinds=failures.llama3_mix(hardware_share=self.hardware_share),
-            hot_spares=self.hot_spares,
+            kinds=failures.llama3_mix(
+                hardware_share=self.hardware_share, per_job_software=self.per_job_software
+            ),
+            hot_spares=hot_spares,
             lemon_share=self.lemon_share,
             exclude_lemons=self.exclude_lemons,
         )
@@ -75,32 +93,84 @@ class Recovery:
     terms: tuple[Term, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModeResult:
-    """ETTR of one mode at one size and rate."""
+    """One mode at one size and rate, at its own best FSx and interval."""
 
     mode: str
+    fsx: FsxPlan
+    write_s: float
+    """Seconds to write one checkpoint to this FSx (the commit lag)."""
+    interval_steps: int
+    interval_s: float
     recoveries: tuple[Recovery, ...]
-    mean_recovery_s: float
-    ettr_first_order: float
-    ettr_formula: float
-    mc: ettr.MonteCarlo
+    outage_s: float
+    """X: expected seconds from a failure to training again (failures during it included)."""
+    ettr: float
+    """Closed form (planner.ettr.ettr_model), published start-up costs."""
+    ettr_low_startup: float
+    """The same with NCCL start-up and rendezvous at the low ends of their ranges."""
+    cost_usd_per_h: float
+    """GPU-hours the ETTR loses plus the FSx, per hour."""
+    fsx_usd_per_h: float
+    """The chosen FSx's price per hour."""
+    fsx_near: FsxPlan
+    """The cheapest FSx whose ETTR (at its own best interval) is within 0.1 pt of the choice."""
+    fsx_near_usd_per_h: float
+    mc: ettr.MonteCarlo | None
+    """Monte Carlo at the same settings (None for modes without one)."""
+
+    @property
+    def mean_recovery_s(self) -> float:
+        """Mean R over the outcomes (no failure during the recovery)."""
+        return sum(r.outcome.share * r.seconds for r in self.recoveries)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
+class Spares:
+    """The spare decision at one size and rate."""
+
+    in_force: spares.SparesInForce
+    recommended: int
+    """Fewest spares that keep the chance of finding none below 1%."""
+    load: float
+    """Node failures per refill time (the pool's Erlang load)."""
+    no_spare_chance: float
+    """Chance that a node failure finds no spare, at the count in force."""
+    idle_gpu_share: float
+    """Spare GPUs / job GPUs."""
+    idle_usd_per_h: float
+    """What the idle spares cost per hour."""
+    sweep: tuple[tuple[int, float, float], ...]
+    """(spares, chance of none, best mode's ETTR) over SPARE_SWEEP + the recommendation."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class RateResult:
     """One failure rate at one size."""
 
     rate_name: str
     rate: float
     mtbf_s: float
-    interval_young_s: float
-    interval_daly_s: float
-    interval_s: float
-    interval_steps: int
-    fsx_limited: bool
-    """The interval was lengthened because FSx cannot write a checkpoint within Daly's."""
+    spares: Spares
     modes: dict[str, ModeResult]
+    replica_ettr: float
+    """NOT SHIPPED replica-group recovery, first-order, at nested's FSx and interval."""
+    best: str
+    """Best shipped mode."""
+    runner_up: str
+    margins: tuple[float, ...]
+    """Best minus runner-up ETTR: published costs, low start-up costs, estimates x0.5, x2."""
+    losses: tuple[tuple[str, float], ...]
+    """First-order ETTR loss by term for the best mode, largest first."""
+    planned_loss: float
+    """ETTR lost to planned interruptions (Llama 3's 47 in 54 days, whole-job restart, no
+    rollback), not in ``modes``."""
+
+    @property
+    def within_error(self) -> bool:
+        """The best mode's lead over the runner-up is not robust to the uncertain terms."""
+        return min(self.margins) <= 0.0 or self.margins[0] < 0.001
 
 
 @dataclass(frozen=True)
@@ -109,116 +179,365 @@ class SizePlan:
 
     job: Job
     stall_s: float
-    fsx: FsxPlan
     terms: dict[str, Term]
+    """Terms at the best mode's FSx for the first rate."""
     rates: list[RateResult]
 
 
-def _steps(seconds: float, step_s: float) -> int:
-    return max(1, round(seconds / step_s))
+def _job(inputs: Inputs, gpus: int, fsx_bytes_per_s: float) -> Job:
+    return Job(
+        gpus=gpus,
+        gpus_per_node=inputs.gpus_per_node,
+        ckpt_bytes=inputs.ckpt_bytes,
+        step_time_s=inputs.step_time_s,
+        fsx_bytes_per_s=fsx_bytes_per_s,
+    )
 
 
-def plan(*, inputs: Inputs) -> list[SizePlan]:
-    """The whole plan (deterministic for a seed)."""
-    job_s = inputs.days * failures.SECONDS_PER_DAY
-    pre: dict[int, tuple[Job, float, dict[str, float]]] = {}
-    for g in inputs.gpus:
-        # FSx throughput does not enter the stall or node terms: a placeholder is enough here.
-        draft = Job(
-            gpus=g,
-            gpus_per_node=inputs.gpus_per_node,
-            ckpt_bytes=inputs.ckpt_bytes,
-            step_time_s=inputs.step_time_s,
-            fsx_bytes_per_s=1.0,
+def _fsx_price(model: CostModel, fsx: FsxPlan) -> float:
+    table = {
+        tier: model.params[f"fsx_usd_per_gb_month_{tier}"]
+        for tier in (125, 250, 500, 1000)
+        if f"fsx_usd_per_gb_month_{tier}" in model.params
+    }
+    if fsx.tier_mbps_per_tib not in table:
+        return 0.0
+    return fsx_usd_per_hour(
+        capacity_gib=fsx.capacity_gib,
+        tier_mbps_per_tib=fsx.tier_mbps_per_tib,
+        usd_per_gb_month=table,
+    )
+
+
+def _recoveries(
+    model: CostModel, job: Job, mode: str, outs: tuple[failures.Outcome, ...]
+) -> tuple[Recovery, ...]:
+    out = []
+    t = costs.terms(model=model, job=job) if model.name == "cluster" else None
+    for o in outs:
+        tr = costs.recovery(model=model, job=job, mode=mode, outcome=o, precomputed=t)
+        out.append(Recovery(o, sum(x.seconds for x in tr), tuple(tr)))
+    return tuple(out)
+
+
+def _kinds(recs: tuple[Recovery, ...]) -> list[ettr.Kind]:
+    return [
+        ettr.Kind(share=r.outcome.share, recovery_s=r.seconds, strikes_idle=r.outcome.strikes_idle)
+        for r in recs
+    ]
+
+
+def _sim_kinds(
+    model: CostModel, job: Job, mode: str, fm: failures.FailureModel
+) -> list[ettr.SimKind]:
+    """The failure kinds for the Monte Carlo, with both recoveries (the pool picks one)."""
+    rates = failures.kind_rates_per_s(model=fm, nodes=job.nodes)
+    total = sum(rates.values())
+    out = []
+    for k in fm.kinds:
+        base = failures.Outcome(
+            kind=k.name,
+            share=rates[k.name] / total,
+            needs_node=k.needs_node,
+            hangs=k.hangs,
+            host=k.host,
+            manual=k.manual,
+            strikes_idle=k.strikes_idle,
+            base=k.name,
         )
-        stall = costs.checkpoint_stall_s(model=inputs.model, job=draft)
-        mtbf = {
-            name: 1.0
-            / failures.job_failure_rate_per_s(model=inputs.failure_model(r), nodes=draft.nodes)
-            for name, r in inputs.failure_rates.items()
+        r = costs.recovery_s(model=model, job=job, mode=mode, outcome=base)
+        r_spare = (
+            costs.recovery_s(model=model, job=job, mode=mode, outcome=replace(base, spare=True))
+            if k.needs_node
+            else r
+        )
+        out.append(
+            ettr.SimKind(
+                share=base.share,
+                recovery_s=r,
+                spare_recovery_s=r_spare,
+                needs_node=k.needs_node,
+                strikes_idle=k.strikes_idle,
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class _Eval:
+    fsx: FsxPlan
+    write_s: float
+    steps: int
+    recs: tuple[Recovery, ...]
+    outage: float
+    ettr: float
+    cost: float
+
+
+def _evaluate(
+    inputs: Inputs,
+    *,
+    gpus: int,
+    mode: str,
+    fsx: FsxPlan,
+    outs: tuple[failures.Outcome, ...],
+    stall: float,
+    mtbf: float,
+    model: CostModel,
+    steps: int | None = None,
+) -> _Eval:
+    job = _job(inputs, gpus, fsx.bytes_per_s)
+    write = inputs.ckpt_bytes / fsx.bytes_per_s
+    drag = model.params.get("write_drag", 0.0)
+    recs = _recoveries(model, job, mode, outs)
+    outage = ettr.outage_s(mtbf_s=mtbf, kinds=_kinds(recs))
+    kw = {"stall_s": stall, "write_s": write, "drag": drag, "mtbf_s": mtbf, "outage": outage}
+    if steps is None:
+        steps = inputs.interval_steps or ettr.best_interval_steps(step_s=inputs.step_time_s, **kw)
+    value = float(ettr.ettr_model(interval_s=steps * inputs.step_time_s, **kw))
+    gpu_usd = model.params.get("gpu_hour_usd", 0.0)
+    cost = gpus * gpu_usd * (1.0 - value) + _fsx_price(model, fsx)
+    return _Eval(fsx, write, steps, recs, outage, value, cost)
+
+
+def _replica_ettr(
+    inputs: Inputs,
+    *,
+    gpus: int,
+    at: _Eval,
+    outs: tuple[failures.Outcome, ...],
+    stall: float,
+    mtbf: float,
+) -> float:
+    """First-order ETTR of replica-group recovery (NOT SHIPPED) at a given FSx and interval."""
+    model = inputs.model
+    if model.name != "cluster":
+        return math.nan
+    job = _job(inputs, gpus, at.fsx.bytes_per_s)
+    loss = sum(o.share * costs.replica_loss_s(model=model, job=job, outcome=o) for o in outs)
+    tau = at.steps * inputs.step_time_s
+    c = ettr.cycle_s(
+        interval_s=tau, stall_s=stall, write_s=at.write_s, drag=model.params["write_drag"]
+    )
+    return max(0.0, tau / c * (1.0 - loss / mtbf))
+
+
+def _losses(
+    inputs: Inputs, *, best: ModeResult, stall: float, mtbf: float
+) -> list[tuple[str, float]]:
+    """First-order split of 1 - ETTR: checkpointing, rollback, commit lag, each recovery term."""
+    tau = best.interval_s
+    drag = inputs.model.params.get("write_drag", 0.0)
+    c = ettr.cycle_s(interval_s=tau, stall_s=stall, write_s=best.write_s, drag=drag)
+    out: dict[str, float] = {
+        "checkpoint stall": (c - tau - drag * min(best.write_s, tau)) / c,
+        "write drag": drag * min(best.write_s, tau) / c,
+        "rollback (half an interval)": c / 2 / mtbf,
+        "commit lag (FSx write)": best.write_s / mtbf,
+    }
+    mean_r = best.mean_recovery_s
+    extra = max(0.0, best.outage_s - mean_r)
+    if extra > 0:
+        out["failures during recoveries"] = extra / mtbf
+    for rec in best.recoveries:
+        for t in rec.terms:
+            out[t.name] = out.get(t.name, 0.0) + rec.outcome.share * t.seconds / mtbf
+    return sorted(((k, v) for k, v in out.items() if v > 0), key=lambda kv: -kv[1])
+
+
+def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
+    """The whole plan (deterministic for a seed)."""
+    model = inputs.model
+    low = costs.low_startup(model)
+    job_s = inputs.days * failures.SECONDS_PER_DAY
+    refill = model.params.get("spare_refill_s", costs.DEFAULTS["spare_refill_s"].value)
+    mtbfs = {
+        g: {
+            n: 1.0
+            / failures.job_failure_rate_per_s(
+                model=inputs.failure_model(r), nodes=_job(inputs, g, 1.0).nodes
+            )
+            for n, r in inputs.failure_rates.items()
         }
-        pre[g] = (draft, stall, mtbf)
-    min_mtbf = min(m for _, _, mt in pre.values() for m in mt.values())
+        for g in inputs.gpus
+    }
+    min_mtbf = min(m for mt in mtbfs.values() for m in mt.values())
     shared = ettr.draws(trials=inputs.trials, max_failures_mean=job_s / min_mtbf, seed=inputs.seed)
 
-    out: list[SizePlan] = []
-    for g in inputs.gpus:
-        draft, stall, mtbf = pre[g]
-        daly = {
-            n: _steps(ettr.daly_interval_s(stall_s=stall, mtbf_s=m), inputs.step_time_s)
-            * inputs.step_time_s
-            for n, m in mtbf.items()
-        }
-        if inputs.fsx_capacity_gib is not None and inputs.fsx_tier is not None:
-            fsx = given_fsx(
+    if inputs.fsx_capacity_gib is not None and inputs.fsx_tier is not None:
+        options = [
+            given_fsx(
                 capacity_gib=inputs.fsx_capacity_gib,
                 tier_mbps_per_tib=inputs.fsx_tier,
                 ckpt_bytes=inputs.ckpt_bytes,
                 keep=inputs.keep,
             )
-        else:
-            # The shortest interval (highest rate) is the one the background write must meet.
-            fsx = size_fsx(
-                ckpt_bytes=inputs.ckpt_bytes, keep=inputs.keep, write_within_s=min(daly.values())
-            )
-        job = Job(
-            gpus=g,
-            gpus_per_node=inputs.gpus_per_node,
-            ckpt_bytes=inputs.ckpt_bytes,
-            step_time_s=inputs.step_time_s,
-            fsx_bytes_per_s=fsx.bytes_per_s,
-        )
-        t = costs.terms(model=inputs.model, job=job)
-        write_s = t["ckpt_write_s"].seconds
+        ]
+    else:
+        options = fsx_options(ckpt_bytes=inputs.ckpt_bytes, keep=inputs.keep)
+
+    out: list[SizePlan] = []
+    for g in inputs.gpus:
+        draft = _job(inputs, g, 1.0)
+        stall = costs.checkpoint_stall_s(model=model, job=draft)
         rates: list[RateResult] = []
+        first_terms: dict[str, Term] = {}
         for name, rate in inputs.failure_rates.items():
-            m = mtbf[name]
-            steps = _steps(daly[name], inputs.step_time_s)
-            limited = write_s > steps * inputs.step_time_s
-            if limited:
-                steps = math.ceil(write_s / inputs.step_time_s)
-            tau = steps * inputs.step_time_s
-            outs = failures.outcomes(
-                model=inputs.failure_model(rate),
-                nodes=job.nodes,
-                node_replace_s=t["node_replace_s"].seconds,
+            mtbf = mtbfs[g][name]
+            fm0 = inputs.failure_model(rate)
+            load = failures.node_failure_rate_per_s(model=fm0, nodes=draft.nodes) * refill
+            recommended = spares.spares_needed(load=load)
+            in_force = spares.spares_in_force(
+                nodes=draft.nodes, given=inputs.hot_spares, recommended=recommended
             )
-            shares = [o.share for o in outs]
-            modes: dict[str, ModeResult] = {}
-            for mode in costs.MODES:
-                recs = tuple(
-                    Recovery(o, sum(x.seconds for x in tr), tuple(tr))
-                    for o in outs
-                    for tr in [costs.recovery(model=inputs.model, job=job, mode=mode, outcome=o)]
+            fm = inputs.failure_model(rate, hot_spares=in_force.count)
+            outs = failures.outcomes(model=fm, nodes=draft.nodes, refill_s=refill)
+            evals: dict[str, _Eval] = {}
+            near: dict[str, _Eval] = {}
+            for mode in ALL_MODES:
+                cands = [
+                    _evaluate(
+                        inputs,
+                        gpus=g,
+                        mode=mode,
+                        fsx=f,
+                        outs=outs,
+                        stall=stall,
+                        mtbf=mtbf,
+                        model=model,
+                    )
+                    for f in options
+                ]
+                evals[mode] = min(cands, key=lambda e: e.cost)
+                near[mode] = min(
+                    (e for e in cands if e.ettr >= evals[mode].ettr - 0.001),
+                    key=lambda e: _fsx_price(model, e.fsx),
                 )
-                rs = [r.seconds for r in recs]
-                kw = {
-                    "interval_s": tau,
-                    "stall_s": stall,
-                    "mtbf_s": m,
-                    "shares": shares,
-                    "recoveries_s": rs,
-                }
+            modes: dict[str, ModeResult] = {}
+            for mode, e in evals.items():
+                lo = _evaluate(
+                    inputs,
+                    gpus=g,
+                    mode=mode,
+                    fsx=e.fsx,
+                    outs=outs,
+                    stall=stall,
+                    mtbf=mtbf,
+                    model=low,
+                    steps=e.steps,
+                )
+                mc = None
+                if simulate:
+                    job = _job(inputs, g, e.fsx.bytes_per_s)
+                    mc = ettr.simulate(
+                        draws=shared,
+                        mtbf_s=mtbf,
+                        kinds=_sim_kinds(model, job, mode, fm),
+                        spares=in_force.count,
+                        refill_s=refill,
+                        interval_s=e.steps * inputs.step_time_s,
+                        stall_s=stall,
+                        write_s=e.write_s,
+                        drag=model.params.get("write_drag", 0.0),
+                        job_s=job_s,
+                    )
                 modes[mode] = ModeResult(
                     mode=mode,
-                    recoveries=recs,
-                    mean_recovery_s=sum(p * r for p, r in zip(shares, rs, strict=True)),
-                    ettr_first_order=ettr.ettr_first_order(**kw),
-                    ettr_formula=ettr.ettr_mixed(**kw),
-                    mc=ettr.simulate_ettr(draws=shared, job_s=job_s, **kw),
+                    fsx=e.fsx,
+                    write_s=e.write_s,
+                    interval_steps=e.steps,
+                    interval_s=e.steps * inputs.step_time_s,
+                    recoveries=e.recs,
+                    outage_s=e.outage,
+                    ettr=e.ettr,
+                    ettr_low_startup=lo.ettr,
+                    cost_usd_per_h=e.cost,
+                    fsx_usd_per_h=_fsx_price(model, e.fsx),
+                    fsx_near=near[mode].fsx,
+                    fsx_near_usd_per_h=_fsx_price(model, near[mode].fsx),
+                    mc=mc,
                 )
+            ranked = sorted(costs.MODES, key=lambda m: -modes[m].ettr)
+            best, second = ranked[0], ranked[1]
+            margins = [
+                modes[best].ettr - modes[second].ettr,
+                modes[best].ettr_low_startup - modes[second].ettr_low_startup,
+            ]
+            for factor in (0.5, 2.0):
+                scaled = costs.scaled_estimates(model, factor)
+                at = {
+                    m: _evaluate(
+                        inputs,
+                        gpus=g,
+                        mode=m,
+                        fsx=modes[m].fsx,
+                        outs=outs,
+                        stall=costs.checkpoint_stall_s(model=scaled, job=draft),
+                        mtbf=mtbf,
+                        model=scaled,
+                        steps=modes[m].interval_steps,
+                    ).ettr
+                    for m in (best, second)
+                }
+                margins.append(at[best] - at[second])
+            sweep = []
+            for k in sorted({*SPARE_SWEEP, recommended, in_force.count}):
+                fk = inputs.failure_model(rate, hot_spares=k)
+                ok = failures.outcomes(model=fk, nodes=draft.nodes, refill_s=refill)
+                e = _evaluate(
+                    inputs,
+                    gpus=g,
+                    mode=best,
+                    fsx=modes[best].fsx,
+                    outs=ok,
+                    stall=stall,
+                    mtbf=mtbf,
+                    model=model,
+                    steps=modes[best].interval_steps,
+                )
+                sweep.append((k, spares.erlang_b(spares=k, load=load), e.ettr))
+            gpu_usd = model.params.get("gpu_hour_usd", 0.0)
+            spare_gpus = in_force.count * inputs.gpus_per_node
+            sp = Spares(
+                in_force=in_force,
+                recommended=recommended,
+                load=load,
+                no_spare_chance=spares.erlang_b(spares=in_force.count, load=load),
+                idle_gpu_share=spare_gpus / g,
+                idle_usd_per_h=spare_gpus * gpu_usd,
+                sweep=tuple(sweep),
+            )
+            best_job = _job(inputs, g, modes[best].fsx.bytes_per_s)
+            planned_r = sum(
+                t.seconds
+                for t in costs.recovery(
+                    model=model,
+                    job=best_job,
+                    mode="none",
+                    outcome=failures.Outcome(
+                        kind="planned", share=1.0, needs_node=False, hangs=False
+                    ),
+                )[1:]
+            )
+            planned_rate = failures.PLANNED_PER_DAY / failures.SECONDS_PER_DAY
             rates.append(
                 RateResult(
                     rate_name=name,
                     rate=rate,
-                    mtbf_s=m,
-                    interval_young_s=ettr.young_interval_s(stall_s=stall, mtbf_s=m),
-                    interval_daly_s=daly[name],
-                    interval_s=tau,
-                    interval_steps=steps,
-                    fsx_limited=limited,
+                    mtbf_s=mtbf,
+                    spares=sp,
                     modes=modes,
+                    replica_ettr=_replica_ettr(
+                        inputs, gpus=g, at=evals["nested"], outs=outs, stall=stall, mtbf=mtbf
+                    ),
+                    best=best,
+                    runner_up=second,
+                    margins=tuple(margins),
+                    losses=tuple(_losses(inputs, best=modes[best], stall=stall, mtbf=mtbf)),
+                    planned_loss=planned_rate * planned_r / (1.0 + planned_rate * planned_r),
                 )
             )
-        out.append(SizePlan(job=job, stall_s=stall, fsx=fsx, terms=t, rates=rates))
+            if not first_terms:
+                first_terms = costs.terms(model=model, job=best_job)
+        out.append(SizePlan(draft, stall, first_terms, rates))
     return out

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner.costs import MODE_LABELS, MODES
-from planner.plan import Inputs, SizePlan
+from planner.costs import MODE_LABELS
+from planner.plan import ALL_MODES, Inputs, SizePlan
 
 # Recovery terms grouped for the breakdown (term name prefix -> group).
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -14,6 +14,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("processes + rendezvous", ("worker_", "rendezvous", "inprocess_")),
     ("NCCL init", ("nccl_init",)),
     ("checkpoint load", ("ckpt_load",)),
+    ("manual intervention", ("manual_",)),
     ("measured (CPU)", ("measured",)),
 )
 
@@ -23,8 +24,8 @@ def _group(term: str) -> str:
 
 
 def plot_plan(*, inputs: Inputs, plans: list[SizePlan], out: Path) -> Path:
-    """Left: ETTR (closed form lines, Monte Carlo p5-p95 bars) per mode at the first rate, other
-    rates faint. Right: mean recovery per failure at the largest size, split by term group."""
+    """Left: ETTR per mode at the first rate (closed form, its start-up range, Monte Carlo p5),
+    other rates faint. Right: mean recovery per failure at the largest size, by term group."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -35,37 +36,39 @@ def plot_plan(*, inputs: Inputs, plans: list[SizePlan], out: Path) -> Path:
     xs = [p.job.gpus for p in plans]
     first = next(iter(inputs.failure_rates))
     for rate in inputs.failure_rates:
-        for mi, mode in enumerate(MODES):
+        for mi, mode in enumerate(ALL_MODES):
             rows = [next(r for r in p.rates if r.rate_name == rate).modes[mode] for p in plans]
-            ys = [m.ettr_formula for m in rows]
+            ys = [m.ettr for m in rows]
+            style = "--" if mode == "reserve" else "-"
             if rate != first:
                 ax.plot(xs, ys, ":", color=colors(mi), lw=0.8, alpha=0.6)
                 continue
-            ax.plot(xs, ys, "-", color=colors(mi), lw=1.5, label=MODE_LABELS[mode])
-            mc = [m.mc.mean for m in rows]
-            err = [[m.mc.mean - m.mc.p5 for m in rows], [m.mc.p95 - m.mc.mean for m in rows]]
-            ax.errorbar(xs, mc, yerr=err, fmt="o", ms=3, color=colors(mi), capsize=2, lw=0.7)
+            ax.plot(xs, ys, style, color=colors(mi), lw=1.5, label=MODE_LABELS[mode])
+            lows = [m.ettr_low_startup for m in rows]
+            ax.fill_between(xs, ys, lows, color=colors(mi), alpha=0.12, lw=0)
+            if all(m.mc for m in rows):
+                ax.plot(xs, [m.mc.p5 for m in rows], "v", ms=4, color=colors(mi))
     others = ", ".join(r for r in inputs.failure_rates if r != first)
     ax.set_xscale("log")
     ax.set_xlabel("GPUs")
     ax.set_ylabel("ETTR (productive / wall)")
     ax.set_title(
-        f"ETTR, {inputs.params / 1e9:.0f}B params, cost model '{inputs.model.name}', "
-        f"hot spares {inputs.hot_spares}\n{first} rate: closed form (lines), Monte Carlo mean "
-        f"p5-p95 ({inputs.trials} x {inputs.days:g}-day jobs)"
-        + (f"; dotted: {others}" if others else ""),
-        fontsize=9,
+        f"ETTR, {inputs.params / 1e9:.0f}B params, cost model '{inputs.model.name}', spares as "
+        f"recommended, {first} rate\nlines: closed form, shaded to low NCCL/rendezvous start-up; "
+        f"triangles: Monte Carlo p5 ({inputs.trials} x {inputs.days:g}-day jobs)"
+        + (f"\ndotted: {others}" if others else ""),
+        fontsize=8,
     )
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=7, loc="lower left")
 
     big = plans[-1]
     rate = next(r for r in big.rates if r.rate_name == first)
     names = [g for g, _ in GROUPS]
-    left = [0.0] * len(MODES)
+    left = [0.0] * len(ALL_MODES)
     for gi, group in enumerate(names):
         widths = []
-        for mode in MODES:
+        for mode in ALL_MODES:
             mr = rate.modes[mode]
             widths.append(
                 sum(
@@ -76,7 +79,7 @@ def plot_plan(*, inputs: Inputs, plans: list[SizePlan], out: Path) -> Path:
                 )
             )
         if any(widths):
-            bx.barh(MODES, widths, left=left, color=colors(gi + 4), label=group)
+            bx.barh(ALL_MODES, widths, left=left, color=colors(gi + 4), label=group)
             left = [a + b for a, b in zip(left, widths, strict=True)]
     bx.invert_yaxis()
     bx.set_xlabel("mean recovery per failure (minutes), weighted by the failure mix")

@@ -1,11 +1,11 @@
-"""Plain-text tables of a plan: inputs, cost terms with sources, recoveries, ETTR, FSx."""
+"""Plain text: the answer first (mode, interval in steps, spares, FSx flags), then the tables."""
 
 from __future__ import annotations
 
 from planner import costs
 from planner.costs import DEFAULTS, MODE_LABELS, MODES
-from planner.failures import RATE_SOURCES
-from planner.plan import Inputs, SizePlan
+from planner.failures import PLANNED_PER_DAY, RATE_SOURCES
+from planner.plan import ALL_MODES, Inputs, RateResult, SizePlan
 from planner.sources import SOURCES
 from training.tables import text_table
 
@@ -27,11 +27,15 @@ TERM_ROWS: tuple[tuple[str, str], ...] = (
     ("checkpoint load from FSx", "ckpt_load_s"),
     ("pod teardown (whole job)", "pod_teardown_s"),
     ("pod replacement (all pods)", "pod_replace_all_s"),
-    ("node replacement (+image)", "node_replace_s"),
+    ("node replacement, GPU fault", "node_replace_s"),
+    ("node replacement, host fault", "node_replace_host_s"),
+    ("manual intervention", "manual_intervention_s"),
     ("hot spare takes over", "spare_swap_s"),
+    ("hot spare refill", "spare_refill_s"),
     ("checkpoint stall (D2H+fixed)", "ckpt_stall_s"),
     ("checkpoint write to FSx", "ckpt_write_s"),
 )
+LOSS_LABELS: dict[str, str] = {label_name: label for label, label_name in TERM_ROWS}
 
 
 def _params(n: float) -> str:
@@ -42,13 +46,14 @@ def _params(n: float) -> str:
 
 
 def _term_source(model: costs.CostModel, term: str) -> str:
-    """The source key of a term, with [est] when a parameter it uses is an estimate."""
+    """The source key of a term, with * when a parameter it uses is an estimate."""
     uses = {
         "inprocess_barrier_s": ["inprocess_barrier_s_at_16k"],
         "rendezvous_s": ["rendezvous_s_at_98k"],
         "nccl_init_s": ["nccl_init_s_at_96k"],
         "pod_replace_all_s": ["pod_start_s", "pod_schedule_rate"],
         "node_replace_s": ["node_repair_wait_s", "node_boot_s", "image_pull_s", "pod_start_s"],
+        "node_replace_host_s": ["host_repair_wait_s", "node_boot_s", "image_pull_s"],
         "spare_swap_s": ["pod_start_s"],
         "ckpt_stall_s": ["save_fixed_s", "d2h_gbps"],
         "ckpt_load_s": [],
@@ -65,16 +70,212 @@ def _term_source(model: costs.CostModel, term: str) -> str:
     return ", ".join(keys)
 
 
-def format_report(*, inputs: Inputs, plans: list[SizePlan], measured_lines: list[str]) -> str:
-    """All tables, then the sources cited."""
+def _pct(x: float) -> str:
+    return f"{x:.1%}"
+
+
+def _answer(inputs: Inputs, p: SizePlan, r: RateResult) -> list[str]:
+    """The recommendation block for one size and rate."""
+    best = r.modes[r.best]
+    second = r.modes[r.runner_up]
+    lo, hi = sorted((best.ettr, best.ettr_low_startup))
+    spread = hi - lo
+    margin = r.margins[0]
+    lead = (
+        f"{min(r.margins) * 100:+.1f} to {max(r.margins) * 100:+.1f} pt over the start-up range "
+        "and estimates x0.5-x2"
+    )
+    verdict = (
+        f" - within the model's error ({lead}; under 0.1 pt or the order flips)"
+        if r.within_error
+        else f" ({lead})"
+    )
+    mc = best.mc
+    mc_text = f"; Monte Carlo p5 {_pct(mc.p5)} (one week in twenty)" if mc else ""
+    rng = f" ({_pct(lo)}-{_pct(hi)} over NCCL/rendezvous start-up)" if spread >= 0.001 else ""
+    sp = r.spares
+    origin = {
+        "recommended": "recommended; manifests.sizes has no spares for this size yet",
+        "--hot-spares": "given with --hot-spares",
+    }.get(sp.in_force.origin, f"the product's count, {sp.in_force.origin}")
+    gpu_usd = inputs.model.params.get("gpu_hour_usd", 0.0)
+    point_usd = p.job.gpus * 0.01 * gpu_usd
+    refill_h = inputs.model.params["spare_refill_s"] / 3600
+    # First-order terms, scaled to share out the points actually lost (they overcount once
+    # outages approach the MTBF).
+    total = sum(v for _, v in r.losses) or 1.0
+    lost = 1.0 - best.ettr
+    top = ", ".join(
+        f"{LOSS_LABELS.get(k, k)} {v / total * lost * 100:.1f} pt" for k, v in r.losses[:3]
+    )
+    return [
+        f"{p.job.gpus:,} GPUs, {r.rate_name} rate ({r.rate:g} failures/1,000 node-days, "
+        f"MTBF {r.mtbf_s / 60:.0f} min)",
+        f"  mode      {r.best}: ETTR {_pct(best.ettr)}{rng}{mc_text}",
+        f"            {margin * 100:+.1f} pt over {r.runner_up} ({_pct(second.ettr)}){verdict}",
+        f"  interval  --checkpoint.interval={best.interval_steps}  ({best.interval_s:.0f} s at "
+        f"{inputs.step_time_s:g} s/step; checkpoint commits {best.write_s:.0f} s after its stall)"
+        + ("  [as given]" if inputs.interval_steps else ""),
+        f"  spares    {sp.in_force.count} hot spares ({origin}): P(no spare) "
+        f"{sp.no_spare_chance:.2%} at a {refill_h:g} h refill (1% needs {sp.recommended}); idle "
+        f"{sp.in_force.count * inputs.gpus_per_node} GPUs = {sp.idle_gpu_share:.2%} of the job, "
+        f"${sp.idle_usd_per_h:,.0f}/h",
+        f"  FSx       cdk deploy {best.fsx.cdk_context()}  (${best.fsx_usd_per_h:,.0f}/h; "
+        f"{best.fsx.throughput_mbps / 1000:.1f} GB/s; 1 ETTR pt = ${point_usd:,.0f}/h of GPUs)",
+        *(
+            [
+                f"            within 0.1 pt for less: {best.fsx_near.cdk_context()}  "
+                f"(${best.fsx_near_usd_per_h:,.0f}/h)"
+            ]
+            if best.fsx_near != best.fsx
+            else []
+        ),
+        f"  dominant  {top} (of {lost * 100:.1f} pt lost)",
+    ]
+
+
+def format_answer(*, inputs: Inputs, plans: list[SizePlan]) -> list[str]:
+    """One block per size and rate, then what the blocks leave out."""
+    out = ["ANSWER (per GPU count and failure rate; details: --full)"]
+    for p in plans:
+        for r in p.rates:
+            out += ["", *_answer(inputs, p, r)]
+    big = plans[-1].rates[0]
+    out += [
+        "",
+        f"  Not in the ETTR above: planned interruptions (Llama 3: {PLANNED_PER_DAY:.2f}/day, "
+        f"whole-job restart, no rollback) cost a further {big.planned_loss:.1%} at "
+        f"{plans[-1].job.gpus:,} GPUs.",
+    ]
+    return out
+
+
+def _summary(inputs: Inputs, plans: list[SizePlan]) -> list[str]:
+    out = [
+        "",
+        "ETTR per mode at its own best FSx and interval: formula | Monte Carlo p5 "
+        f"({inputs.trials} x {inputs.days:g}-day jobs)",
+        "  " + "; ".join(f"{m} = {MODE_LABELS[m]}" for m in (*ALL_MODES, "replica")),
+    ]
+    rows = []
+    for p in plans:
+        for r in p.rates:
+            cells = []
+            for m in ALL_MODES:
+                mr = r.modes[m]
+                cells.append(f"{_pct(mr.ettr)} | {_pct(mr.mc.p5)}" if mr.mc else _pct(mr.ettr))
+            rows.append(
+                [
+                    str(p.job.gpus),
+                    r.rate_name,
+                    f"{r.mtbf_s / 60:.0f}m",
+                    str(r.spares.in_force.count),
+                    *cells,
+                    _pct(r.replica_ettr),
+                ]
+            )
+    headers = ["GPUs", "rate", "MTBF", "spares", *ALL_MODES, "replica*"]
+    out += text_table(rows, headers=headers, align="><>>" + ">" * (len(ALL_MODES) + 1), indent="  ")
+    out.append("  reserve, replica: NOT SHIPPED (what would close the gap); * first-order estimate")
+    return out
+
+
+def _full(inputs: Inputs, plans: list[SizePlan]) -> list[str]:
+    model = inputs.model
+    sizes = [p.job.gpus for p in plans]
+    out: list[str] = []
+    if model.name == "cluster":
+        out += [
+            "",
+            "Cost terms, seconds at each GPU count (best mode's FSx, first rate; * = estimate)",
+        ]
+        rows = [
+            [label, *(f"{p.terms[name].seconds:.1f}" for p in plans), _term_source(model, name)]
+            for label, name in TERM_ROWS
+        ]
+        out += text_table(
+            rows,
+            headers=["term", *map(str, sizes), "source"],
+            align="<" + ">" * len(sizes),
+            indent="  ",
+        )
+        out.append(
+            f"  NCCL init low end {model.params['nccl_init_low_s_at_96k']:g} s and rendezvous "
+            f"{model.params['rendezvous_low_s_at_98k']:g} s at 98,304 ranks (estimates) give "
+            "the ETTR ranges."
+        )
+
+    first = next(iter(inputs.failure_rates))
+    out += ["", f"Recovery R per failure, seconds ({first} rate; share of failures in brackets)"]
+    for p in plans:
+        r = next(x for x in p.rates if x.rate_name == first)
+        kinds = [
+            f"{rec.outcome.kind} [{rec.outcome.share:.0%}]" for rec in r.modes["none"].recoveries
+        ]
+        rows = [
+            [
+                mode,
+                *(f"{rec.seconds:.0f}" for rec in r.modes[mode].recoveries),
+                f"{r.modes[mode].mean_recovery_s:.0f}",
+                f"{r.modes[mode].outage_s:.0f}",
+            ]
+            for mode in ALL_MODES
+        ]
+        out.append(f"  {p.job.gpus:,} GPUs (X = expected outage, failures during it included)")
+        out += text_table(
+            rows,
+            headers=["mode", *kinds, "mean R", "X"],
+            align="<" + ">" * (len(kinds) + 2),
+            indent="    ",
+        )
+
+    out += [
+        "",
+        "Hot spares: chance a node failure finds none | best mode's ETTR, by spare count",
+        "  (closed form; when the pool is often empty it is conservative by up to a few points,",
+        "  the Monte Carlo simulates the pool: docs/planner.md)",
+    ]
+    for p in plans:
+        for r in p.rates:
+            cells = ", ".join(f"{k}: {b:.1%} | {_pct(e)}" for k, b, e in r.spares.sweep)
+            out.append(f"  {p.job.gpus:>7,} {r.rate_name:<7} load {r.spares.load:.2f}  {cells}")
+
+    out += ["", "FSx chosen per mode (capacity GiB / tier MB/s/TiB, write s, interval steps)"]
+    rows = [
+        [
+            str(p.job.gpus),
+            r.rate_name,
+            *(
+                f"{r.modes[m].fsx.capacity_gib}/{r.modes[m].fsx.tier_mbps_per_tib} "
+                f"{r.modes[m].write_s:.0f}s {r.modes[m].interval_steps}"
+                for m in MODES
+            ),
+        ]
+        for p in plans
+        for r in p.rates
+    ]
+    out += text_table(
+        rows, headers=["GPUs", "rate", *MODES], align="><" + ">" * len(MODES), indent="  "
+    )
+
+    out += ["", "Sources ([override] = set with --set)"]
+    out += [f"  [{k}] {text}" for k, text in SOURCES.items()]
+    return out
+
+
+def format_report(
+    *,
+    inputs: Inputs,
+    plans: list[SizePlan],
+    measured_lines: list[str],
+    brief: bool = False,
+    full: bool = False,
+) -> str:
+    """The answer; then (unless brief) the ETTR table; then (with full) every table and source."""
     model = inputs.model
     gb = inputs.ckpt_bytes / 1e9
     fm = inputs.failure_model(next(iter(inputs.failure_rates.values())))
-    mix = ", ".join(
-        f"{k.name} {k.share:.1%} ({'node replaced' if k.needs_node else 'in place'}"
-        f"{', hangs' if k.hangs else ', exits'})"
-        for k in fm.kinds
-    )
+    mix = ", ".join(f"{k.name} {k.share:.1%}" for k in fm.kinds)
     rates = ", ".join(
         f"{n} {r:g} [{RATE_SOURCES.get(n, 'given')}]" for n, r in inputs.failure_rates.items()
     )
@@ -87,100 +288,18 @@ def format_report(*, inputs: Inputs, plans: list[SizePlan], measured_lines: list
         out += [f"    {line}" for line in measured_lines]
     out += [
         f"  model {_params(inputs.params)} params x {inputs.bytes_per_param:g} B = {gb:,.0f} GB "
-        f"checkpoint [checkpoint]; step {inputs.step_time_s:g} s; {inputs.gpus_per_node} "
-        f"GPUs/node; FSx keeps {inputs.keep} + 1 checkpoints",
-        f"  failures per 1,000 node-days: {rates}",
-        f"  mix [llama3]: {mix}",
-        f"  hot spares {inputs.hot_spares}; lemon share {inputs.lemon_share:g}"
-        f"{' (excluded)' if inputs.exclude_lemons else ''}; Monte Carlo {inputs.trials} x "
-        f"{inputs.days:g}-day jobs, seed {inputs.seed}",
+        f"checkpoint; step {inputs.step_time_s:g} s; {inputs.gpus_per_node} GPUs/node; "
+        f"FSx keeps {inputs.keep} + 1 checkpoints; write drag {model.params['write_drag']:g}"
+        + (" (not charged: no published figure)" if not model.params["write_drag"] else ""),
+        f"  failures per 1,000 node-days: {rates}; mix [llama3 Table 5 counts]: {mix}"
+        + ("; software per job" if inputs.per_job_software else ""),
+        "",
     ]
-
-    sizes = [p.job.gpus for p in plans]
-    if model.name == "cluster":
-        out += ["", "Cost terms, seconds at each GPU count (* = estimate, no published figure)"]
-        rows = [
-            [label, *(f"{p.terms[name].seconds:.1f}" for p in plans), _term_source(model, name)]
-            for label, name in TERM_ROWS
-        ]
-        headers = ["term", *(str(g) for g in sizes), "source"]
-        out += text_table(rows, headers=headers, align="<" + ">" * len(sizes), indent="  ")
+    out += format_answer(inputs=inputs, plans=plans)
+    if not brief:
+        out += _summary(inputs, plans)
+    if full:
+        out += _full(inputs, plans)
     else:
-        out += ["", "Checkpoint stall, seconds (measured-cpu) " + f"{plans[0].stall_s:.2f}"]
-
-    first = next(iter(inputs.failure_rates))
-    out += ["", f"Recovery R per failure, seconds ({first} rate; share of failures in brackets)"]
-    recoveries = [next(x for x in p.rates if x.rate_name == first) for p in plans]
-    # The failure mix is the inputs', so every GPU count has the same kinds and shares.
-    kinds = [
-        f"{rec.outcome.kind} [{rec.outcome.share:.0%}]"
-        for rec in recoveries[0].modes[MODES[0]].recoveries
-    ]
-    rows = [
-        [
-            str(p.job.gpus) if i == 0 else "",
-            mode,
-            *(f"{rec.seconds:.0f}" for rec in r.modes[mode].recoveries),
-            f"{r.modes[mode].mean_recovery_s:.0f}",
-        ]
-        for p, r in zip(plans, recoveries, strict=True)
-        for i, mode in enumerate(MODES)
-    ]
-    headers = ["GPUs", "mode", *kinds, "mean"]
-    out += text_table(rows, headers=headers, align="><" + ">" * (len(kinds) + 1), indent="  ")
-
-    out += [
-        "",
-        "ETTR: formula | Monte Carlo mean (interval = Daly's optimum in whole steps)",
-        "  " + "; ".join(f"{m} = {MODE_LABELS[m]}" for m in MODES),
-    ]
-    rows = [
-        [
-            str(p.job.gpus),
-            r.rate_name,
-            f"{r.mtbf_s / 60:.1f}m",
-            f"{p.stall_s:.2f}s",
-            f"{r.interval_s:.0f}s" + ("!" if r.fsx_limited else ""),
-            *(f"{r.modes[m].ettr_formula:.1%} | {r.modes[m].mc.mean:.1%}" for m in MODES),
-        ]
-        for p in plans
-        for r in p.rates
-    ]
-    headers = ["GPUs", "rate", "MTBF", "stall", "interval", *MODES]
-    out += text_table(rows, headers=headers, align="><>>>" + ">" * len(MODES), indent="  ")
-    if any(r.fsx_limited for p in plans for r in p.rates):
-        out.append("  ! interval lengthened: FSx cannot write a checkpoint within Daly's interval")
-
-    out += [
-        "",
-        "FSx for Lustre PERSISTENT_2 (valid sizes: 1200, 2400, n x 2400 GiB; "
-        "125/250/500/1000 MB/s/TiB) [fsx]",
-    ]
-    rows = [
-        [
-            str(p.job.gpus),
-            f"{p.fsx.storage_need_gib:,.0f}",
-            f"{p.fsx.write_need_mbps:,.0f}" if p.fsx.write_need_mbps else "(given)",
-            f"{p.fsx.capacity_gib:,}",
-            str(p.fsx.tier_mbps_per_tib),
-            f"{p.fsx.throughput_mbps / 1000:.1f}",
-            f"{p.terms['ckpt_write_s'].seconds:.0f}s",
-            f"{p.terms['ckpt_load_s'].seconds:.0f}s",
-            p.fsx.cdk_context(),
-        ]
-        for p in plans
-    ]
-    headers = ["GPUs", "needs GiB", "write MB/s", "capacity", "tier", "GB/s", "write", "load"]
-    out += text_table(
-        rows, headers=[*headers, "cdk deploy context"], align=">" * len(headers), indent="  "
-    )
-    if plans and plans[0].fsx.chosen_by == "sized":
-        tiers = list(plans[0].fsx.by_tier)
-        out.append("  smallest valid capacity (GiB) meeting both needs, per tier (MB/s/TiB):")
-        rows = [[str(p.job.gpus), *(f"{p.fsx.by_tier[t]:,}" for t in tiers)] for p in plans]
-        headers = ["GPUs", *(str(t) for t in tiers)]
-        out += text_table(rows, headers=headers, align=">" * len(headers), indent="  ")
-
-    out += ["", "Sources ([override] = set with --set)"]
-    out += [f"  [{k}] {text}" for k, text in SOURCES.items()]
+        out += ["", "(--full: cost terms with sources, recoveries, spare sweep, FSx per mode)"]
     return "\n".join(out)

@@ -67,6 +67,41 @@ SOURCES: dict[str, str] = {
     "pcie": (
         "PCI Express 5.0 x16 (the H100 SXM host link): 64 GB/s per direction nominal (PCI-SIG)"
     ),
+    "llama3-planned": (
+        "Dubey et al. 2024 (llama3), sec. 3.3.4: 466 interruptions in the 54 days, 47 planned "
+        "(firmware upgrades, configuration or dataset updates); significant manual intervention "
+        "only three times; '>90% effective training time'"
+    ),
+    "prices": (
+        "facts/prices.py: EC2 Capacity Blocks for ML pricing (aws.amazon.com/ec2/capacityblocks/"
+        "pricing/, table valid until 2025-01-01), p5.48xlarge us-east-1 $39.33/h = $4.916 per "
+        "GPU-hour; Amazon FSx for Lustre pricing (aws.amazon.com/fsx/lustre/pricing/), us-east-1 "
+        "Persistent-2 SSD $0.145/$0.210/$0.340/$0.600 per GB-month at 125/250/500/1000 MB/s/TiB"
+    ),
+    "erlang": (
+        "Erlang's loss formula B(K, a) for a pool of K spares refilled after a time of any "
+        "distribution (insensitivity: Sevastyanov 1957; Kleinrock, Queueing Systems vol. 1)"
+    ),
+    "kokolis-projection": (
+        "Kokolis et al. 2025 (rsc), sec. 4 'Quantifying ETTR': a hypothetical 16k-GPU job on "
+        "RSC-1 (6.5 failures/1,000 node-days), restart overhead u0 = 5 min, non-blocking "
+        "checkpoints: E[ETTR] 0.70 at 60-min and 0.93 at 5-min checkpoint intervals"
+    ),
+    "byterobust": (
+        'Wan et al., "Robust LLM Training Infrastructure at ByteDance" (ByteRobust), '
+        "arXiv:2509.16293 (2025): 97% ETTR for a three-month job on 9,600 GPUs, with warm "
+        "standby machines, in-place hot updates and near-zero-overhead checkpoints"
+    ),
+    "torchft": (
+        "torchft (github.com/pytorch/torchft): per-step fault tolerance for HSDP replica groups; "
+        "a failed group recovers from a healthy peer while the others continue, no global NCCL "
+        "re-initialisation (modelled here as NOT SHIPPED)"
+    ),
+    "nvrx-reserve": (
+        "NVRx 0.4.1 inprocess/rank_assignment.py: the Tree rank assignment replaces terminated "
+        "ranks with inactive ranks of the nearest layer flagged LayerFlag.RESERVE, inside the "
+        "running job (modelled here as NOT SHIPPED, the reserve ranks on the hot spares)"
+    ),
     "estimate": "no published figure found: an estimate, override with --set NAME=VALUE",
     "bench": (
         "make bench on this project's 2-core CPU machine (bench/results/*.json): gloo, tiny "

@@ -42,6 +42,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "facts",
         "facts.checkpoint",
         "facts.fsx",
+        "facts.prices",
         "facts.recipes",
         "manifests",
         "manifests.sizes",
@@ -112,10 +113,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "manifests.preflight",
     ),
     # the planner (reads facts and bench results), bottom first
-    ("planner.ettr", "planner.failures", "planner.sources", "planner.fsx"),
+    ("planner.ettr", "planner.spares", "planner.sources", "planner.fsx"),
+    ("planner.failures",),
     ("planner.costs",),
     ("planner.measured", "planner.plan"),
-    ("planner.plot", "planner.report"),
+    ("planner.plot", "planner.report", "planner.sanity"),
     ("planner.cli",),
     ("planner.__main__",),
     # benchmarks: above everything they measure

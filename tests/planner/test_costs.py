@@ -16,8 +16,11 @@ from planner.costs import (
     Job,
     checkpoint_stall_s,
     cluster_model,
+    low_startup,
     recovery,
     recovery_s,
+    replica_loss_s,
+    scaled_estimates,
     terms,
 )
 from planner.failures import Outcome
@@ -139,3 +142,48 @@ def test_measured_cpu_model_reads_bench_results(tmp_path: Path) -> None:
     (tmp_path / "restart.json").write_text(json.dumps({"inprocess_p50_s": -1}))
     with pytest.raises(ValueError, match="inprocess_p50_s"):
         measured_cpu_model(bench_dir=tmp_path)
+
+
+def test_host_manual_and_not_shipped_paths_by_hand_at_16k() -> None:
+    model, job = cluster_model(), _job(16_384)
+    rdzv, nccl, load = 100 / 6, 265 / 6, 84.0
+    host = Outcome(kind="host", share=0.1, needs_node=True, hangs=True, host=True)
+    manual = Outcome(kind="manual", share=0.01, needs_node=False, hangs=True, manual=True)
+    host_node = 1800 + 300 + 300 + 5  # EKS waits 30 min on a failed Ready condition
+    assert recovery_s(model=model, job=job, mode="injob", outcome=host) == pytest.approx(
+        30 + 5 + host_node + 30 + rdzv + nccl + load
+    )
+    pods = 5 + 2048 / 100
+    assert recovery_s(model=model, job=job, mode="nested", outcome=manual) == pytest.approx(
+        7200 + 20.5 + 30 + pods + 30 + rdzv + nccl + load
+    )
+    # Reserve ranks (not shipped): a lost node with a free spare recovers in place.
+    assert recovery_s(model=model, job=job, mode="reserve", outcome=SPARE) == pytest.approx(
+        20 + 11 + 0.5 + nccl + load
+    )
+    assert recovery_s(model=model, job=job, mode="reserve", outcome=HW) == recovery_s(
+        model=model, job=job, mode="inprocess", outcome=HW
+    )
+    # Replica groups (not shipped): quorum + the step in flight + the group's own recovery
+    # charged at the group's share of the job.
+    group = recovery_s(model=model, job=_job(512), mode="nested", outcome=HW)
+    assert replica_loss_s(model=model, job=job, outcome=HW) == pytest.approx(
+        5 + 10 + group * 512 / 16_384
+    )
+
+
+def test_low_startup_swaps_in_the_low_ends() -> None:
+    low = low_startup(cluster_model())
+    t = terms(model=low, job=_job(98_304))
+    assert t["nccl_init_s"].seconds == pytest.approx(26.5)
+    assert t["rendezvous_s"].seconds == pytest.approx(10.0)
+    assert low.sources["nccl_init_s_at_96k"] == "estimate"
+
+
+def test_scaled_estimates_touch_only_estimates_that_were_not_overridden() -> None:
+    model = cluster_model(overrides={"worker_start_s": 12.0})
+    doubled = scaled_estimates(model, 2.0)
+    assert doubled.params["node_boot_s"] == 600.0  # an estimate
+    assert doubled.params["worker_start_s"] == 12.0  # the user's value stays
+    assert doubled.params["nccl_init_s_at_96k"] == 265.0  # published
+    assert doubled.params["write_drag"] == model.params["write_drag"]  # a fraction
