@@ -2,15 +2,21 @@
 """CDK app: reads the context into a validated configuration and builds the stack.
 
 make synth                      # offline: templates in cdk.out/
+make diff                       # offline: what the next deploy replaces, against the last one
 make deploy ARGS="-c adminPrincipalArn=arn:aws:iam::123456789012:role/Admin"
 make train TARGET=eks OVERLAY=smoke   # the training Job: never a stack resource
+
+After synthesis the app compares the template with the last deploy's (infra/first_deploy.py):
+it prints what the deploy would replace, and refuses a changed first-deploy setting or a lost
+resource that the user has not acknowledged (-c acknowledgeReplacement=...).
 """
 
 import sys
+from pathlib import Path
 
 import aws_cdk as cdk
 
-from infra import nag
+from infra import first_deploy, nag
 from infra.config import STACK_NAME, ConfigError, load_config
 from infra.stack import TrainingClusterStack
 from manifests.render import OVERLAYS
@@ -18,6 +24,7 @@ from manifests.render import OVERLAYS
 app = cdk.App()
 try:
     config = load_config(app.node.try_get_context, overlays=OVERLAYS)
+    kept, last_template = first_deploy.load_kept(first_deploy.state_dir(app.node.try_get_context))
     # The stack checks FSx against the overlays' checkpoints first (infra/sizing.py).
     TrainingClusterStack(
         app,
@@ -31,4 +38,23 @@ try:
 except ConfigError as err:
     sys.exit(f"Configuration error: {err}")
 nag.add_checks(app)
-app.synth()
+assembly = app.synth()
+
+now = first_deploy.settings(config)
+# `make deploy` keeps this file (and the template) once the deploy succeeds.
+(Path(assembly.directory) / first_deploy.SETTINGS_FILE.lstrip(".")).write_text(
+    first_deploy.render(now)
+)
+try:
+    report = first_deploy.check(
+        kept=kept,
+        now=now,
+        last_template=last_template,
+        template=assembly.get_stack_by_name(STACK_NAME).template,
+        acknowledged=first_deploy.acknowledged(app.node.try_get_context),
+        region=config.network.region,
+    )
+except first_deploy.ReplacementRefused as err:
+    print(f"What this deploy changes, against the last deploy:\n{err.report}", file=sys.stderr)
+    sys.exit(f"Refused: {err}")
+print(f"What this deploy changes, against the last deploy:\n{report}", file=sys.stderr)

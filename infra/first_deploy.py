@@ -1,0 +1,166 @@
+"""First-deploy settings and the day-two check: what a later deploy may change in place.
+
+The GPU zone and the capacity settings decide where the file system and the GPU node group
+live; changing them replaces those resources. They are kept in `.first-deploy` beside
+`.gpu-nodes` (one `key=value` a line): `make deploy` passes them to every later deploy as
+`-c key=value` before the user's own ARGS, and copies the synthesized file over it after a
+deploy succeeds. The app refuses at synth:
+
+- a first-deploy setting that differs from the kept one, unless named in
+  `-c acknowledgeReplacement=<key>[,<key>...]`;
+- a deploy that would replace or remove state (infra/replacements.py, against the template of
+  the last deploy kept in `.last-deploy.template.json`), unless acknowledged the same way
+  (by the setting that causes it, or by the replaced resource's logical id).
+
+Either way it prints what the deploy replaces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from infra.config import ConfigError, StackConfig
+
+SETTINGS_FILE = ".first-deploy"
+"""Kept beside `.gpu-nodes` in the repository root (the Makefile names the same file)."""
+LAST_TEMPLATE_FILE = ".last-deploy.template.json"
+"""The template of the last successful `make deploy`, for `make diff` and the check below."""
+ACK_KEY = "acknowledgeReplacement"
+STATE_DIR_KEY = "deployStateDir"
+"""Context key of the folder holding the two files (default: the current directory, the
+repository root under the CDK CLI); tests point it elsewhere."""
+
+SAFE_WAY = {
+    "gpuAvailabilityZone": (
+        "a new zone replaces the GPU node group and the FSx file system (the old one is kept and "
+        "billed; copy the checkpoints first)"
+    ),
+    "capacityType": (
+        "capacity-block replaces the GPU node group (EKS capacity type); the others roll the "
+        "GPU nodes onto the new capacity"
+    ),
+    "capacityReservationId": "the GPU nodes roll onto the new reservation one at a time",
+    "capacityReservationPlacementGroup": "the GPU nodes roll into the new placement group",
+}
+"""Why each setting is kept: printed with a refusal (the replacements themselves are computed
+from the templates, not from this text)."""
+FIRST_DEPLOY_KEYS = tuple(SAFE_WAY)
+
+
+class ReplacementRefused(ConfigError):
+    """A refused deploy; `report` lists what it would change (printed before the one line)."""
+
+    def __init__(self, key: str, problem: str, fix: str, *, report: str) -> None:
+        super().__init__(key, problem, fix)
+        self.report = report
+
+
+def settings(config: StackConfig) -> dict[str, str]:
+    """The first-deploy settings of a validated configuration (`none` for an absent id, which
+    infra/config.py reads back as None)."""
+    return {
+        "gpuAvailabilityZone": config.network.gpu_availability_zone,
+        "capacityType": config.gpu.capacity_type,
+        "capacityReservationId": config.gpu.capacity_reservation_id or "none",
+        "capacityReservationPlacementGroup": config.gpu.reservation_placement_group or "none",
+    }
+
+
+def render(values: Mapping[str, str]) -> str:
+    return "".join(f"{key}={values[key]}\n" for key in FIRST_DEPLOY_KEYS)
+
+
+def parse(text: str) -> dict[str, str]:
+    values = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or key not in FIRST_DEPLOY_KEYS:
+            raise ConfigError(
+                SETTINGS_FILE,
+                f"line {number} ({line!r}) is not one of {', '.join(FIRST_DEPLOY_KEYS)}=<value>",
+                "restore it from the last deploy's cdk.out/first-deploy",
+            )
+        values[key] = value.strip()
+    return values
+
+
+def acknowledged(get: Callable[[str], Any]) -> tuple[str, ...]:
+    value = get(ACK_KEY)
+    if value is None:
+        return ()
+    if isinstance(value, list):
+        return tuple(str(v).strip() for v in value)
+    return tuple(v.strip() for v in str(value).split(",") if v.strip())
+
+
+def changed_settings(kept: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
+    return [key for key in FIRST_DEPLOY_KEYS if key in kept and kept[key] != now[key]]
+
+
+def check(
+    *,
+    kept: Mapping[str, str] | None,
+    now: Mapping[str, str],
+    last_template: Mapping[str, Any] | None,
+    template: Mapping[str, Any],
+    acknowledged: Sequence[str],
+    region: str,
+) -> str:
+    """The day-two report of a synthesized template; raises ConfigError (one line naming the
+    setting or resource and the safe way) when the deploy must be refused.
+
+    `kept` / `last_template`: the first-deploy settings and template of the last deploy (None
+    before the first deploy: nothing to compare, nothing refused).
+    """
+    from infra import replacements  # cfn-lint's schemas: loaded only when there is a diff
+
+    changes = replacements.diff(last_template, template, region=region) if last_template else []
+    report = replacements.summary(changes) if last_template else "first deploy"
+    for key in changed_settings(kept or {}, now):
+        if key not in acknowledged:
+            raise ReplacementRefused(
+                key,
+                f"{now[key]} is not the first deploy's {kept[key]} (kept in {SETTINGS_FILE}): "
+                f"{SAFE_WAY[key]}",
+                f"leave it out to keep {kept[key]}, or accept with "
+                f'-c {ACK_KEY}={key} after `make diff ARGS="-c {key}={now[key]}"`',
+                report=report,
+            )
+    if any(key in acknowledged for key in changed_settings(kept or {}, now)):
+        return report  # an acknowledged setting accepts what the printed report lists
+    refused = [
+        c
+        for c in replacements.destructive(changes)
+        if c.logical_id.split("/")[0] not in acknowledged
+    ]
+    if refused:
+        first = refused[0]
+        ids = ",".join(dict.fromkeys(c.logical_id.split("/")[0] for c in refused))
+        raise ReplacementRefused(
+            first.logical_id,
+            f"this deploy would {first.action} the {first.type} "
+            f"({', '.join(first.reasons) or 'changed'})"
+            + (f" and {len(refused) - 1} more" if len(refused) > 1 else ""),
+            f"undo the change, or accept with -c {ACK_KEY}={ids}",
+            report=report,
+        )
+    return report
+
+
+def state_dir(get: Callable[[str], Any]) -> Path:
+    return Path(get(STATE_DIR_KEY) or ".")
+
+
+def load_kept(folder: Path) -> tuple[dict[str, str] | None, dict[str, Any] | None]:
+    """The kept settings and template of the last deploy (None where absent)."""
+    import json
+
+    settings_path = folder / SETTINGS_FILE
+    template_path = folder / LAST_TEMPLATE_FILE
+    kept = parse(settings_path.read_text()) if settings_path.exists() else None
+    template = json.loads(template_path.read_text()) if template_path.exists() else None
+    return kept, template
