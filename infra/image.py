@@ -1,5 +1,12 @@
-"""The trainer's container image: an ECR repository and a Docker image asset built from
-training/Dockerfile at deploy time (synth only fingerprints the files; it needs no Docker)."""
+"""The two container images: the trainer's (training/Dockerfile) and the rendezvous store's
+(infra/rdzv-store.Dockerfile), each a Docker image asset built at deploy time (synth only
+fingerprints the files; it needs no Docker).
+
+Each asset's hash covers its own build context only: the trainer's is the repository root
+narrowed by .dockerignore (an allow-list of image inputs); the store's is the few files its
+Dockerfile copies (STORE_CONTEXT). A new trainer image therefore never changes the store's pod
+template, and deploy state or docs never change either image.
+"""
 
 from __future__ import annotations
 
@@ -12,17 +19,54 @@ from constructs import Construct
 
 from infra.config import ImageConfig
 
-# The build context is the repository root (the image runs `pip install .[train]`);
-# .dockerignore keeps .venv, node_modules, cdk.out, runs, data and .git out of it.
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = "training/Dockerfile"
+STORE_DOCKERFILE = "infra/rdzv-store.Dockerfile"
+# The store image's build context, after .dockerignore: everything out, then exactly what
+# STORE_DOCKERFILE copies (Docker's matching rules: the last matching pattern wins).
+STORE_CONTEXT = (
+    STORE_DOCKERFILE,
+    "training/__init__.py",
+    "training/launch/__init__.py",
+    "training/launch/rdzv_store.py",
+)
+
+
+def _asset(
+    scope: Construct,
+    construct_id: str,
+    *,
+    directory: Path,
+    file: str,
+    only: tuple[str, ...] = (),
+) -> ecr_assets.DockerImageAsset:
+    return ecr_assets.DockerImageAsset(
+        scope,
+        construct_id,
+        directory=str(directory),
+        file=file,
+        # p5 and the system nodes are x86_64; building on an arm64 laptop must still give amd64.
+        platform=ecr_assets.Platform.LINUX_AMD64,
+        # .dockerignore (then `only`, as an allow-list) decides what the context holds and what
+        # the hash covers, with Docker's own matching rules.
+        ignore_mode=IgnoreMode.DOCKER,
+        exclude=["*", *(f"!{path}" for path in only)] if only else None,
+    )
 
 
 class TrainerImage(Construct):
-    """Attributes: `repository` (for images pushed outside CDK, e.g. by CI) and `image_uri` (what
-    the pods run: the configured prebuilt image, or the asset CDK builds and publishes)."""
+    """Attributes: `repository` (for images pushed outside CDK, e.g. by CI), `image_uri` (what
+    the training pods run: the configured prebuilt image, or the asset CDK builds and publishes)
+    and `store_image_uri` (the rendezvous store's own image)."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, config: ImageConfig) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: ImageConfig,
+        directory: Path = REPO_ROOT,
+    ) -> None:
         super().__init__(scope, construct_id)
         self.repository = ecr.Repository(
             self,
@@ -41,15 +85,9 @@ class TrainerImage(Construct):
             self.asset: ecr_assets.DockerImageAsset | None = None
             self.image_uri = config.image_uri
         else:
-            self.asset = ecr_assets.DockerImageAsset(
-                self,
-                "Asset",
-                directory=str(REPO_ROOT),
-                file=DOCKERFILE,
-                # p5 nodes are x86_64; building on an arm64 laptop must still give amd64.
-                platform=ecr_assets.Platform.LINUX_AMD64,
-                # .dockerignore decides what the context holds and what the hash covers, with
-                # Docker's own matching rules.
-                ignore_mode=IgnoreMode.DOCKER,
-            )
+            self.asset = _asset(self, "Asset", directory=directory, file=DOCKERFILE)
             self.image_uri = self.asset.image_uri
+        self.store_asset = _asset(
+            self, "StoreAsset", directory=directory, file=STORE_DOCKERFILE, only=STORE_CONTEXT
+        )
+        self.store_image_uri = self.store_asset.image_uri

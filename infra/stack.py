@@ -70,6 +70,7 @@ class TrainingClusterStack(Stack):
             mount_name=fs.mount_name,
             storage_capacity_gib=config.fsx.storage_capacity_gib,
             image=image.image_uri,
+            store_image=image.store_image_uri,
             csi_driver=storage.csi_driver,
         )
         nag.acknowledge(

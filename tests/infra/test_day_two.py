@@ -274,3 +274,13 @@ def test_the_app_refuses_a_changed_zone_in_one_line(
     assert "AWS::FSx::FileSystem" in accepted.stderr
     written = (tmp_path / "out" / first_deploy.SETTINGS_FILE.lstrip(".")).read_text()
     assert first_deploy.parse(written)["gpuAvailabilityZone"] == "us-east-2b"
+
+
+def test_the_store_runs_its_own_image(default_template: dict[str, Any]) -> None:
+    """The store's pod template names the store's asset, never the trainer's image (whose
+    every change would otherwise restart the store under running launchers)."""
+    _, template = _store_template(default_template)
+    (container,) = template["spec"]["containers"]
+    trainer = replacements._flatten(default_template["Outputs"]["ImageUri"]["Value"], frozenset())
+    assert "container-assets" in container["image"]
+    assert container["image"] != trainer

@@ -65,4 +65,4 @@ def test_cdk_synth_offline_without_credentials(tmp_path: Path) -> None:
     }
     # The image is fingerprinted, not built: synth ran without Docker.
     assets = json.loads((out / "EksFsdpResilient.assets.json").read_text())
-    assert len(assets["dockerImages"]) == 1
+    assert len(assets["dockerImages"]) == 2  # the trainer and the rendezvous store
