@@ -37,6 +37,41 @@ GPU_LABELS = {
 
 HUGEPAGE_SIZE_MIB = 2
 
+# The Lustre client's user-space tools (lctl, mount.lustre) and kernel module, before the
+# kubelet starts. Current AL2023 EKS AMIs ship neither the tools nor a loaded module: Amazon Linux
+# splits the kernel module from the user-space package, and without `lctl` the file servers
+# cannot push client settings ("error invoking upcall /usr/sbin/lctl set_param",
+# kubernetes-sigs/aws-fsx-csi-driver issue 436 and PR 460, "Amazon-Linux based distros have
+# kernel module and userspace tool separate"). The EKS AMI maintainers keep lustre-client out of
+# the AMI and point to user data: `dnf install -y lustre-client` (awslabs/amazon-eks-ami PR 2696,
+# review of 2026-05-01). A node that cannot install or load it never joins the cluster: the
+# script stops nodeadm-run.service (which starts the kubelet after cloud-final) and says why on
+# the serial console, so the node group reports the node as failed to join instead of running
+# pods whose /fsx mount fails later.
+LUSTRE_SCRIPT = """#!/bin/bash
+# Lustre client tools and module for FSx (see infra/gpu_nodegroup.py). Fails the node loudly.
+set -uo pipefail
+fail() {
+  echo "lustre-client: $*; this node will not join the cluster" | tee -a /dev/console >&2
+  systemctl mask --now --no-block nodeadm-run.service
+  exit 1
+}
+installed=0
+for attempt in 1 2 3 4 5; do
+  if rpm -q lustre-client >/dev/null 2>&1 || dnf install -y lustre-client; then
+    installed=1
+    break
+  fi
+  sleep $((attempt * 10))
+done
+[ "$installed" = 1 ] || fail "dnf install -y lustre-client failed 5 times"
+command -v lctl >/dev/null || fail "lctl is missing after installing lustre-client"
+modprobe lustre || fail "modprobe lustre failed (kernel $(uname -r))"
+grep -q '^lustre ' /proc/modules || fail "the lustre module is not loaded"
+# Loaded again at every boot (a reboot does not rerun this part).
+echo lustre > /etc/modules-load.d/lustre.conf
+"""
+
 
 def _mebibytes(quantity: str) -> int:
     """A Kubernetes binary quantity (`5120Mi`, `5Gi`) in MiB."""
@@ -64,6 +99,8 @@ def node_user_data(*, hugepages: int) -> str:
     - `application/node.eks.aws`: nodeadm merges this NodeConfig with the one EKS generates; the
       eight local NVMe SSDs become one RAID0 array for the kubelet and containerd, so image
       layers and pods' ephemeral storage do not fill the root volume.
+    - `text/x-shellscript` (LUSTRE_SCRIPT): installs lustre-client and loads the lustre module,
+      or keeps the node from joining (see LUSTRE_SCRIPT's comment for the sources).
     - `text/x-shellscript`: reserves `hugepages` 2 MiB pages (and persists the setting across
       reboots). cloud-init runs it in cloud-final; nodeadm-run.service, which starts the
       kubelet, is ordered `After=... cloud-final.service` (amazon-eks-ami
@@ -89,6 +126,10 @@ spec:
     localStorage:
       strategy: RAID0
 
+--==NODEADM==
+Content-Type: text/x-shellscript; charset="us-ascii"
+
+{LUSTRE_SCRIPT}
 --==NODEADM==
 Content-Type: text/x-shellscript; charset="us-ascii"
 
