@@ -23,6 +23,15 @@ _ALL_LOG_TYPES = [
 ]
 
 
+def follow_cluster_version(nodegroup: eks.Nodegroup, version: str) -> None:
+    """Pin a node group's Kubernetes version to the cluster's. Without `Version` a node group
+    keeps the version it was created with when the control plane is upgraded
+    (AWS::EKS::Nodegroup: the cluster's version is used only at creation); with it, a version
+    bump updates the control plane and then rolls the nodes (EKS UpdateNodegroupVersion; the
+    node group depends on the cluster, so CloudFormation updates it second)."""
+    nodegroup.node.default_child.add_property_override("Version", version)  # type: ignore[union-attr]
+
+
 class TrainingCluster(Construct):
     """An EKS cluster with managed node groups only (no Auto Mode), KMS-encrypted secrets, every
     control-plane log, an endpoint restricted to the configured CIDRs (or private only), an
@@ -97,6 +106,8 @@ class TrainingCluster(Construct):
             labels={"node-role": "system"},
             enable_node_auto_repair=True,
         )
+
+        follow_cluster_version(self.system_nodegroup, config.kubernetes_version)
 
         # Pod Identity: how the FSx CSI driver gets its IAM role (no OIDC provider needed).
         self.pod_identity_agent = eks.Addon(

@@ -130,6 +130,7 @@ def check(
                 f'-c {ACK_KEY}={key} after `make diff ARGS="-c {key}={now[key]}"`',
                 report=report,
             )
+    _capacity_block_rolls_only_at_zero(changes, last_template or {}, template, report=report)
     if any(key in acknowledged for key in changed_settings(kept or {}, now)):
         return report  # an acknowledged setting accepts what the printed report lists
     refused = [
@@ -149,6 +150,48 @@ def check(
             report=report,
         )
     return report
+
+
+# Node group properties that UpdateNodegroupConfig changes in place; any other change
+# (Version, ReleaseVersion, LaunchTemplate) is a rolling update of every node.
+IN_PLACE_NODEGROUP_PROPERTIES = frozenset(
+    {"ScalingConfig", "Labels", "Taints", "Tags", "UpdateConfig", "NodeRepairConfig"}
+)
+CAPACITY_BLOCK_GUIDE = (
+    "EKS user guide, capacity-blocks-mng.html: 'When upgrading managed node groups with "
+    "Capacity Blocks, make sure that the desired size of the node group is set to 0'"
+)
+
+
+def _desired(template: Mapping[str, Any], logical_id: str) -> int:
+    resource = template.get("Resources", {}).get(logical_id, {})
+    size = resource.get("Properties", {}).get("ScalingConfig", {}).get("DesiredSize", 0)
+    return int(size) if isinstance(size, int | str) and str(size).isdigit() else 0
+
+
+def _capacity_block_rolls_only_at_zero(
+    changes: Sequence[Any], before: Mapping[str, Any], after: Mapping[str, Any], *, report: str
+) -> None:
+    """A Capacity Block node group is updated (new version, new launch template) only with no
+    nodes, before and after the deploy; scaling itself is one deploy, the update another."""
+    for change in changes:
+        if change.type != "AWS::EKS::Nodegroup" or change.action != "update":
+            continue
+        props = after["Resources"][change.logical_id]["Properties"]
+        rolling = set(change.reasons) - IN_PLACE_NODEGROUP_PROPERTIES
+        if props.get("CapacityType") != "CAPACITY_BLOCK" or not rolling:
+            continue
+        nodes = max(_desired(before, change.logical_id), _desired(after, change.logical_id))
+        if nodes:
+            raise ReplacementRefused(
+                "gpuNodesDesired",
+                f"this deploy rolls the Capacity Block node group ({', '.join(sorted(rolling))}) "
+                f"with {nodes} nodes; EKS updates such a group only at 0 nodes "
+                f"({CAPACITY_BLOCK_GUIDE})",
+                "make eks-stop; make gpu-nodes NODES=0 in a deploy of its own (this change "
+                "left out); deploy the change at 0 nodes; then make gpu-nodes NODES=<n>",
+                report=report,
+            )
 
 
 def state_dir(get: Callable[[str], Any]) -> Path:

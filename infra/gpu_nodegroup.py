@@ -9,6 +9,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
+from infra.cluster import follow_cluster_version
 from infra.config import GPU_INSTANCE_TYPE, GpuNodesConfig
 from manifests.sizes import P5_48XLARGE
 
@@ -200,6 +201,7 @@ class GpuNodeGroup(Construct):
         subnet: ec2.ISubnet,
         efa_security_group: ec2.ISecurityGroup,
         config: GpuNodesConfig,
+        kubernetes_version: str,
     ) -> None:
         super().__init__(scope, construct_id)
         self.placement_group: ec2.CfnPlacementGroup | None = None
@@ -289,6 +291,9 @@ class GpuNodeGroup(Construct):
         # eks_v2's node group props have no update strategy: set it on the L1.
         cfn = self.nodegroup.node.default_child
         cfn.add_property_override("UpdateConfig.UpdateStrategy", UPDATE_STRATEGY)  # type: ignore[union-attr]
+        # A version bump rolls these nodes too (infra/cluster.py). For a Capacity Block the
+        # app refuses any rolling update while the group has nodes (infra/first_deploy.py).
+        follow_cluster_version(self.nodegroup, kubernetes_version)
 
 
 def _placement(

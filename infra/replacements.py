@@ -40,6 +40,9 @@ STATEFUL_KINDS = ("PersistentVolume", "PersistentVolumeClaim", "Namespace")
 # Objects whose pod template change restarts running pods.
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet")
 
+# Attributes that change when a resource is updated in place (not only when it is replaced).
+VERSION_ATTRIBUTES = ("LatestVersionNumber", "DefaultVersionNumber")
+
 Action = Literal["replace", "remove", "add", "update"]
 
 
@@ -115,7 +118,7 @@ def _flatten(value: Any, replaced: frozenset[str]) -> Any:
         if key == "Ref" and isinstance(arg, str):
             return f"${{{arg}{mark(arg)}}}"
         if key == "Fn::GetAtt" and isinstance(arg, list) and arg:
-            return f"${{{arg[0]}.{arg[1]}{mark(arg[0])}}}"
+            return f"${{{arg[0]}.{arg[1]}{mark(arg[0]) or mark(f'{arg[0]}.{arg[1]}')}}}"
         if key == "Fn::Join" and isinstance(arg, list) and len(arg) == 2:
             parts = [_flatten(p, replaced) for p in arg[1]]
             if all(isinstance(p, str) for p in parts):
@@ -202,7 +205,16 @@ def diff(before: Mapping[str, Any], after: Mapping[str, Any], *, region: str) ->
                     break
         if not grown:
             break
-    frozen = frozenset(replaced)
+    # An updated launch template gets a new version number: what uses it is updated too.
+    new_versions = {
+        f"{lid}.{attribute}"
+        for lid in old.keys() & new.keys()
+        if new[lid].get("Type") == "AWS::EC2::LaunchTemplate"
+        and _flatten(old[lid].get("Properties"), frozenset())
+        != _flatten(new[lid].get("Properties"), frozenset(replaced))
+        for attribute in VERSION_ATTRIBUTES
+    }
+    frozen = frozenset(replaced | new_versions)
     changes: list[Change] = []
     for lid in sorted(old.keys() | new.keys()):
         rtype = (new.get(lid) or old.get(lid) or {}).get("Type", "")

@@ -47,6 +47,7 @@ class TrainingClusterStack(Stack):
             subnet=network.gpu_subnet,
             efa_security_group=network.efa_security_group,
             config=config.gpu,
+            kubernetes_version=config.cluster.kubernetes_version,
         )
         storage = LustreStorage(
             self,

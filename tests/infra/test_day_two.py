@@ -284,3 +284,61 @@ def test_the_store_runs_its_own_image(default_template: dict[str, Any]) -> None:
     trainer = replacements._flatten(default_template["Outputs"]["ImageUri"]["Value"], frozenset())
     assert "container-assets" in container["image"]
     assert container["image"] != trainer
+
+
+BLOCK = {
+    "capacityType": "capacity-block",
+    "capacityReservationId": RESERVATION,
+    "capacityBlockActive": True,
+}
+BLOCK_KEPT = {**_kept(), "capacityType": "capacity-block", "capacityReservationId": RESERVATION}
+
+
+@pytest.mark.usefixtures("newer_kubernetes")
+@pytest.mark.parametrize("nodes", [2, 0])
+def test_capacity_block_updates_only_at_zero_nodes(tmp_path: Path, nodes: int) -> None:
+    """A version bump rolls every node group (Version follows the cluster); a Capacity Block
+    group with nodes is refused, per the EKS guide, and goes through at 0 nodes."""
+    before = synth({**BLOCK, "gpuNodesDesired": nodes}, outdir=tmp_path / "before")[0]
+    after = synth(
+        {**BLOCK, "gpuNodesDesired": nodes, "kubernetesVersion": "1.37"}, outdir=tmp_path / "after"
+    )[0]
+    changes = replacements.diff(before, after, region=REGION)
+    rolled = {
+        c.logical_id for c in changes if c.type == "AWS::EKS::Nodegroup" and "Version" in c.reasons
+    }
+    assert len(rolled) == 2  # the system nodes and the GPU nodes
+    args = dict(kept=BLOCK_KEPT, now=BLOCK_KEPT, last_template=before, template=after)
+    if nodes:
+        with pytest.raises(first_deploy.ReplacementRefused) as refused:
+            first_deploy.check(**args, acknowledged=(), region=REGION)
+        message = str(refused.value)
+        assert message.startswith("context 'gpuNodesDesired'") and "\n" not in message
+        assert "capacity-blocks-mng.html" in message and "NODES=0" in message
+    else:
+        assert "Version" in first_deploy.check(**args, acknowledged=(), region=REGION)
+
+
+def test_capacity_block_launch_template_change_is_refused_with_nodes(tmp_path: Path) -> None:
+    """A new launch template version (here: edited user data) rolls the nodes like a version
+    bump: the node group's LaunchTemplate.Version follows the template's latest version."""
+    import copy
+
+    before = synth({**BLOCK, "gpuNodesDesired": 2}, outdir=tmp_path / "before")[0]
+    after = copy.deepcopy(before)
+    template = next(
+        r for r in after["Resources"].values() if r["Type"] == "AWS::EC2::LaunchTemplate"
+    )
+    template["Properties"]["LaunchTemplateData"]["UserData"] = {"Fn::Base64": "edited"}
+    changes = replacements.diff(before, after, region=REGION)
+    gpu = [c for c in changes if c.type == "AWS::EKS::Nodegroup"]
+    assert [c.reasons for c in gpu] == [("LaunchTemplate",)]
+    with pytest.raises(first_deploy.ReplacementRefused, match="gpuNodesDesired"):
+        first_deploy.check(
+            kept=BLOCK_KEPT,
+            now=BLOCK_KEPT,
+            last_template=before,
+            template=after,
+            acknowledged=(),
+            region=REGION,
+        )
