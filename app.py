@@ -30,6 +30,7 @@ try:
         app,
         STACK_NAME,
         config=config,
+        keep_creator_admin=first_deploy.keeps_creator_admin(last_template),
         # Region only: the account comes from the credentials at deploy time, and with no
         # account synth never looks anything up (AZs are given in the context).
         env=cdk.Environment(region=config.network.region),

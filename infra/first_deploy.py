@@ -194,6 +194,20 @@ def _capacity_block_rolls_only_at_zero(
             )
 
 
+def keeps_creator_admin(last_template: Mapping[str, Any] | None) -> bool:
+    """Whether the deployed cluster was created with the creator's bootstrap admin access
+    (`AccessConfig.BootstrapClusterCreatorAdminPermissions` absent or true): a create-only
+    property, so such a cluster keeps it instead of being replaced. docs/day-two.md says how to
+    remove that access entry by hand."""
+    if last_template is None:
+        return False
+    for resource in last_template.get("Resources", {}).values():
+        if resource.get("Type") == "AWS::EKS::Cluster":
+            access = resource.get("Properties", {}).get("AccessConfig", {})
+            return access.get("BootstrapClusterCreatorAdminPermissions", True) is not False
+    return False
+
+
 def state_dir(get: Callable[[str], Any]) -> Path:
     return Path(get(STATE_DIR_KEY) or ".")
 

@@ -22,7 +22,13 @@ class TrainingClusterStack(Stack):
     """EKS + p5.48xlarge/EFA + FSx for Lustre for fault-tolerant FSDP2 training."""
 
     def __init__(
-        self, scope: Construct, construct_id: str, *, config: StackConfig, **kwargs
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: StackConfig,
+        keep_creator_admin: bool = False,
+        **kwargs,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
         # Before any construct: a file system too small or too slow for the largest overlay is
@@ -39,7 +45,13 @@ class TrainingClusterStack(Stack):
             gpu_availability_zone=config.network.gpu_availability_zone,
             vpc_cidr=config.network.vpc_cidr,
         )
-        cluster = TrainingCluster(self, "Eks", vpc=network.vpc, config=config.cluster)
+        cluster = TrainingCluster(
+            self,
+            "Eks",
+            vpc=network.vpc,
+            config=config.cluster,
+            keep_creator_admin=keep_creator_admin,
+        )
         gpu = GpuNodeGroup(
             self,
             "Gpu",
@@ -48,6 +60,7 @@ class TrainingClusterStack(Stack):
             efa_security_group=network.efa_security_group,
             config=config.gpu,
             kubernetes_version=config.cluster.kubernetes_version,
+            after=[cluster.vpc_cni],
         )
         storage = LustreStorage(
             self,
@@ -78,6 +91,7 @@ class TrainingClusterStack(Stack):
             cluster=cluster.cluster,
             nodegroups=[cluster.system_nodegroup, gpu.nodegroup],
             csi_role=storage.csi_role,
+            cni_role=cluster.cni_role,
         )
 
         name = config.cluster.cluster_name

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from infra_synth import CDK_JSON_CONTEXT, synth
+from infra_synth import CDK_JSON_CONTEXT, mask_asset_hashes, synth
 
 from infra import first_deploy, replacements
 from infra.config import STACK_NAME
@@ -342,3 +342,26 @@ def test_capacity_block_launch_template_change_is_refused_with_nodes(tmp_path: P
             acknowledged=(),
             region=REGION,
         )
+
+
+def test_a_stack_deployed_before_issue_33_is_updated_in_place(tmp_path: Path) -> None:
+    """The template a stack deployed before these fixes holds (cdk.json's defaults at commit
+    644927e, asset hashes masked): today's app, given it as the last deploy, replaces nothing
+    stateful. The fixes that touch create-only properties keep what the stack has: the
+    cluster's bootstrap creator admin (kept, docs/day-two.md says how to remove it), the node
+    roles (same roles, new policy lists), the FSx security groups (rules added, not moved)."""
+    fixture = Path(__file__).parent / "fixtures" / "deployed-before-issue-33.template.json"
+    before = json.loads(fixture.read_text())
+    # Masked as the fixture is (asset hashes follow every file of their build context).
+    after = mask_asset_hashes(
+        synth({"gpuRootVolumeGiB": 500}, outdir=tmp_path / "now", last_template=before)[0]
+    )
+    changes = replacements.diff(before, after, region=REGION)
+    assert not replacements.destructive(changes), replacements.summary(changes)
+    assert not [c for c in changes if c.action in ("replace", "remove")], replacements.summary(
+        changes
+    )
+    # A new stack gets no creator admin.
+    assert first_deploy.keeps_creator_admin(before)
+    fresh = next(r for r in after["Resources"].values() if r["Type"] == "AWS::EKS::Cluster")
+    assert "BootstrapClusterCreatorAdminPermissions" not in fresh["Properties"]["AccessConfig"]

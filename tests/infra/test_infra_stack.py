@@ -92,34 +92,45 @@ def gpu_subnets(template: Template) -> list[Any]:
 
 
 @pytest.mark.parametrize(
-    ("fixture", "secondary"), [("default_assertions", "efa-only"), ("variant_assertions", "efa")]
+    ("fixture", "ena_cards"),
+    [("default_assertions", ()), ("variant_assertions", (4, 8, 12, 16, 20, 24, 28))],
 )
-def test_all_32_network_cards_carry_efa(
-    fixture: str, secondary: str, request: pytest.FixtureRequest
+def test_network_cards_follow_the_ec2_guide_for_p5(
+    fixture: str, ena_cards: tuple[int, ...], request: pytest.FixtureRequest
 ) -> None:
+    """EC2 EFA guide, "EFA configuration for P5 and P5e instances": an ENA primary (card 0,
+    device 0), EFA-only on card 0 device 1 and on device 0 of cards 1..31; use case 2 adds ENA
+    on device 1 of cards 4, 8, ..., 28."""
     template: Template = request.getfixturevalue(fixture)
     efa_sg = {"Fn::GetAtt": [efa_security_group_id(template), "GroupId"]}
-    primary = {
-        "NetworkCardIndex": 0,
-        "DeviceIndex": 0,
-        "InterfaceType": "efa",
-        "Groups": Match.exact([cluster_security_group(template), efa_sg]),
-    }
-    # Cards 1..31 in card order (the stack writes them so), EFA only on the EFA group.
-    secondaries = [
-        {
+    cluster_sg = Match.exact([cluster_security_group(template)])
+
+    def ena(card: int, device: int) -> dict:
+        return {
             "NetworkCardIndex": card,
-            "DeviceIndex": 1,
-            "InterfaceType": secondary,
+            "DeviceIndex": device,
+            "InterfaceType": Match.absent(),
+            "Groups": cluster_sg,
+        }
+
+    def efa_only(card: int, device: int) -> dict:
+        return {
+            "NetworkCardIndex": card,
+            "DeviceIndex": device,
+            "InterfaceType": "efa-only",
             "Groups": Match.exact([efa_sg]),
         }
-        for card in range(1, 32)
-    ]
+
+    expected = [ena(0, 0), efa_only(0, 1)]
+    for card in range(1, 32):
+        expected.append(efa_only(card, 0))
+        if card in ena_cards:
+            expected.append(ena(card, 1))
     launch_template_has(
         template,
         {
             "InstanceType": "p5.48xlarge",
-            "NetworkInterfaces": [primary, *secondaries],  # a list pattern: exactly 32
+            "NetworkInterfaces": expected,  # a list pattern: exactly these, in this order
             # A managed node group's launch template must leave these to EKS.
             "SecurityGroupIds": Match.absent(),
             "SubnetId": Match.absent(),
@@ -152,7 +163,7 @@ def test_imdsv2_root_volume_and_raid0(default_assertions: Template) -> None:
                             "Encrypted": True,
                             "Iops": 3000,
                             "Throughput": 250,
-                            "VolumeSize": 500,
+                            "VolumeSize": 100,  # cdk.json: the OS only (images on the RAID0)
                             "VolumeType": "gp3",
                         }
                     ),
@@ -179,12 +190,12 @@ def test_gpu_nodegroup(default_assertions: Template) -> None:
             "Taints": Match.exact(
                 [
                     {"Effect": "NO_SCHEDULE", "Key": "nvidia.com/gpu", "Value": "true"},
-                    # Removed by the FSx CSI node driver once its Lustre client is ready.
+                    # Removed by the FSx CSI node driver when it starts.
                     {"Effect": "NO_EXECUTE", "Key": "fsx.csi.aws.com/agent-not-ready"},
                 ]
             ),
             "Labels": {"vpc.amazonaws.com/efa.present": "true"},
-            "NodeRepairConfig": Match.exact({"Enabled": True}),
+            "NodeRepairConfig": {"Enabled": True},  # paced: test_node_auto_repair_is_paced
             # No p5 starts unless asked: -c gpuNodesDesired=N is the one command that asks.
             "ScalingConfig": Match.exact({"DesiredSize": 0, "MaxSize": 16, "MinSize": 0}),
             # One subnet, the private subnet in the GPU AZ (a cluster placement group is
@@ -355,7 +366,12 @@ def test_admin_access_entry(default_assertions: Template, variant_assertions: Te
 def test_core_addons(default_assertions: Template) -> None:
     addons = default_assertions.find_resources("AWS::EKS::Addon")
     names = {r["Properties"]["AddonName"] for r in addons.values()}
-    assert names == {"eks-pod-identity-agent", "eks-node-monitoring-agent", "aws-fsx-csi-driver"}
+    assert names == {
+        "eks-pod-identity-agent",
+        "eks-node-monitoring-agent",
+        "aws-fsx-csi-driver",
+        "vpc-cni",  # managed: its own role, network policy agent on
+    }
 
 
 # --- storage ---------------------------------------------------------------------------------
@@ -878,3 +894,124 @@ sleep() {{ :; }}
         assert "systemctl mask --now --no-block nodeadm-run.service" in log
         assert "modprobe lustre" not in log
         assert "will not join the cluster" in console.read_text()
+
+
+# --- hardening (issue 33) ------------------------------------------------------------------
+
+
+def _policy(name: str) -> dict[str, Any]:
+    return {"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, f":iam::aws:policy/{name}"]]}
+
+
+def test_node_roles_pull_images_only_and_leave_eni_calls_to_aws_node(
+    default_assertions: Template,
+) -> None:
+    from infra.cluster import NODE_ROLE_POLICIES
+
+    for nodegroup in default_assertions.find_resources(NODEGROUP).values():
+        role_id = nodegroup["Properties"]["NodeRole"]["Fn::GetAtt"][0]
+        resource_has(
+            default_assertions,
+            role_id,
+            "AWS::IAM::Role",
+            {"ManagedPolicyArns": Match.exact([_policy(p) for p in NODE_ROLE_POLICIES])},
+        )
+        assert "PullOnly" in NODE_ROLE_POLICIES[1]
+    # aws-node: the managed VPC CNI add-on, its own role through Pod Identity, network policy on.
+    addon = Capture()
+    only_one_has(
+        default_assertions,
+        "AWS::EKS::Addon",
+        {
+            "ConfigurationValues": addon,
+            "PodIdentityAssociations": [
+                {
+                    "ServiceAccount": "aws-node",
+                    "RoleArn": {"Fn::GetAtt": [Match.any_value(), "Arn"]},
+                }
+            ],
+        },
+        selector={"AddonName": "vpc-cni"},
+    )
+    assert json.loads(addon.as_string()) == {"enableNetworkPolicy": "true"}
+
+
+@pytest.mark.parametrize("service_account", ["aws-node", "fsx-csi-controller-sa"])
+def test_pod_identity_roles_trust_one_service_account_of_this_cluster(
+    default_assertions: Template, service_account: str
+) -> None:
+    default_assertions.has_resource_properties(
+        "AWS::IAM::Role",
+        {
+            "AssumeRolePolicyDocument": {
+                "Statement": [
+                    {
+                        "Action": ["sts:AssumeRole", "sts:TagSession"],
+                        "Principal": {"Service": "pods.eks.amazonaws.com"},
+                        "Condition": {
+                            "StringEquals": {
+                                "aws:SourceAccount": {"Ref": "AWS::AccountId"},
+                                "aws:RequestTag/eks-cluster-arn": {
+                                    "Fn::GetAtt": [
+                                        default_assertions.get_resource_id("AWS::EKS::Cluster"),
+                                        "Arn",
+                                    ]
+                                },
+                                "aws:RequestTag/kubernetes-namespace": "kube-system",
+                                "aws:RequestTag/kubernetes-service-account": service_account,
+                            }
+                        },
+                    }
+                ]
+            }
+        },
+    )
+
+
+def test_node_auto_repair_is_paced(default_assertions: Template) -> None:
+    from infra.cluster import GPU_NODE_REPAIR, SYSTEM_NODE_REPAIR
+
+    gpu_nodegroup_has(default_assertions, {"NodeRepairConfig": Match.exact(GPU_NODE_REPAIR)})
+    only_one_has(
+        default_assertions,
+        NODEGROUP,
+        {"NodeRepairConfig": Match.exact(SYSTEM_NODE_REPAIR)},
+        selector={"AmiType": "AL2023_x86_64_STANDARD"},
+    )
+
+
+@pytest.mark.parametrize(("low", "high"), [(988, 988), (1018, 1023)])
+def test_file_servers_reach_the_nodes_on_lustre_ports(
+    default_assertions: Template, low: int, high: int
+) -> None:
+    fsx_sg = default_assertions.get_resource_id(
+        "AWS::EC2::SecurityGroup",
+        {"Properties": {"GroupDescription": Match.string_like_regexp("FSx for Lustre")}},
+    )
+    default_assertions.has_resource_properties(
+        "AWS::EC2::SecurityGroupIngress",
+        {
+            "GroupId": cluster_security_group(default_assertions),
+            "SourceSecurityGroupId": {"Fn::GetAtt": [fsx_sg, "GroupId"]},
+            "IpProtocol": "tcp",
+            "FromPort": low,
+            "ToPort": high,
+        },
+    )
+
+
+def test_a_new_cluster_gives_its_creator_no_admin(default_assertions: Template) -> None:
+    only_one_has(
+        default_assertions,
+        "AWS::EKS::Cluster",
+        {"AccessConfig": {"BootstrapClusterCreatorAdminPermissions": False}},
+    )
+
+
+def test_gpu_root_volume_holds_the_os_only(default_assertions: Template) -> None:
+    """Images and pods live on the instance-store RAID0 (NodeConfig localStorage)."""
+    launch_template_has(
+        default_assertions,
+        {"BlockDeviceMappings": [{"Ebs": {"VolumeSize": 100}}]},
+    )
+    assert "strategy: RAID0" in user_data(default_assertions)
