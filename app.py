@@ -18,7 +18,7 @@ import aws_cdk as cdk
 
 from infra import first_deploy, nag
 from infra.config import STACK_NAME, ConfigError, load_config
-from infra.stack import TrainingClusterStack
+from infra.stack import build_stacks
 from manifests.render import OVERLAYS
 
 app = cdk.App()
@@ -26,15 +26,10 @@ try:
     config = load_config(app.node.try_get_context, overlays=OVERLAYS)
     kept, last_template = first_deploy.load_kept(first_deploy.state_dir(app.node.try_get_context))
     # The stack checks FSx against the overlays' checkpoints first (infra/sizing.py).
-    TrainingClusterStack(
+    build_stacks(
         app,
-        STACK_NAME,
         config=config,
         keep_creator_admin=first_deploy.keeps_creator_admin(last_template),
-        # Region only: the account comes from the credentials at deploy time, and with no
-        # account synth never looks anything up (AZs are given in the context).
-        env=cdk.Environment(region=config.network.region),
-        description="EKS + p5.48xlarge/EFA + FSx for Lustre for fault-tolerant FSDP2 training",
     )
 except ConfigError as err:
     sys.exit(f"Configuration error: {err}")

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aws_cdk import IgnoreMode, RemovalPolicy
-from aws_cdk import aws_ecr as ecr
+from aws_cdk import IgnoreMode
 from aws_cdk import aws_ecr_assets as ecr_assets
 from constructs import Construct
 
@@ -55,9 +54,9 @@ def _asset(
 
 
 class TrainerImage(Construct):
-    """Attributes: `repository` (for images pushed outside CDK, e.g. by CI), `image_uri` (what
-    the training pods run: the configured prebuilt image, or the asset CDK builds and publishes)
-    and `store_image_uri` (the rendezvous store's own image)."""
+    """Attributes: `image_uri` (what the training pods run: the configured prebuilt image, or
+    the asset CDK builds and publishes), `store_image_uri` (the rendezvous store's own image)
+    and `tags` (the image tags the stack runs, which the repository's lifecycle keeps)."""
 
     def __init__(
         self,
@@ -68,19 +67,6 @@ class TrainerImage(Construct):
         directory: Path = REPO_ROOT,
     ) -> None:
         super().__init__(scope, construct_id)
-        self.repository = ecr.Repository(
-            self,
-            "Repository",
-            repository_name=config.repository_name,
-            image_scan_on_push=True,
-            # A tag always names the same image: a restarted pod never runs different code.
-            image_tag_mutability=ecr.TagMutability.IMMUTABLE,
-            # KMS (the AWS-managed aws/ecr key) rather than AES256: the IaC scan's CKV_AWS_136.
-            encryption=ecr.RepositoryEncryption.KMS,
-            lifecycle_rules=[ecr.LifecycleRule(max_image_count=20, description="last 20 images")],
-            removal_policy=RemovalPolicy.DESTROY,
-            empty_on_delete=True,
-        )
         if config.image_uri:
             self.asset: ecr_assets.DockerImageAsset | None = None
             self.image_uri = config.image_uri
@@ -91,3 +77,5 @@ class TrainerImage(Construct):
             self, "StoreAsset", directory=directory, file=STORE_DOCKERFILE, only=STORE_CONTEXT
         )
         self.store_image_uri = self.store_asset.image_uri
+        # The synthesizer tags each asset with its hash (no tag prefix is configured).
+        self.tags = tuple(a.asset_hash for a in (self.asset, self.store_asset) if a is not None)

@@ -102,6 +102,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ),
     (
         "infra.first_deploy",
+        "infra.images",
         "infra.cluster",
         "infra.image",
         "infra.storage",

@@ -16,7 +16,7 @@ import aws_cdk as cdk
 
 from infra import first_deploy, nag
 from infra.config import STACK_NAME, load_config
-from infra.stack import TrainingClusterStack
+from infra.stack import build_stacks
 from manifests.render import OVERLAYS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -68,12 +68,10 @@ def synth(
         builtin_cloud_formation_validation=validate,
     )
     config = load_config(app.node.try_get_context, overlays=OVERLAYS)
-    TrainingClusterStack(
+    build_stacks(
         app,
-        STACK_NAME,
         config=config,
         keep_creator_admin=first_deploy.keeps_creator_admin(last_template),
-        env=cdk.Environment(region=config.network.region),
     )
     if validate:
         nag.add_checks(app)

@@ -282,7 +282,7 @@ def test_the_store_runs_its_own_image(default_template: dict[str, Any]) -> None:
     _, template = _store_template(default_template)
     (container,) = template["spec"]["containers"]
     trainer = replacements._flatten(default_template["Outputs"]["ImageUri"]["Value"], frozenset())
-    assert "container-assets" in container["image"]
+    assert f"/{CDK_JSON_CONTEXT['imageRepositoryName']}:" in container["image"]
     assert container["image"] != trainer
 
 
@@ -346,10 +346,12 @@ def test_capacity_block_launch_template_change_is_refused_with_nodes(tmp_path: P
 
 def test_a_stack_deployed_before_issue_33_is_updated_in_place(tmp_path: Path) -> None:
     """The template a stack deployed before these fixes holds (cdk.json's defaults at commit
-    644927e, asset hashes masked): today's app, given it as the last deploy, replaces nothing
-    stateful. The fixes that touch create-only properties keep what the stack has: the
-    cluster's bootstrap creator admin (kept, docs/day-two.md says how to remove it), the node
-    roles (same roles, new policy lists), the FSx security groups (rules added, not moved)."""
+    644927e, asset hashes masked): today's app, given it as the last deploy, replaces nothing.
+    The fixes that touch create-only properties keep what the stack has: the cluster's
+    bootstrap creator admin (kept; docs/day-two.md says how to remove it), the node roles
+    (same roles, new policy lists), the FSx security groups (rules added, not moved). The one
+    thing it removes is the old ECR repository (images now live in the images stack's): the
+    app refuses that until acknowledged, since CI's images in it go with it."""
     fixture = Path(__file__).parent / "fixtures" / "deployed-before-issue-33.template.json"
     before = json.loads(fixture.read_text())
     # Masked as the fixture is (asset hashes follow every file of their build context).
@@ -357,11 +359,15 @@ def test_a_stack_deployed_before_issue_33_is_updated_in_place(tmp_path: Path) ->
         synth({"gpuRootVolumeGiB": 500}, outdir=tmp_path / "now", last_template=before)[0]
     )
     changes = replacements.diff(before, after, region=REGION)
-    assert not replacements.destructive(changes), replacements.summary(changes)
-    assert not [c for c in changes if c.action in ("replace", "remove")], replacements.summary(
-        changes
+    lost = [c for c in changes if c.action in ("replace", "remove")]
+    assert [(c.type, c.action) for c in lost] == [("AWS::ECR::Repository", "remove")], (
+        replacements.summary(changes)
     )
-    # A new stack gets no creator admin.
+    args = dict(kept=_kept(), now=_kept(), last_template=before, template=after)
+    with pytest.raises(first_deploy.ReplacementRefused, match=lost[0].logical_id):
+        first_deploy.check(**args, acknowledged=(), region=REGION)
+    first_deploy.check(**args, acknowledged=(lost[0].logical_id,), region=REGION)
+    # A deployed cluster keeps its creator admin; a new one gets none.
     assert first_deploy.keeps_creator_admin(before)
-    fresh = next(r for r in after["Resources"].values() if r["Type"] == "AWS::EKS::Cluster")
-    assert "BootstrapClusterCreatorAdminPermissions" not in fresh["Properties"]["AccessConfig"]
+    cluster = next(r for r in after["Resources"].values() if r["Type"] == "AWS::EKS::Cluster")
+    assert "BootstrapClusterCreatorAdminPermissions" not in cluster["Properties"]["AccessConfig"]

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from aws_cdk.assertions import Capture, Match, Template
-from infra_synth import VARIANT_CONTEXT
+from infra_synth import CDK_JSON_CONTEXT, VARIANT_CONTEXT
 
 from infra.addons import CHARTS, DCGM_EXPORTER, EFA_DEVICE_PLUGIN, NVIDIA_DEVICE_PLUGIN
 from infra.gpu_nodegroup import hugepages_2mi_count
@@ -599,20 +599,55 @@ SHARED_ARGS = {
 
 
 def test_image_repository_and_asset(
-    default_assertions: Template, variant_assertions: Template
+    default_assertions: Template, variant_assertions: Template, images_template: dict[str, Any]
 ) -> None:
+    """Both images go to the images stack's repository (infra/images.py), not CDK's bootstrap
+    repository; it is emptied and deleted on destroy, and its lifecycle keeps what runs."""
+    from infra.images import KEEP_IMAGES, PUBLISH_ACTIONS
+
+    images = Template.from_json(images_template)
+    name = CDK_JSON_CONTEXT["imageRepositoryName"]
+    policy = Capture()
     only_one_has(
-        default_assertions,
+        images,
         "AWS::ECR::Repository",
         {
+            "RepositoryName": name,
             "ImageTagMutability": "IMMUTABLE",
             "ImageScanningConfiguration": Match.exact({"ScanOnPush": True}),
+            "EmptyOnDelete": True,
+            "LifecyclePolicy": {"LifecyclePolicyText": policy},
+            "RepositoryPolicyText": {
+                "Statement": [
+                    {
+                        "Action": list(PUBLISH_ACTIONS),
+                        "Principal": {
+                            "AWS": {
+                                "Fn::Sub": Match.string_like_regexp(
+                                    "cdk-hnb659fds-image-publishing-role"
+                                )
+                            }
+                        },
+                    }
+                ]
+            },
         },
     )
-    # Built from training/Dockerfile at deploy time: an Fn::Sub naming CDK's asset repository.
+    images.has_resource("AWS::ECR::Repository", {"DeletionPolicy": "Delete"})
+    rules = json.loads(policy.as_string())["rules"]
+    running = rules[0]["selection"]
     image = Capture()
     default_assertions.has_output("ImageUri", {"Value": image})
-    assert "container-assets" in json.dumps(image.as_object())
+    trainer_tag = json.dumps(image.as_object()).rsplit(":", 1)[1].strip('"}')
+    assert trainer_tag in running["tagPatternList"] and running["countNumber"] == 2
+    assert rules[-1]["selection"] == {
+        "tagStatus": "any",
+        "countType": "imageCountMoreThan",
+        "countNumber": KEEP_IMAGES,
+    }
+    assert f"/{name}:" in json.dumps(image.as_object())
+    assert "container-assets" not in json.dumps(default_assertions.to_json())
+    default_assertions.resource_count_is("AWS::ECR::Repository", 0)
     variant_assertions.has_output("ImageUri", {"Value": VARIANT_CONTEXT["imageUri"]})
 
 
@@ -783,7 +818,9 @@ def test_flow_logs_encrypted_with_the_stacks_key(default_assertions: Template) -
 
 
 def test_checkov_findings_are_acknowledged_on_their_resources(
-    default_assertions: Template, default_template: dict[str, Any]
+    default_assertions: Template,
+    default_template: dict[str, Any],
+    images_template: dict[str, Any],
 ) -> None:
     """checkov 3.3.30 over the default and variant templates found only these, on aws-cdk-lib's
     kubectl provider functions; each carries its acknowledgment (infra/nag.py) in the template,
@@ -797,9 +834,9 @@ def test_checkov_findings_are_acknowledged_on_their_resources(
     default_assertions.all_resources(
         "AWS::Lambda::Function", {"Metadata": {"checkov": {"skip": skips}}}
     )
-    # Fixed rather than acknowledged: ECR encrypted with KMS (CKV_AWS_136).
+    # Fixed rather than acknowledged: ECR encrypted with KMS (CKV_AWS_136), in the images stack.
     only_one_has(
-        default_assertions,
+        Template.from_json(images_template),
         "AWS::ECR::Repository",
         {"EncryptionConfiguration": Match.exact({"EncryptionType": "KMS"})},
     )
