@@ -24,7 +24,8 @@ from manifests.render import OVERLAYS
 app = cdk.App()
 try:
     config = load_config(app.node.try_get_context, overlays=OVERLAYS)
-    kept, last_template = first_deploy.load_kept(first_deploy.state_dir(app.node.try_get_context))
+    state = first_deploy.state_dir(app.node.try_get_context)
+    kept, last_template, last_others = first_deploy.load_kept(state)
     # The stack checks FSx against the overlays' checkpoints first (infra/sizing.py).
     build_stacks(
         app,
@@ -49,6 +50,10 @@ try:
         template=assembly.get_stack_by_name(STACK_NAME).template,
         acknowledged=first_deploy.acknowledged(app.node.try_get_context),
         region=config.network.region,
+        other_stacks={
+            stack: (before, assembly.get_stack_by_name(stack).template)
+            for stack, before in last_others.items()
+        },
     )
 except first_deploy.ReplacementRefused as err:
     print(f"What this deploy changes, against the last deploy:\n{err.report}", file=sys.stderr)

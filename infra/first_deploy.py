@@ -17,16 +17,22 @@ Either way it prints what the deploy replaces.
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from infra.config import ConfigError, StackConfig
+from infra.config import STACK_NAME, ConfigError, StackConfig
 
 SETTINGS_FILE = ".first-deploy"
 """Kept beside `.gpu-nodes` in the repository root (the Makefile names the same file)."""
 LAST_TEMPLATE_FILE = ".last-deploy.template.json"
-"""The template of the last successful `make deploy`, for `make diff` and the check below."""
+"""The training stack's template of the last successful `make deploy`, for `make diff` and the
+check below; the other stacks' templates are kept beside it (KEPT_STACKS)."""
+KEPT_STACKS = {"EksFsdpResilientImages": ".last-deploy.images.template.json"}
+"""Other stacks of the app whose last templates are kept and diffed too (infra/stack.py)."""
 ACK_KEY = "acknowledgeReplacement"
 STATE_DIR_KEY = "deployStateDir"
 """Context key of the folder holding the two files (default: the current directory, the
@@ -109,17 +115,29 @@ def check(
     template: Mapping[str, Any],
     acknowledged: Sequence[str],
     region: str,
+    other_stacks: Mapping[str, tuple[Mapping[str, Any] | None, Mapping[str, Any]]] | None = None,
 ) -> str:
     """The day-two report of a synthesized template; raises ConfigError (one line naming the
     setting or resource and the safe way) when the deploy must be refused.
 
     `kept` / `last_template`: the first-deploy settings and template of the last deploy (None
-    before the first deploy: nothing to compare, nothing refused).
+    before the first deploy: nothing to compare, nothing refused). `other_stacks`: the app's
+    other stacks, name -> (last template, template); their resources are named `stack.id`.
     """
+    import dataclasses
+
     from infra import replacements  # cfn-lint's schemas: loaded only when there is a diff
 
     changes = replacements.diff(last_template, template, region=region) if last_template else []
-    report = replacements.summary(changes) if last_template else "first deploy"
+    for stack, (before, after) in (other_stacks or {}).items():
+        if before is not None:
+            changes += [
+                dataclasses.replace(c, logical_id=f"{stack}.{c.logical_id}")
+                for c in replacements.diff(before, after, region=region)
+            ]
+    first = last_template is None and all(b is None for b, _ in (other_stacks or {}).values())
+    report = "first deploy" if first else replacements.summary(changes)
+
     for key in changed_settings(kept or {}, now):
         if key not in acknowledged:
             raise ReplacementRefused(
@@ -212,12 +230,58 @@ def state_dir(get: Callable[[str], Any]) -> Path:
     return Path(get(STATE_DIR_KEY) or ".")
 
 
-def load_kept(folder: Path) -> tuple[dict[str, str] | None, dict[str, Any] | None]:
-    """The kept settings and template of the last deploy (None where absent)."""
-    import json
+def load_kept(
+    folder: Path,
+) -> tuple[dict[str, str] | None, dict[str, Any] | None, dict[str, dict[str, Any] | None]]:
+    """The kept settings, training-stack template and other stacks' templates of the last
+    deploy (None where absent)."""
+
+    def read(name: str) -> dict[str, Any] | None:
+        path = folder / name
+        return json.loads(path.read_text()) if path.exists() else None
 
     settings_path = folder / SETTINGS_FILE
-    template_path = folder / LAST_TEMPLATE_FILE
     kept = parse(settings_path.read_text()) if settings_path.exists() else None
-    template = json.loads(template_path.read_text()) if template_path.exists() else None
-    return kept, template
+    others = {stack: read(name) for stack, name in KEPT_STACKS.items()}
+    return kept, read(LAST_TEMPLATE_FILE), others
+
+
+def keep(*, assembly: Path, folder: Path, stack_name: str) -> None:
+    """After a deploy succeeded: keep its settings and templates for the next deploy. Each file
+    is written beside its target and renamed over it, so none is ever half written."""
+    files = {
+        SETTINGS_FILE: assembly / SETTINGS_FILE.lstrip("."),
+        LAST_TEMPLATE_FILE: assembly / f"{stack_name}.template.json",
+        **{name: assembly / f"{stack}.template.json" for stack, name in KEPT_STACKS.items()},
+    }
+    missing = [str(source) for source in files.values() if not source.exists()]
+    if missing:
+        raise ConfigError(
+            "assembly", f"{', '.join(missing)} missing", "deploy again with `make deploy`"
+        )
+    for name, source in files.items():
+        partial = folder / f"{name}.partial"
+        partial.write_bytes(source.read_bytes())
+        os.replace(partial, folder / name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m infra.first_deploy keep cdk.out`: what `make deploy` runs after a deploy."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m infra.first_deploy")
+    parser.add_argument("command", choices=["keep"])
+    parser.add_argument("assembly", type=Path)
+    parser.add_argument("--state-dir", type=Path, default=Path("."))
+    parser.add_argument("--stack", default=STACK_NAME)
+    args = parser.parse_args(argv)
+    try:
+        keep(assembly=args.assembly, folder=args.state_dir, stack_name=args.stack)
+    except ConfigError as err:
+        print(f"Not kept: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -223,19 +223,38 @@ def _make_dry_run(*variables: str) -> str:
 
 def test_make_deploy_keeps_the_first_deploy_settings(tmp_path: Path) -> None:
     """Every later deploy passes the kept settings before ARGS (the CLI keeps the last -c of a
-    key), and keeps the template and settings of a deploy that succeeded."""
-    kept = tmp_path / "first-deploy"
-    kept.write_text(first_deploy.render(_kept()))
-    out = _make_dry_run(
-        "deploy", f"FIRST_DEPLOY_FILE={kept}", "GPU_NODES_FILE=/nonexistent", "ARGS=-c x=1"
-    )
+    key), and keeps the templates and settings of a deploy that succeeded."""
+    (tmp_path / first_deploy.SETTINGS_FILE).write_text(first_deploy.render(_kept()))
+    state = f"STATE_DIR={tmp_path}"
+    out = _make_dry_run("deploy", state, "GPU_NODES_FILE=/nonexistent", "ARGS=-c x=1")
     line = next(x for x in out.splitlines() if " deploy " in x)
     assert line.index("-c gpuAvailabilityZone=us-east-2a") < line.index("-c x=1")
-    assert f"cp cdk.out/{STACK_NAME}.template.json {first_deploy.LAST_TEMPLATE_FILE}" in out
-    assert f"cp cdk.out/{first_deploy.SETTINGS_FILE.lstrip('.')} {kept}" in out
+    assert f"-c {first_deploy.STATE_DIR_KEY}={tmp_path}" in line
+    assert f"-m infra.first_deploy keep cdk.out --stack {STACK_NAME} --state-dir {tmp_path}" in out
     # make diff synthesizes with the same context (the app prints the same report).
-    diff = _make_dry_run("diff", f"FIRST_DEPLOY_FILE={kept}", "GPU_NODES_FILE=/nonexistent")
+    diff = _make_dry_run("diff", state, "GPU_NODES_FILE=/nonexistent")
     assert "-c gpuAvailabilityZone=us-east-2a" in diff
+    destroy = _make_dry_run("destroy", state, "GPU_NODES_FILE=/nonexistent")
+    for name in (
+        first_deploy.SETTINGS_FILE,
+        first_deploy.LAST_TEMPLATE_FILE,
+        *first_deploy.KEPT_STACKS.values(),
+    ):
+        assert f"{tmp_path}/{name}" in destroy
+
+
+def test_keep_writes_every_file_or_none(tmp_path: Path, default_app: Any) -> None:
+    assembly = Path(default_app[1].synth().directory)
+    state = tmp_path / "state"
+    state.mkdir()
+    # No settings file in this assembly (app.py writes it): nothing is kept.
+    assert first_deploy.main(["keep", str(tmp_path / "empty"), "--state-dir", str(state)]) == 2
+    assert list(state.iterdir()) == []
+    (assembly / first_deploy.SETTINGS_FILE.lstrip(".")).write_text(first_deploy.render(_kept()))
+    assert first_deploy.main(["keep", str(assembly), "--state-dir", str(state)]) == 0
+    kept, template, others = first_deploy.load_kept(state)
+    assert kept == _kept() and template == default_app[0]
+    assert set(others) == set(first_deploy.KEPT_STACKS) and all(others.values())
 
 
 @pytest.mark.slow
@@ -371,3 +390,25 @@ def test_a_stack_deployed_before_issue_33_is_updated_in_place(tmp_path: Path) ->
     assert first_deploy.keeps_creator_admin(before)
     cluster = next(r for r in after["Resources"].values() if r["Type"] == "AWS::EKS::Cluster")
     assert "BootstrapClusterCreatorAdminPermissions" not in cluster["Properties"]["AccessConfig"]
+
+
+def test_the_images_stack_is_diffed_too(images_template: dict[str, Any]) -> None:
+    """A new repository name replaces the images stack's repository (RepositoryName is
+    create-only) and deletes its images: refused, named by stack and logical id."""
+    import copy
+
+    after = copy.deepcopy(images_template)
+    (repo,) = [r for r in after["Resources"].values() if r["Type"] == "AWS::ECR::Repository"]
+    repo["Properties"]["RepositoryName"] = "another-name"
+    with pytest.raises(
+        first_deploy.ReplacementRefused, match=r"EksFsdpResilientImages\.Repository"
+    ):
+        first_deploy.check(
+            kept=_kept(),
+            now=_kept(),
+            last_template=None,
+            template={},
+            acknowledged=(),
+            region=REGION,
+            other_stacks={"EksFsdpResilientImages": (images_template, after)},
+        )
