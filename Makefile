@@ -84,28 +84,39 @@ bench: $(VENV)/.stamp data ## Run every benchmark side by side and print the tab
 	$(PY) -m bench.run_all $(ARGS)
 
 # --- infrastructure -------------------------------------------------------------------------
-synth: setup ## Synthesize the CloudFormation templates offline
-	$(CDK) synth --no-notices --no-lookups --no-version-reporting $(ARGS)
-
-diff: setup ## Compare the deployed stack with the local one
-	$(CDK) diff --no-notices $(ARGS)
-
+STACK := EksFsdpResilient
 # The GPU node count the last `make gpu-nodes` asked for: every deploy passes it on, so a plain
 # `make deploy` (say, to change a setting) never scales running nodes back to cdk.json's 0.
 GPU_NODES_FILE := .gpu-nodes
+# First-deploy settings (GPU zone, capacity type, reservation, placement group) and the last
+# deploy's template, kept after each deploy succeeds (infra/first_deploy.py): later deploys keep
+# the settings, and synth refuses what would replace state unless acknowledged.
+STATE_DIR := .
+FIRST_DEPLOY_FILE := $(STATE_DIR)/.first-deploy
+LAST_TEMPLATES := $(STATE_DIR)/.last-deploy.template.json $(STATE_DIR)/.last-deploy.images.template.json
+# Kept context first, ARGS last: the CDK CLI keeps the last -c of a key.
+KEPT_CONTEXT = -c deployStateDir=$(STATE_DIR) $(if $(wildcard $(FIRST_DEPLOY_FILE)),$(foreach kv,$(shell cat $(FIRST_DEPLOY_FILE)),-c $(kv))) \
+  $(if $(wildcard $(GPU_NODES_FILE)),-c gpuNodesDesired=$(shell cat $(GPU_NODES_FILE)))
 
-deploy: setup ## Deploy the stack (needs AWS credentials); writes cdk-outputs.json
-	$(CDK) deploy --no-notices --outputs-file cdk-outputs.json \
-	  $(if $(wildcard $(GPU_NODES_FILE)),-c gpuNodesDesired=$(shell cat $(GPU_NODES_FILE))) $(ARGS)
+synth: setup ## Synthesize the CloudFormation templates offline (with the kept deploy settings)
+	$(CDK) synth --no-notices --no-lookups --no-version-reporting --quiet $(KEPT_CONTEXT) $(ARGS)
+
+diff: setup ## Offline: what the next deploy replaces, against the last deploy's template
+	@test -f $(word 1,$(LAST_TEMPLATES)) || echo "No kept template yet: the next deploy is a first deploy." >&2
+	$(CDK) synth --no-notices --no-lookups --no-version-reporting --quiet $(KEPT_CONTEXT) $(ARGS)
+
+deploy: setup ## Deploy the stacks (needs AWS credentials); writes cdk-outputs.json
+	$(CDK) deploy --all --no-notices --outputs-file cdk-outputs.json $(KEPT_CONTEXT) $(ARGS)
+	$(PY) -m infra.first_deploy keep cdk.out --stack $(STACK) --state-dir $(STATE_DIR)
 
 gpu-nodes: ## Set the GPU node count, kept for later deploys: make gpu-nodes NODES=2
 	@[[ "$(NODES)" =~ ^[0-9]+$$ ]] || { echo "NODES: give the GPU node count, e.g. make gpu-nodes NODES=2" >&2; exit 2; }
+	$(MAKE) --no-print-directory deploy ARGS='-c gpuNodesDesired=$(NODES) $(ARGS)'
 	echo $(NODES) > $(GPU_NODES_FILE)
-	$(MAKE) --no-print-directory deploy
 
-destroy: setup ## Tear the stack down (the FSx file system is kept unless fsxRemovalPolicy says otherwise)
-	$(CDK) destroy --no-notices $(ARGS)
-	rm -f $(GPU_NODES_FILE)
+destroy: setup ## Tear the stacks down, images included (the FSx file system is kept unless fsxRemovalPolicy says otherwise)
+	$(CDK) destroy --all --no-notices $(KEPT_CONTEXT) $(ARGS)
+	rm -f $(GPU_NODES_FILE) $(FIRST_DEPLOY_FILE) $(LAST_TEMPLATES)
 
 # --- quality --------------------------------------------------------------------------------
 lint: $(VENV)/.stamp ## ruff lint + format check

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk.lambda_layer_kubectl_v36 import KubectlV36Layer
 from constructs import Construct
 
 from infra.config import ClusterConfig
+from infra.pod_identity import pod_identity_role
 
 # Each supported Kubernetes version with its eks_v2 constant and its matching kubectl layer.
 _VERSIONS = {"1.36": (eks.KubernetesVersion.V1_36, KubectlV36Layer)}
@@ -23,6 +28,60 @@ _ALL_LOG_TYPES = [
 ]
 
 
+# What every node role holds: the kubelet's own EKS calls and image pulls. The VPC CNI's ENI
+# permissions are not here: aws-node gets them through Pod Identity (TrainingCluster), and
+# `...PullOnly` is the least ECR access that pulls images (EKS user guide, "Amazon EKS node IAM
+# role": AmazonEKSWorkerNodePolicy and AmazonEC2ContainerRegistryPullOnly; the CNI policy "on
+# the node role, or ... (recommended) on a separate role for the aws-node service account").
+NODE_ROLE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryPullOnly")
+CNI_POLICY = "AmazonEKS_CNI_Policy"
+CNI_SERVICE_ACCOUNT = "aws-node"
+# The VPC CNI add-on's configuration: its network policy agent enforces NetworkPolicy objects
+# (the rendezvous store's); without it they are accepted and ignored (EKS user guide,
+# "Restrict Pod network traffic with Kubernetes network policies", cni-network-policy-configure:
+# add-on configuration `{"enableNetworkPolicy": "true"}`).
+VPC_CNI_CONFIGURATION = {"enableNetworkPolicy": "true"}
+# Node auto repair: how many nodes EKS repairs at once, and when it stops because too many are
+# unhealthy (a fault of the AMI or the driver, not of the nodes). System nodes: one at a time,
+# so the add-ons and the rendezvous store keep a node. GPU nodes: two at a time, stopping above
+# half of the group (AWS::EKS::Nodegroup NodeRepairConfig; defaults: no limit on parallel
+# repairs, and above 20% of a group of more than five nodes repairs stop).
+SYSTEM_NODE_REPAIR = {"Enabled": True, "MaxParallelNodesRepairedCount": 1}
+GPU_NODE_REPAIR = {
+    "Enabled": True,
+    "MaxParallelNodesRepairedCount": 2,
+    "MaxUnhealthyNodeThresholdPercentage": 50,
+}
+
+
+def harden_nodegroup(
+    nodegroup: eks.Nodegroup, *, version: str, repair: dict, after: Sequence[eks.CfnAddon] = ()
+) -> None:
+    """The settings both node groups share: Kubernetes version, node role policies, repair."""
+    follow_cluster_version(nodegroup, version)
+    cfn = nodegroup.node.default_child
+    cfn.add_property_override("NodeRepairConfig", repair)  # type: ignore[union-attr]
+    # The node role keeps its logical id (NodeRole is create-only on the node group): only its
+    # policy list changes, in place, once aws-node has its own credentials (`after`).
+    (role,) = [c for c in nodegroup.role.node.children if isinstance(c, iam.CfnRole)]
+    # Set on the L1 (replacing the L2 role's lazy list), so cdk-nag sees what is deployed.
+    role.managed_policy_arns = [
+        iam.ManagedPolicy.from_aws_managed_policy_name(p).managed_policy_arn
+        for p in NODE_ROLE_POLICIES
+    ]
+    for addon in after:
+        nodegroup.role.node.add_dependency(addon)
+
+
+def follow_cluster_version(nodegroup: eks.Nodegroup, version: str) -> None:
+    """Pin a node group's Kubernetes version to the cluster's. Without `Version` a node group
+    keeps the version it was created with when the control plane is upgraded
+    (AWS::EKS::Nodegroup: the cluster's version is used only at creation); with it, a version
+    bump updates the control plane and then rolls the nodes (EKS UpdateNodegroupVersion; the
+    node group depends on the cluster, so CloudFormation updates it second)."""
+    nodegroup.node.default_child.add_property_override("Version", version)  # type: ignore[union-attr]
+
+
 class TrainingCluster(Construct):
     """An EKS cluster with managed node groups only (no Auto Mode), KMS-encrypted secrets, every
     control-plane log, an endpoint restricted to the configured CIDRs (or private only), an
@@ -33,7 +92,13 @@ class TrainingCluster(Construct):
     """
 
     def __init__(
-        self, scope: Construct, construct_id: str, *, vpc: ec2.IVpc, config: ClusterConfig
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        vpc: ec2.IVpc,
+        config: ClusterConfig,
+        keep_creator_admin: bool = False,
     ) -> None:
         super().__init__(scope, construct_id)
         version, layer = _VERSIONS[config.kubernetes_version]
@@ -72,6 +137,11 @@ class TrainingCluster(Construct):
             ),
             # The update-kubeconfig command is a stack output with a stable name instead.
             output_config_command=False,
+            # The principal that creates the cluster (CloudFormation's role) gets no standing
+            # cluster-admin; the kubectl provider and adminPrincipalArn have access entries.
+            # Create-only: a stack deployed with it keeps it (`keep_creator_admin`, from the
+            # last deploy's template, infra/first_deploy.py) rather than replace the cluster.
+            bootstrap_cluster_creator_admin_permissions=None if keep_creator_admin else False,
         )
         if config.admin_principal_arn:
             self.cluster.grant_access(
@@ -118,3 +188,38 @@ class TrainingCluster(Construct):
         # Add-ons need nodes to schedule on; without the dependency their creation can time out.
         for addon in (self.pod_identity_agent, self.node_monitoring_agent):
             addon.node.add_dependency(self.system_nodegroup)
+
+        # The VPC CNI as a managed add-on: its own role through Pod Identity (so the node roles
+        # drop the CNI policy) and its network policy agent on.
+        self.cni_role = pod_identity_role(
+            self,
+            "VpcCniRole",
+            cluster=self.cluster,
+            namespace="kube-system",
+            service_account=CNI_SERVICE_ACCOUNT,
+            description="VPC CNI (aws-node) through EKS Pod Identity",
+        )
+        self.cni_role.add_managed_policy(iam.ManagedPolicy.from_aws_managed_policy_name(CNI_POLICY))
+        self.vpc_cni = eks.CfnAddon(
+            self,
+            "VpcCni",
+            addon_name="vpc-cni",
+            cluster_name=self.cluster.cluster_name,
+            # Takes over the aws-node DaemonSet EKS installed at creation.
+            resolve_conflicts="OVERWRITE",
+            preserve_on_delete=False,
+            configuration_values=json.dumps(VPC_CNI_CONFIGURATION),
+            pod_identity_associations=[
+                eks.CfnAddon.PodIdentityAssociationProperty(
+                    service_account=CNI_SERVICE_ACCOUNT, role_arn=self.cni_role.role_arn
+                )
+            ],
+        )
+        # No dependency on nodes: the node roles wait for this add-on (harden_nodegroup), so on
+        # an update aws-node has its own role before the node role drops the CNI policy.
+        harden_nodegroup(
+            self.system_nodegroup,
+            version=config.kubernetes_version,
+            repair=SYSTEM_NODE_REPAIR,
+            after=[self.vpc_cni],
+        )

@@ -29,7 +29,10 @@ SUPPORTED_KUBERNETES_VERSIONS = ("1.36",)
 GPU_INSTANCE_TYPE = "p5.48xlarge"
 
 CAPACITY_TYPES = ("on-demand", "capacity-reservation", "capacity-block")
-EFA_INTERFACE_TYPES = ("efa-only", "efa")
+# The p5 network-card layouts of EC2's EFA guide ("EFA configuration for P5 and P5e instances"):
+# `efa-only`: use case 1 (one ENA, 32 EFA-only interfaces, one IP); `ip-bandwidth`: use case 2
+# (seven more ENA interfaces for up to 800 Gbps of IP traffic, eight IPs).
+EFA_INTERFACE_TYPES = ("efa-only", "ip-bandwidth")
 # What happens to the file system on `cdk destroy` (or when it leaves the stack). CloudFormation's
 # Snapshot deletion policy does not cover AWS::FSx::FileSystem (DeletionPolicy docs list the
 # types), so the choice is RETAIN (default: checkpoints survive) or an explicit opt-in to DESTROY;
@@ -93,9 +96,13 @@ class GpuNodesConfig:
     capacity_reservation_id: str | None
     """`cr-...` id of the reservation or capacity block; required unless on-demand."""
     efa_secondary_interface_type: str
-    """Interface type on network cards 1..31: `efa-only` (no IP address used) or `efa`."""
+    """Network-card layout (EFA_INTERFACE_TYPES): `efa-only` (the EC2 guide's use case 1) or
+    `ip-bandwidth` (use case 2: ENA interfaces on cards 4, 8, ..., 28 as well)."""
     root_volume_gib: int
-    """Size of the gp3 root volume (container images for CUDA + PyTorch are large)."""
+    """Size of the gp3 root volume: the OS, drivers and logs. Container images, the kubelet's
+    pods and their logs live on the instance-store NVMe RAID0 that nodeadm builds
+    (`localStorage: RAID0` bind-mounts /var/lib/containerd, /var/lib/kubelet and /var/log/pods
+    onto it: amazon-eks-ami templates/shared/runtime/bin/setup-local-disks)."""
     capacity_block_active: bool = False
     """The Capacity Block has started (`-c capacityBlockActive=true`): only then may a
     capacity-block group have nodes (before its start EC2 cannot launch them)."""
@@ -392,8 +399,20 @@ def _gpu(get: Getter) -> GpuNodesConfig:
             f"{group!r} is not a placement group name",
             "give the name of the group the reservation was created in",
         )
+    if get("efaSecondaryInterfaceType") == "efa":
+        raise ConfigError(
+            "efaSecondaryInterfaceType",
+            "'efa' (an ENA on each of 31 cards) is the older layout the EC2 guide no longer shows",
+            "use efa-only (one IP per node) or ip-bandwidth (8 ENA interfaces)",
+        )
     efa = _choice(get, "efaSecondaryInterfaceType", EFA_INTERFACE_TYPES)
-    root = _int(get, "gpuRootVolumeGiB", minimum=100, fix="use at least 100 (CUDA images are big)")
+    root = _int(
+        get,
+        "gpuRootVolumeGiB",
+        minimum=100,
+        fix="use at least 100 (the OS and the AMI's drivers; images and pods' ephemeral storage "
+        "live on the instance-store RAID0)",
+    )
     return GpuNodesConfig(
         min_size=low,
         desired_size=desired,

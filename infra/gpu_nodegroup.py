@@ -4,11 +4,14 @@ GPU labels and taints, and an update strategy that needs no spare capacity."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from aws_cdk import Fn
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
+from infra.cluster import GPU_NODE_REPAIR, harden_nodegroup
 from infra.config import GPU_INSTANCE_TYPE, GpuNodesConfig
 from manifests.sizes import P5_48XLARGE
 
@@ -22,11 +25,13 @@ UPDATE_STRATEGY = "MINIMAL"
 
 # Pods that need a GPU tolerate this taint; nothing else lands on a p5 by accident.
 GPU_TAINT_KEY = "nvidia.com/gpu"
-# Set on every GPU node at registration; the FSx CSI node driver removes it once its Lustre
-# client is ready, so no pod that mounts FSx starts before it (aws-fsx-csi-driver docs/install.md,
-# "Configure node startup taint": "use the taint `fsx.csi.aws.com/agent-not-ready:NoExecute`").
-# The driver's node DaemonSet tolerates every taint; pods that do not tolerate this one (the
-# trainer, the device plugins, the DCGM exporter) are scheduled only after its removal.
+# Set on every GPU node at registration; the FSx CSI node driver removes it when it starts
+# (aws-fsx-csi-driver docs/install.md, "Configure node startup taint"), which says the driver
+# runs, not that a Lustre mount works: the Lustre client itself is installed and loaded by the
+# user data before the kubelet starts (LUSTRE_SCRIPT), and the trainer's start-up check verifies
+# that /fsx is a writable Lustre mount. The driver's node DaemonSet tolerates every taint; pods
+# that do not tolerate this one (the trainer, the device plugins, the DCGM exporter) are
+# scheduled only after its removal.
 FSX_STARTUP_TAINT_KEY = "fsx.csi.aws.com/agent-not-ready"
 GPU_LABELS = {
     "node-role": "gpu",
@@ -36,6 +41,41 @@ GPU_LABELS = {
 }
 
 HUGEPAGE_SIZE_MIB = 2
+
+# The Lustre client's user-space tools (lctl, mount.lustre) and kernel module, before the
+# kubelet starts. Current AL2023 EKS AMIs ship neither the tools nor a loaded module: Amazon Linux
+# splits the kernel module from the user-space package, and without `lctl` the file servers
+# cannot push client settings ("error invoking upcall /usr/sbin/lctl set_param",
+# kubernetes-sigs/aws-fsx-csi-driver issue 436 and PR 460, "Amazon-Linux based distros have
+# kernel module and userspace tool separate"). The EKS AMI maintainers keep lustre-client out of
+# the AMI and point to user data: `dnf install -y lustre-client` (awslabs/amazon-eks-ami PR 2696,
+# review of 2026-05-01). A node that cannot install or load it never joins the cluster: the
+# script stops nodeadm-run.service (which starts the kubelet after cloud-final) and says why on
+# the serial console, so the node group reports the node as failed to join instead of running
+# pods whose /fsx mount fails later.
+LUSTRE_SCRIPT = """#!/bin/bash
+# Lustre client tools and module for FSx (see infra/gpu_nodegroup.py). Fails the node loudly.
+set -uo pipefail
+fail() {
+  echo "lustre-client: $*; this node will not join the cluster" | tee -a /dev/console >&2
+  systemctl mask --now --no-block nodeadm-run.service
+  exit 1
+}
+installed=0
+for attempt in 1 2 3 4 5; do
+  if rpm -q lustre-client >/dev/null 2>&1 || dnf install -y lustre-client; then
+    installed=1
+    break
+  fi
+  sleep $((attempt * 10))
+done
+[ "$installed" = 1 ] || fail "dnf install -y lustre-client failed 5 times"
+command -v lctl >/dev/null || fail "lctl is missing after installing lustre-client"
+modprobe lustre || fail "modprobe lustre failed (kernel $(uname -r))"
+grep -q '^lustre ' /proc/modules || fail "the lustre module is not loaded"
+# Loaded again at every boot (a reboot does not rerun this part).
+echo lustre > /etc/modules-load.d/lustre.conf
+"""
 
 
 def _mebibytes(quantity: str) -> int:
@@ -64,6 +104,8 @@ def node_user_data(*, hugepages: int) -> str:
     - `application/node.eks.aws`: nodeadm merges this NodeConfig with the one EKS generates; the
       eight local NVMe SSDs become one RAID0 array for the kubelet and containerd, so image
       layers and pods' ephemeral storage do not fill the root volume.
+    - `text/x-shellscript` (LUSTRE_SCRIPT): installs lustre-client and loads the lustre module,
+      or keeps the node from joining (see LUSTRE_SCRIPT's comment for the sources).
     - `text/x-shellscript`: reserves `hugepages` 2 MiB pages (and persists the setting across
       reboots). cloud-init runs it in cloud-final; nodeadm-run.service, which starts the
       kubelet, is ordered `After=... cloud-final.service` (amazon-eks-ami
@@ -92,6 +134,10 @@ spec:
 --==NODEADM==
 Content-Type: text/x-shellscript; charset="us-ascii"
 
+{LUSTRE_SCRIPT}
+--==NODEADM==
+Content-Type: text/x-shellscript; charset="us-ascii"
+
 #!/bin/bash
 # 2 MiB huge pages for the EFA provider (libfabric), before the kubelet starts. Only raises the
 # count: pages something else reserved are kept.
@@ -111,36 +157,44 @@ fi
 """
 
 
-def network_interfaces(
-    *, primary_groups: list[str], efa_groups: list[str], secondary_type: str
-) -> list[ec2.CfnLaunchTemplate.NetworkInterfaceProperty]:
-    """One EFA interface per network card, per EC2's guidance for P5.
+# Cards whose device index 1 carries an ENA interface in the `ip-bandwidth` layout (EC2 guide,
+# p5 use case 2: one ENA in each of the subsets [4-7], [8-11], ..., [28-31]).
+IP_BANDWIDTH_CARDS = tuple(range(4, P5_NETWORK_CARDS, 4))
 
-    Card 0, device 0 is the primary interface and must be `efa` (EFA with ENA): it carries the
-    node's IP traffic and the cluster security group. Cards 1..31 use device index 1 and are
-    `efa-only` (no IP address consumed) or `efa`, carrying only the EFA security group.
-    Security groups go on each interface: a launch template with interfaces may not set
-    top-level security groups.
+
+def network_interfaces(
+    *, ena_groups: list[str], efa_groups: list[str], layout: str
+) -> list[ec2.CfnLaunchTemplate.NetworkInterfaceProperty]:
+    """The p5 layout of EC2's EFA guide ("Maximize network bandwidth on Amazon EC2 instances
+    with multiple network cards", efa-acc-inst-types.html, "EFA configuration for P5 and P5e
+    instances"):
+
+    - card 0, device 0: the primary, an ENA interface ("You can't use an EFA-only network
+      interface as the primary network interface"), carrying the node's and pods' IP traffic;
+    - card 0, device 1 and cards 1..31, device 0: EFA-only interfaces (no IP address);
+    - `ip-bandwidth` only: ENA interfaces on device 1 of cards 4, 8, ..., 28 (use case 2).
+
+    ENA interfaces carry the cluster security group, EFA-only ones the EFA group. Security
+    groups go on each interface: a launch template with interfaces may not set top-level ones.
     """
-    interfaces = [
-        ec2.CfnLaunchTemplate.NetworkInterfaceProperty(
-            network_card_index=0,
-            device_index=0,
-            interface_type="efa",
-            groups=primary_groups,
-            delete_on_termination=True,
-        )
-    ]
-    interfaces += [
-        ec2.CfnLaunchTemplate.NetworkInterfaceProperty(
+
+    def interface(
+        card: int, device: int, efa: bool
+    ) -> ec2.CfnLaunchTemplate.NetworkInterfaceProperty:
+        return ec2.CfnLaunchTemplate.NetworkInterfaceProperty(
             network_card_index=card,
-            device_index=1,
-            interface_type=secondary_type,
-            groups=efa_groups,
+            device_index=device,
+            # Omitted means `interface` (ENA) (AWS::EC2::LaunchTemplate NetworkInterface).
+            interface_type="efa-only" if efa else None,
+            groups=efa_groups if efa else ena_groups,
             delete_on_termination=True,
         )
-        for card in range(1, P5_NETWORK_CARDS)
-    ]
+
+    interfaces = [interface(0, 0, efa=False), interface(0, 1, efa=True)]
+    for card in range(1, P5_NETWORK_CARDS):
+        interfaces.append(interface(card, 0, efa=True))
+        if layout == "ip-bandwidth" and card in IP_BANDWIDTH_CARDS:
+            interfaces.append(interface(card, 1, efa=False))
     return interfaces
 
 
@@ -159,6 +213,8 @@ class GpuNodeGroup(Construct):
         subnet: ec2.ISubnet,
         efa_security_group: ec2.ISecurityGroup,
         config: GpuNodesConfig,
+        kubernetes_version: str,
+        after: Sequence[eks.CfnAddon] = (),
     ) -> None:
         super().__init__(scope, construct_id)
         self.placement_group: ec2.CfnPlacementGroup | None = None
@@ -170,9 +226,9 @@ class GpuNodeGroup(Construct):
             # lacks P5 and would reject it (the AMI type below is set explicitly instead).
             instance_type=GPU_INSTANCE_TYPE,
             network_interfaces=network_interfaces(
-                primary_groups=[cluster.cluster_security_group_id, efa_sg],
+                ena_groups=[cluster.cluster_security_group_id],
                 efa_groups=[efa_sg],
-                secondary_type=config.efa_secondary_interface_type,
+                layout=config.efa_secondary_interface_type,
             ),
             placement=placement,
             metadata_options=ec2.CfnLaunchTemplate.MetadataOptionsProperty(
@@ -248,6 +304,11 @@ class GpuNodeGroup(Construct):
         # eks_v2's node group props have no update strategy: set it on the L1.
         cfn = self.nodegroup.node.default_child
         cfn.add_property_override("UpdateConfig.UpdateStrategy", UPDATE_STRATEGY)  # type: ignore[union-attr]
+        # A version bump rolls these nodes too (infra/cluster.py). For a Capacity Block the
+        # app refuses any rolling update while the group has nodes (infra/first_deploy.py).
+        harden_nodegroup(
+            self.nodegroup, version=kubernetes_version, repair=GPU_NODE_REPAIR, after=after
+        )
 
 
 def _placement(

@@ -1,55 +1,81 @@
-"""The trainer's container image: an ECR repository and a Docker image asset built from
-training/Dockerfile at deploy time (synth only fingerprints the files; it needs no Docker)."""
+"""The two container images: the trainer's (training/Dockerfile) and the rendezvous store's
+(infra/rdzv-store.Dockerfile), each a Docker image asset built at deploy time (synth only
+fingerprints the files; it needs no Docker).
+
+Each asset's hash covers its own build context only: the trainer's is the repository root
+narrowed by .dockerignore (an allow-list of image inputs); the store's is the few files its
+Dockerfile copies (STORE_CONTEXT). A new trainer image therefore never changes the store's pod
+template, and deploy state or docs never change either image.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from aws_cdk import IgnoreMode, RemovalPolicy
-from aws_cdk import aws_ecr as ecr
+from aws_cdk import IgnoreMode
 from aws_cdk import aws_ecr_assets as ecr_assets
 from constructs import Construct
 
 from infra.config import ImageConfig
 
-# The build context is the repository root (the image runs `pip install .[train]`);
-# .dockerignore keeps .venv, node_modules, cdk.out, runs, data and .git out of it.
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = "training/Dockerfile"
+STORE_DOCKERFILE = "infra/rdzv-store.Dockerfile"
+# The store image's build context, after .dockerignore: everything out, then exactly what
+# STORE_DOCKERFILE copies (Docker's matching rules: the last matching pattern wins).
+STORE_CONTEXT = (
+    STORE_DOCKERFILE,
+    "training/__init__.py",
+    "training/launch/__init__.py",
+    "training/launch/rdzv_store.py",
+)
+
+
+def _asset(
+    scope: Construct,
+    construct_id: str,
+    *,
+    directory: Path,
+    file: str,
+    only: tuple[str, ...] = (),
+) -> ecr_assets.DockerImageAsset:
+    return ecr_assets.DockerImageAsset(
+        scope,
+        construct_id,
+        directory=str(directory),
+        file=file,
+        # p5 and the system nodes are x86_64; building on an arm64 laptop must still give amd64.
+        platform=ecr_assets.Platform.LINUX_AMD64,
+        # .dockerignore (then `only`, as an allow-list) decides what the context holds and what
+        # the hash covers, with Docker's own matching rules.
+        ignore_mode=IgnoreMode.DOCKER,
+        exclude=["*", *(f"!{path}" for path in only)] if only else None,
+    )
 
 
 class TrainerImage(Construct):
-    """Attributes: `repository` (for images pushed outside CDK, e.g. by CI) and `image_uri` (what
-    the pods run: the configured prebuilt image, or the asset CDK builds and publishes)."""
+    """Attributes: `image_uri` (what the training pods run: the configured prebuilt image, or
+    the asset CDK builds and publishes), `store_image_uri` (the rendezvous store's own image)
+    and `tags` (the image tags the stack runs, which the repository's lifecycle keeps)."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, config: ImageConfig) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: ImageConfig,
+        directory: Path = REPO_ROOT,
+    ) -> None:
         super().__init__(scope, construct_id)
-        self.repository = ecr.Repository(
-            self,
-            "Repository",
-            repository_name=config.repository_name,
-            image_scan_on_push=True,
-            # A tag always names the same image: a restarted pod never runs different code.
-            image_tag_mutability=ecr.TagMutability.IMMUTABLE,
-            # KMS (the AWS-managed aws/ecr key) rather than AES256: the IaC scan's CKV_AWS_136.
-            encryption=ecr.RepositoryEncryption.KMS,
-            lifecycle_rules=[ecr.LifecycleRule(max_image_count=20, description="last 20 images")],
-            removal_policy=RemovalPolicy.DESTROY,
-            empty_on_delete=True,
-        )
         if config.image_uri:
             self.asset: ecr_assets.DockerImageAsset | None = None
             self.image_uri = config.image_uri
         else:
-            self.asset = ecr_assets.DockerImageAsset(
-                self,
-                "Asset",
-                directory=str(REPO_ROOT),
-                file=DOCKERFILE,
-                # p5 nodes are x86_64; building on an arm64 laptop must still give amd64.
-                platform=ecr_assets.Platform.LINUX_AMD64,
-                # .dockerignore decides what the context holds and what the hash covers, with
-                # Docker's own matching rules.
-                ignore_mode=IgnoreMode.DOCKER,
-            )
+            self.asset = _asset(self, "Asset", directory=directory, file=DOCKERFILE)
             self.image_uri = self.asset.image_uri
+        self.store_asset = _asset(
+            self, "StoreAsset", directory=directory, file=STORE_DOCKERFILE, only=STORE_CONTEXT
+        )
+        self.store_image_uri = self.store_asset.image_uri
+        # The synthesizer tags each asset with its hash (no tag prefix is configured).
+        self.tags = tuple(a.asset_hash for a in (self.asset, self.store_asset) if a is not None)

@@ -37,6 +37,7 @@ def acknowledge(
     cluster: eks.Cluster,
     nodegroups: Sequence[IConstruct],
     csi_role: IConstruct,
+    cni_role: IConstruct,
 ) -> None:
     """Acknowledge, each on the construct it concerns and with its reason, the findings this
     design accepts. Nothing is acknowledged stack-wide: a new finding anywhere fails synth."""
@@ -46,6 +47,7 @@ def acknowledge(
         (kubectl_provider, KUBECTL_PROVIDER),
         *((nodegroup, NODE_ROLE) for nodegroup in nodegroups),
         (csi_role, FSX_CSI_ROLE),
+        (cni_role, VPC_CNI_ROLE),
     ):
         for rule, reason in acknowledgments.items():
             Validations.of(scope).acknowledge(
@@ -79,13 +81,16 @@ NODE_ROLE = {
         "Required by every EKS managed node (kubelet registration, EKS API reads); EKS documents "
         "this managed policy as the node role's baseline."
     ),
-    _managed("AmazonEKS_CNI_Policy"): (
-        "The VPC CNI on the nodes assigns pod IPs through ENI calls; this is the documented "
-        "managed policy for it (the CNI runs before Pod Identity is available on a new node)."
+    _managed("AmazonEC2ContainerRegistryPullOnly"): (
+        "Nodes pull the trainer, store and EKS add-on images from ECR; PullOnly is the least "
+        "ECR access that pulls (EKS user guide, 'Amazon EKS node IAM role'). The CNI policy is "
+        "not on the node role: aws-node has its own role (VPC_CNI_ROLE)."
     ),
-    _managed("AmazonEC2ContainerRegistryReadOnly"): (
-        "Nodes pull the trainer image and EKS add-on images from ECR; read-only access to ECR "
-        "is what the managed policy grants."
+}
+VPC_CNI_ROLE = {
+    _managed("AmazonEKS_CNI_Policy"): (
+        "The VPC CNI (aws-node, through Pod Identity) assigns pod IPs with EC2 ENI calls; this "
+        "is the managed policy EKS documents for it, kept up to date by AWS with the CNI."
     ),
 }
 KUBECTL_PROVIDER = {

@@ -4,15 +4,16 @@ job launcher reads from cdk-outputs.json."""
 
 from __future__ import annotations
 
-from aws_cdk import CfnOutput, Stack
+from aws_cdk import App, Aws, CfnOutput, DefaultStackSynthesizer, Environment, Stack
 from constructs import Construct
 
 from infra import nag, sizing
 from infra.addons import DevicePlugins
 from infra.cluster import TrainingCluster
-from infra.config import StackConfig
+from infra.config import STACK_NAME, StackConfig
 from infra.gpu_nodegroup import GpuNodeGroup
 from infra.image import TrainerImage
+from infra.images import ImagesStack
 from infra.network import Network
 from infra.storage import LustreStorage
 from infra.workloads import TrainingWorkloads
@@ -22,7 +23,13 @@ class TrainingClusterStack(Stack):
     """EKS + p5.48xlarge/EFA + FSx for Lustre for fault-tolerant FSDP2 training."""
 
     def __init__(
-        self, scope: Construct, construct_id: str, *, config: StackConfig, **kwargs
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: StackConfig,
+        keep_creator_admin: bool = False,
+        **kwargs,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
         # Before any construct: a file system too small or too slow for the largest overlay is
@@ -39,7 +46,13 @@ class TrainingClusterStack(Stack):
             gpu_availability_zone=config.network.gpu_availability_zone,
             vpc_cidr=config.network.vpc_cidr,
         )
-        cluster = TrainingCluster(self, "Eks", vpc=network.vpc, config=config.cluster)
+        cluster = TrainingCluster(
+            self,
+            "Eks",
+            vpc=network.vpc,
+            config=config.cluster,
+            keep_creator_admin=keep_creator_admin,
+        )
         gpu = GpuNodeGroup(
             self,
             "Gpu",
@@ -47,6 +60,8 @@ class TrainingClusterStack(Stack):
             subnet=network.gpu_subnet,
             efa_security_group=network.efa_security_group,
             config=config.gpu,
+            kubernetes_version=config.cluster.kubernetes_version,
+            after=[cluster.vpc_cni],
         )
         storage = LustreStorage(
             self,
@@ -59,6 +74,7 @@ class TrainingClusterStack(Stack):
         )
         DevicePlugins(self, "DevicePlugins", cluster=cluster.cluster)
         image = TrainerImage(self, "TrainerImage", config=config.image)
+        self.image_tags = image.tags
         fs = storage.file_system
         TrainingWorkloads(
             self,
@@ -70,12 +86,14 @@ class TrainingClusterStack(Stack):
             mount_name=fs.mount_name,
             storage_capacity_gib=config.fsx.storage_capacity_gib,
             image=image.image_uri,
+            store_image=image.store_image_uri,
             csi_driver=storage.csi_driver,
         )
         nag.acknowledge(
             cluster=cluster.cluster,
             nodegroups=[cluster.system_nodegroup, gpu.nodegroup],
             csi_role=storage.csi_role,
+            cni_role=cluster.cni_role,
         )
 
         name = config.cluster.cluster_name
@@ -91,9 +109,47 @@ class TrainingClusterStack(Stack):
             "FsxDnsName": (fs.dns_name, "FSx for Lustre DNS name"),
             "FsxMountName": (fs.mount_name, "FSx for Lustre mount name"),
             "ImageUri": (image.image_uri, "Trainer image the pods run"),
-            "ImageRepositoryUri": (image.repository.repository_uri, "ECR repository for CI"),
+            "ImageRepositoryUri": (
+                f"{Aws.ACCOUNT_ID}.dkr.ecr.{Aws.REGION}.{Aws.URL_SUFFIX}/"
+                f"{config.image.repository_name}",
+                "ECR repository of the images (infra/images.py); CI may push here too",
+            ),
             "TrainingNamespace": (config.workload.namespace, "Namespace of the training job"),
             "GpuNodegroupName": (gpu.nodegroup.nodegroup_name, "p5.48xlarge node group"),
         }
         for output_id, (value, description) in outputs.items():
             CfnOutput(self, output_id, value=value, description=description)
+
+
+IMAGES_STACK_NAME = f"{STACK_NAME}Images"
+
+
+def build_stacks(
+    app: App, *, config: StackConfig, keep_creator_admin: bool = False
+) -> TrainingClusterStack:
+    """The app's two stacks (app.py and the tests build them here): the images repository,
+    then the training stack, whose image assets CDK publishes into that repository."""
+    # Region only: the account comes from the credentials at deploy time, and with no account
+    # synth never looks anything up (AZs are given in the context).
+    env = Environment(region=config.network.region)
+    training = TrainingClusterStack(
+        app,
+        STACK_NAME,
+        config=config,
+        keep_creator_admin=keep_creator_admin,
+        env=env,
+        synthesizer=DefaultStackSynthesizer(
+            image_assets_repository_name=config.image.repository_name
+        ),
+        description="EKS + p5.48xlarge/EFA + FSx for Lustre for fault-tolerant FSDP2 training",
+    )
+    images = ImagesStack(
+        app,
+        IMAGES_STACK_NAME,
+        config=config.image,
+        running_tags=training.image_tags,
+        env=env,
+        description="ECR repository of the training stack's images (emptied on destroy)",
+    )
+    training.add_dependency(images, "its images are published into the repository")
+    return training

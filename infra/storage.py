@@ -11,12 +11,14 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from infra.config import FsxConfig
+from infra.pod_identity import pod_identity_role
 
 # Lustre's network ports (FSx for Lustre user guide, "File system access control with VPC").
 LUSTRE_PORTS = (ec2.Port.tcp(988), ec2.Port.tcp_range(1018, 1023))
 
 # Service account of the FSx CSI controller, as installed by the EKS add-on.
 FSX_CSI_SERVICE_ACCOUNT = "fsx-csi-controller-sa"
+FSX_CSI_NAMESPACE = "kube-system"
 
 # Where the S3 link appears inside the file system: its root, so that every path the pods use
 # under the mount (manifests/render.py FSX_MOUNT, /fsx) has one S3 key: /fsx/checkpoints/<job>
@@ -62,9 +64,15 @@ class LustreStorage(Construct):
         )
         # Every managed node (system and GPU) carries the cluster security group: it is the
         # only client source. (LustreFileSystem itself opens 988-1023 between its own servers.)
+        # The file servers also connect to the clients on the same ports, so the clients'
+        # group admits them ("Lustre clients ... inbound ... from the file system's security
+        # group", FSx for Lustre user guide, "File system access control with Amazon VPC").
         for port in LUSTRE_PORTS:
             self.security_group.add_ingress_rule(
                 cluster.cluster_security_group, port, "Lustre from the EKS nodes"
+            )
+            cluster.cluster_security_group.add_ingress_rule(
+                self.security_group, port, "Lustre from the FSx file servers"
             )
 
         self.file_system = fsx.LustreFileSystem(
@@ -120,17 +128,13 @@ class LustreStorage(Construct):
             )
 
         # The CSI controller only describes file systems: the PV is provisioned statically.
-        role = iam.Role(
+        role = pod_identity_role(
             self,
             "CsiDriverRole",
+            cluster=cluster,
+            namespace=FSX_CSI_NAMESPACE,
+            service_account=FSX_CSI_SERVICE_ACCOUNT,
             description="FSx CSI driver controller (through EKS Pod Identity)",
-            assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com"),
-        )
-        role.assume_role_policy.add_statements(
-            iam.PolicyStatement(
-                actions=["sts:TagSession"],
-                principals=[iam.ServicePrincipal("pods.eks.amazonaws.com")],
-            )
         )
         role.add_to_policy(
             iam.PolicyStatement(

@@ -93,8 +93,17 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("training.resilience.layer",),
     # the Kubernetes objects (they embed the launcher command), then what deploys them
     ("manifests.render",),
-    ("manifests.kustomize", "infra.config", "infra.nag", "infra.network"),
     (
+        "manifests.kustomize",
+        "infra.config",
+        "infra.nag",
+        "infra.network",
+        "infra.replacements",
+        "infra.pod_identity",
+    ),
+    (
+        "infra.first_deploy",
+        "infra.images",
         "infra.cluster",
         "infra.image",
         "infra.storage",

@@ -13,9 +13,23 @@ from infra_synth import VARIANT_CONTEXT, synth
 
 
 @pytest.fixture(scope="session")
-def default_template(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def default_app(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Any]:
+    """The training stack's template of cdk.json's defaults, and its (synthesized) app."""
+    return synth(outdir=tmp_path_factory.mktemp("cdk-default"))
+
+
+@pytest.fixture(scope="session")
+def default_template(default_app: tuple[dict[str, Any], Any]) -> dict[str, Any]:
     """The template of cdk.json's defaults."""
-    return synth(outdir=tmp_path_factory.mktemp("cdk-default"))[0]
+    return default_app[0]
+
+
+@pytest.fixture(scope="session")
+def images_template(default_app: tuple[dict[str, Any], Any]) -> dict[str, Any]:
+    """The images stack's template (infra/images.py) of cdk.json's defaults."""
+    from infra.stack import IMAGES_STACK_NAME
+
+    return default_app[1].synth().get_stack_by_name(IMAGES_STACK_NAME).template
 
 
 @pytest.fixture(scope="session")

@@ -14,21 +14,21 @@ from typing import Any
 
 import aws_cdk as cdk
 
-from infra import nag
+from infra import first_deploy, nag
 from infra.config import STACK_NAME, load_config
-from infra.stack import TrainingClusterStack
+from infra.stack import build_stacks
 from manifests.render import OVERLAYS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CDK_JSON_CONTEXT: dict[str, Any] = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
 
-# A configuration that exercises every optional path: capacity block, `efa` secondary
-# interfaces, S3 link, admin access entry, public endpoint for named CIDRs and a prebuilt image
+# A configuration that exercises every optional path: capacity block, the `ip-bandwidth`
+# EFA layout, S3 link, admin access entry, public endpoint for named CIDRs and a prebuilt image
 # (no training Job: the stack never owns one).
 VARIANT_CONTEXT: dict[str, Any] = {
     "capacityType": "capacity-block",
     "capacityReservationId": "cr-0123456789abcdef0",
-    "efaSecondaryInterfaceType": "efa",
+    "efaSecondaryInterfaceType": "ip-bandwidth",
     # Capacity-block node groups start at 0 and are scaled up when the block starts.
     "gpuNodesMin": 0,
     "gpuNodesDesired": 0,
@@ -47,11 +47,13 @@ def synth(
     *,
     outdir: Path,
     validate: bool = False,
+    last_template: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], cdk.App]:
     """Build the stack the way app.py does and return its template (and the app).
 
     `validate` turns on CDK's built-in CloudFormation validation and the cdk-nag plugin, so an
-    unacknowledged finding raises here, as it fails `cdk synth`.
+    unacknowledged finding raises here, as it fails `cdk synth`. `last_template`: the template
+    of the last deploy, from which app.py derives what a deployed stack keeps.
     """
     context = {
         **CDK_JSON_CONTEXT,
@@ -66,8 +68,10 @@ def synth(
         builtin_cloud_formation_validation=validate,
     )
     config = load_config(app.node.try_get_context, overlays=OVERLAYS)
-    TrainingClusterStack(
-        app, STACK_NAME, config=config, env=cdk.Environment(region=config.network.region)
+    build_stacks(
+        app,
+        config=config,
+        keep_creator_admin=first_deploy.keeps_creator_admin(last_template),
     )
     if validate:
         nag.add_checks(app)

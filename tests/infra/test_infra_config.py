@@ -127,6 +127,7 @@ BAD_VALUES = [
     ),
     ({"capacityReservationId": "cr-0123456789abcdef0"}, "capacityReservationId", "on-demand"),
     ({"efaSecondaryInterfaceType": "interface"}, "efaSecondaryInterfaceType", "not supported"),
+    ({"efaSecondaryInterfaceType": "efa"}, "efaSecondaryInterfaceType", "older layout"),
     ({"gpuRootVolumeGiB": 20}, "gpuRootVolumeGiB", "must be >= 100"),
     ({"fsxStorageCapacityGiB": 3600}, "fsxStorageCapacityGiB", "not a PERSISTENT_2 size"),
     ({"fsxThroughputPerUnit": 200}, "fsxThroughputPerUnit", "not offered"),

