@@ -24,21 +24,10 @@ objects below, and only the user's own `make train` / `make eks-stop` start or s
 
 from __future__ import annotations
 
-import inspect
-
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct, IDependable
 
 from manifests import render
-
-
-def _images(*, trainer: str, store: str) -> dict[str, str]:
-    """The image arguments of `render.shared_objects`: the store runs its own image (infra/
-    image.py). A builder with a `store_image` argument gets both; one with `image` alone uses it
-    for the store only (its docstring: "`image` runs the rendezvous store")."""
-    if "store_image" in inspect.signature(render.shared_objects).parameters:
-        return {"image": trainer, "store_image": store}
-    return {"image": store}
 
 
 class TrainingWorkloads(Construct):
@@ -70,7 +59,8 @@ class TrainingWorkloads(Construct):
             dns_name=dns_name,
             mount_name=mount_name,
             storage_capacity_gib=storage_capacity_gib,
-            **_images(trainer=image, store=store_image),
+            image=image,
+            store_image=store_image,
         )
         if any(o.get("kind") == "Job" for o in objects):
             raise ValueError("a Job among the shared objects: the stack must not own a Job")

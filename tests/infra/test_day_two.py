@@ -92,24 +92,7 @@ def _step(name: str, tmp_path: Path, request: pytest.FixtureRequest) -> dict[str
     return synth(context, outdir=tmp_path / name)[0]
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            step,
-            marks=[
-                pytest.mark.xfail(
-                    strict=True,
-                    reason="the PV and PVC still carry the real FSx size (manifests/render.py): "
-                    "fixed by the manifests side of issue 33 (a fixed nominal size)",
-                )
-            ]
-            if step == "fsx-size"
-            else [],
-        )
-        for step in STEPS
-    ],
-)
+@pytest.mark.parametrize("name", list(STEPS))
 def test_step_replaces_no_state_and_restarts_no_store(
     name: str, default_template: dict[str, Any], tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
