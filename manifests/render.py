@@ -304,15 +304,19 @@ def _rdzv_store(*, namespace: str, image: str) -> list[dict]:
         # The store has no authentication: only the training Jobs' pods (and the preflight's,
         # whose pod template is the training Job's) reach its port. Kubelet probes come from
         # the node, which a NetworkPolicy always admits (kubernetes.io/docs: "Network
-        # Policies"). Enforced only where the CNI enforces policies (the VPC CNI with its
-        # network policy agent turned on).
+        # Policies"). Egress: none. The store only answers connections made to it (replies on an
+        # admitted connection are allowed, policies being stateful), so it needs no outbound
+        # traffic, and denying it keeps the pod off the node's IMDS (the system nodes' hop
+        # limit is 2; docs/day-two.md). Enforced only where the CNI enforces policies (the VPC
+        # CNI with its network policy agent turned on).
         {
             "apiVersion": "networking.k8s.io/v1",
             "kind": "NetworkPolicy",
             "metadata": {"name": RDZV_STORE, "namespace": namespace, "labels": labels},
             "spec": {
                 "podSelector": {"matchLabels": labels},
-                "policyTypes": ["Ingress"],
+                "policyTypes": ["Ingress", "Egress"],
+                "egress": [],
                 "ingress": [
                     {
                         "from": [{"podSelector": {"matchLabels": _labels(TRAINER)}}],

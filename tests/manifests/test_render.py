@@ -289,14 +289,16 @@ def test_the_store_is_one_pod_at_a_time_high_priority_and_not_drained():
 
 def test_only_the_jobs_pods_reach_the_store():
     """The store's NetworkPolicy selects the store's pod and admits, on its port only, the pods
-    of every overlay's training Job and of its preflight Job, and no other pod."""
+    of every overlay's training Job and of its preflight Job, and no other pod; the store itself
+    opens no connection (egress denied: no IMDS from the system node)."""
     from manifests import preflight
 
     objs = _shared()
     deployment = objs["Deployment", render.RDZV_STORE]
     policy = objs["NetworkPolicy", render.RDZV_STORE]["spec"]
     assert _selects(policy["podSelector"], _pod_labels(deployment))
-    assert policy["policyTypes"] == ["Ingress"]
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
+    assert policy["egress"] == []
     (rule,) = policy["ingress"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     service = objs["Service", render.RDZV_STORE]
