@@ -15,9 +15,18 @@ step is available somewhere (own or replica) and newer than the newest committed
 checkpoint, it is loaded instead of the shared one.
 
 Integrity: every local file gets a size + CRC32 sidecar, computed in the forked writer after the
-file is renamed into place (off the training path). A file whose sidecar is missing or does not
-match is not offered to NVRx's ``find_latest``, with a warning: a damaged step is then
-incomplete, and the load falls back to an older local step, a replica, or the shared checkpoint.
+file is renamed into place (off the training path). NVRx's ``find_latest`` runs in every save's
+finalize, on the training path: there a file is offered when its sidecar exists and its size
+matches (a stat, no read). Its content is checked once, at restart, and only for the step about
+to be loaded: each rank reads the files it holds of that step (its shard, and the replicas it
+keeps for a peer) against their CRC32s, which also brings them into the page cache for the load
+that follows; the ranks agree, and a damaged file is renamed aside (``.damaged``) with a
+warning, so the step is incomplete and the load falls back to an older local step, a replica,
+or the shared checkpoint.
+
+Placement: ``checkpoint.local_dir`` must be on the node's own disk and outlive the pod (a
+``hostPath`` on the instance-store NVMe, not an ``emptyDir``, which is deleted with the pod);
+NVRx's ``session_id`` (the run id) keeps the files of one run apart from another's.
 
 NVRx's ``BasicTensorAwareStateDict`` accepts CUDA tensors only, so this tier exists only on GPU;
 asking for it on CPU is a configuration error. Local shards hold this rank's DTensor shards
@@ -49,19 +58,43 @@ def write_sidecar(path: Path) -> None:
     write_json_atomic(path.with_name(path.name + SIDECAR), record)
 
 
-def verify_sidecar(path: Path) -> str | None:
-    """None when ``path`` matches its sidecar, else what is wrong."""
+def _sidecar_record(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     sidecar = path.with_name(path.name + SIDECAR)
     try:
         record = json.loads(sidecar.read_text())
     except (OSError, ValueError) as err:
-        return f"no readable checksum record ({err.__class__.__name__})"
+        return None, f"no readable checksum record ({err.__class__.__name__})"
     size = path.stat().st_size
     if size != record.get("size"):
-        return f"size {size} != recorded {record.get('size')}"
+        return None, f"size {size} != recorded {record.get('size')}"
+    return record, None
+
+
+def check_size(path: Path) -> str | None:
+    """None when ``path`` has its sidecar and the recorded size (no read of the file)."""
+    return _sidecar_record(path)[1]
+
+
+def verify_sidecar(path: Path) -> str | None:
+    """None when ``path`` matches its sidecar (size and CRC32: one read), else what is wrong."""
+    record, problem = _sidecar_record(path)
+    if problem is not None:
+        return problem
     if file_crc32(path) != record.get("crc32"):
         return "CRC32 mismatch"
     return None
+
+
+DAMAGED = ".damaged"
+
+
+def _warn_damaged(path: Path, problem: str) -> None:
+    message = (
+        f"local checkpoint {path} is damaged ({problem}); not used (an older local "
+        "step, a peer's replica or the shared checkpoint is loaded instead)"
+    )
+    warnings.warn(message, stacklevel=3)
+    log.warning(message)
 
 
 def replication_groups(*, world_size: int, local_world_size: int) -> list[list[int]] | None:
@@ -97,19 +130,16 @@ def _verified_manager_class():
             write_sidecar(self._local_ckpt_path_from_id(ckpt_id))
 
         def _my_ckpt_ids(self):
+            """The files whose write finished (their sidecar exists, sizes match): a stat per
+            file, since NVRx calls this in every save's finalize."""
             sound = []
             for ckpt_id in super()._my_ckpt_ids():
                 path = self._local_ckpt_path_from_id(ckpt_id)
-                problem = verify_sidecar(path)
+                problem = check_size(path)
                 if problem is None:
                     sound.append(ckpt_id)
                     continue
-                message = (
-                    f"local checkpoint {path} is damaged ({problem}); not used (an older local "
-                    "step, a peer's replica or the shared checkpoint is loaded instead)"
-                )
-                warnings.warn(message, stacklevel=2)
-                log.warning(message)
+                _warn_damaged(path, problem)
             return sound
 
         def _cleanup(self, iteration) -> None:
@@ -217,9 +247,37 @@ class LocalCheckpoints:
         self._queue.async_calls.clear()
 
     def latest_step(self) -> int | None:
-        """Newest step every rank has locally (collective); None when there is none."""
-        step = self._manager.find_latest()
-        return step if step >= 0 else None
+        """Newest step every rank has locally, its files read against their CRC32s
+        (collective); None when there is none."""
+        import torch.distributed as dist
+
+        while True:
+            step = self._manager.find_latest()
+            if step < 0:
+                return None
+            mine = bool(self._verify_held_files(step))
+            damaged = [mine]
+            if dist.is_initialized():  # every rank's verdict: all load the same step
+                damaged = [None] * dist.get_world_size()
+                dist.all_gather_object(damaged, mine)
+            if not any(damaged):
+                return step
+            self._manager.latest_iteration = -1  # NVRx caches its answer: ask again
+
+    def _verify_held_files(self, step: int) -> list[Path]:
+        """Read this rank's files of ``step`` against their CRC32s; rename the damaged ones
+        aside (NVRx then no longer finds them) and return them."""
+        damaged = []
+        for ckpt_id in self._manager._my_ckpt_ids():
+            if ckpt_id[0] != step:
+                continue
+            path = self._manager._local_ckpt_path_from_id(ckpt_id)
+            problem = verify_sidecar(path)
+            if problem is not None:
+                _warn_damaged(path, problem)
+                path.rename(path.with_name(path.name + DAMAGED))
+                damaged.append(path)
+        return damaged
 
     def load_into(self, trainer) -> int:
         """Load the newest complete local checkpoint into ``trainer`` (collective)."""

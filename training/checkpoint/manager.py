@@ -604,6 +604,13 @@ class CheckpointManager:
             return problem
 
 
+def needs_cpu_collectives(config: CheckpointConfig) -> bool:
+    """Whether the checkpoint engine needs a CPU backend in the process group: torch's
+    ``async_save`` (engine ``torch_async``) plans with collectives on CPU tensors and refuses a
+    group without one, so on a GPU the group is "cpu:gloo,cuda:nccl" (training/parallel.py)."""
+    return config.engine == "torch_async"
+
+
 def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
     """Where a tensor for a collective on ``group`` must live: the rank's current CUDA device
     when the group's backend is NCCL (NCCL takes CUDA tensors only: ``ProcessGroupNCCL`` rejects

@@ -41,25 +41,42 @@ def test_no_replication_where_nodes_do_not_pair(world: int, local: int) -> None:
 
 @pytest.mark.distributed
 @pytest.mark.timeout(60)
-def test_damaged_local_file_is_not_offered(one_rank_group, tmp_path: Path) -> None:
+def test_finalize_path_only_stats_and_the_restart_reads_the_step_it_loads(
+    one_rank_group, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NVRx's find_latest (run in every save's finalize, on the training path) offers a file by
+    its sidecar and size alone: no CRC of any file. The restart's ``latest_step`` reads only the
+    newest step's files against their CRC32s; a damaged one is renamed aside with a warning and
+    the older step is loaded instead; a missing sidecar or a wrong size is never offered."""
+    import training.checkpoint.local as local
+
     tier = LocalCheckpoints(
         root=tmp_path, session_id="run", world_size=1, local_world_size=1, require_cuda=False
     )
     assert not tier.replicated
     manager = tier._manager
-    ckpt_id = manager._ckpt_id(3)
-    manager._save({"w": torch.arange(1000.0)}, ckpt_id)  # what the forked writer runs
-    path = manager._local_ckpt_path_from_id(ckpt_id)
-    assert path.with_name(path.name + SIDECAR).is_file()
-    assert verify_sidecar(path) is None
-    assert manager.find_latest() == 3
-    data = bytearray(path.read_bytes())
+    paths = {}
+    for step in (3, 6):
+        ckpt_id = manager._ckpt_id(step)
+        manager._save({"w": torch.arange(1000.0) + step}, ckpt_id)  # what the forked writer runs
+        paths[step] = manager._local_ckpt_path_from_id(ckpt_id)
+        assert paths[step].with_name(paths[step].name + SIDECAR).is_file()
+        assert verify_sidecar(paths[step]) is None
+    data = bytearray(paths[6].read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte, same size
-    path.write_bytes(bytes(data))
+    paths[6].write_bytes(bytes(data))
+
+    read: list[Path] = []
+    real_crc = local.file_crc32
+    monkeypatch.setattr(local, "file_crc32", lambda path: read.append(path) or real_crc(path))
     manager.latest_iteration = -1  # NVRx caches the answer until the next save
+    assert manager.find_latest() == 6 and read == [], "the finalize path reads no file"
     with pytest.warns(UserWarning, match="damaged .*CRC32 mismatch"):
-        assert manager.find_latest() == -1  # so CheckpointManager loads the shared one
-    path.with_name(path.name + SIDECAR).unlink()
+        assert tier.latest_step() == 3
+    assert read == [paths[6], paths[3]], "only the step about to be loaded, then the fallback"
+    assert not paths[6].exists() and paths[6].with_name(paths[6].name + ".damaged").exists()
+
+    paths[3].with_name(paths[3].name + SIDECAR).unlink()
     with pytest.warns(UserWarning, match="no readable checksum"):
         assert manager._my_ckpt_ids() == []
 
