@@ -519,14 +519,14 @@ def check_environment(ctx: Context) -> dict[str, Any]:
                 else "checks needing a missing private name are skipped, naming it"
             )
         )
-    versions, problems = {}, []
+    versions, paths, problems = {}, {}, []
     for dist_name, module in (
         ("nvidia-resiliency-ext", "nvidia_resiliency_ext.inprocess"),
         ("isal", "isal.isal_zlib"),
         ("defusedxml", "defusedxml"),
     ):
         try:
-            import_module(module)
+            paths[dist_name] = str(Path(import_module(module).__file__).parent)
             versions[dist_name] = metadata.version(dist_name)
         except Exception as err:  # an import error names what is missing on the machine
             problems.append(f"{module}: {type(err).__name__}: {err}")
@@ -541,6 +541,7 @@ def check_environment(ctx: Context) -> dict[str, Any]:
         except Exception as err:
             problems.append(f"{module}: {type(err).__name__}: {err}")
     detail["packages"] = versions
+    detail["package_paths"] = paths
     detail["import_problems"] = problems
     detail["ok"] = not problems and not missing
     return detail

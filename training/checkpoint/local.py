@@ -97,6 +97,17 @@ def _warn_damaged(path: Path, problem: str) -> None:
     log.warning(message)
 
 
+def session_id_for(checkpoint_root: Path) -> str:
+    """NVRx's session id for a run's local files: the run's folder name and a digest of its
+    shared checkpoint path (the same in every pod of the run and across its restarts, different
+    for any other run). NVRx keeps a session's files in ``<local_dir>/<session>/<rank>`` and
+    sweeps older iterations there; on a node disk that outlives pods, runs that shared one
+    session would load or delete each other's files."""
+    import zlib
+
+    return f"{checkpoint_root.parent.name}-{zlib.crc32(str(checkpoint_root).encode()):08x}"
+
+
 def replication_groups(*, world_size: int, local_world_size: int) -> list[list[int]] | None:
     """The clique groups NVRx forms for replication to another node, or None when the job
     cannot replicate across nodes (one node, or nodes that do not pair up).

@@ -148,11 +148,11 @@ class CheckpointManager:
         self._nvrx = None
         self._local = None
         if config.local_dir:
-            from training.checkpoint.local import LocalCheckpoints
+            from training.checkpoint.local import LocalCheckpoints, session_id_for
 
             self._local = LocalCheckpoints(
                 root=Path(config.local_dir),
-                session_id=root.name,
+                session_id=session_id_for(root),
                 world_size=world_size,
                 local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
             )

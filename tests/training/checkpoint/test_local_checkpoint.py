@@ -18,6 +18,7 @@ from training.checkpoint.local import (
     SIDECAR,
     LocalCheckpoints,
     replication_groups,
+    session_id_for,
     verify_sidecar,
 )
 
@@ -100,3 +101,14 @@ def test_cpu_is_refused_by_default(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError):
         LocalCheckpoints(root=tmp_path, session_id="s", world_size=1, local_world_size=1)
+
+
+def test_each_run_has_its_own_session_on_the_node_disk() -> None:
+    """Local files live in ``<local_dir>/<session>/<rank>`` on a node disk that outlives pods:
+    the session is the same for every pod and restart of one run, different for another run
+    (before, every run's session was "checkpoints", the shared root's name)."""
+    run_a = Path("/fsx/runs/llama8b/checkpoints")
+    assert session_id_for(run_a) == session_id_for(Path("/fsx/runs/llama8b/checkpoints"))
+    assert session_id_for(run_a).startswith("llama8b-")
+    assert session_id_for(run_a) != session_id_for(Path("/fsx/runs/llama70b/checkpoints"))
+    assert session_id_for(run_a) != session_id_for(Path("/fsx/other/llama8b/checkpoints"))
