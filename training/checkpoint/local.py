@@ -10,9 +10,12 @@ buffers into the persistent worker's shared memory.
 Replication (NVRx ``LazyCliqueReplicationStrategy``): when the job spans at least two nodes (and
 the world divides into pairs of nodes), each rank's shard is also written to the rank with the
 same local rank on the paired node (replication jump = ranks per node, factor 2), so a lost
-node restores from its peer's NVMe instead of FSx. On restart, when every rank's shard of a
-step is available somewhere (own or replica) and newer than the newest committed shared
-checkpoint, it is loaded instead of the shared one.
+node restores from its peer's NVMe instead of FSx. NVRx 0.4.1 exchanges the shards with one
+broadcast per tensor (``GroupWrapper.all_gather_batch``: thousands of small collectives for a
+70B shard); here each rank's tensors travel packed in buckets of at most ``BUCKET_BYTES``, one
+broadcast per bucket (``BucketedGroupWrapper``), with at most two buckets' memory held at once.
+On restart, when every rank's shard of a step is available somewhere (own or replica) and newer
+than the newest committed shared checkpoint, it is loaded instead of the shared one.
 
 Integrity: every local file gets a size + CRC32 sidecar, computed in the forked writer after the
 file is renamed into place (off the training path). NVRx's ``find_latest`` runs in every save's
@@ -128,6 +131,103 @@ def replication_groups(*, world_size: int, local_world_size: int) -> list[list[i
     return [list(group) for group in groups]
 
 
+BUCKET_BYTES = 256 << 20
+"""The most bytes one replication broadcast carries (a bigger tensor goes alone)."""
+ALIGN = 16
+"""Byte alignment of each tensor inside a bucket (the widest element, complex128)."""
+
+
+def buckets(sizes: list[int], *, limit: int | None = None) -> list[list[int]]:
+    """Consecutive indices of ``sizes`` grouped so that each group holds at most ``limit``
+    bytes (default ``BUCKET_BYTES``), or a single bigger item."""
+    limit = BUCKET_BYTES if limit is None else limit
+    groups: list[list[int]] = []
+    total = 0
+    for index, size in enumerate(sizes):
+        if not groups or total + size > limit:
+            groups.append([])
+            total = 0
+        groups[-1].append(index)
+        total += size
+    return groups
+
+
+def _bucketed_group_wrapper_class():
+    from nvidia_resiliency_ext.checkpointing.local.replication.group_utils import GroupWrapper
+    from nvidia_resiliency_ext.checkpointing.local.replication.torch_device_utils import (
+        TensorPlaceholder,
+    )
+
+    class BucketedGroupWrapper(GroupWrapper):
+        """NVRx's group wrapper, with the replicas' tensors broadcast in packed buckets."""
+
+        def all_gather_batch(self, my_tensors, target_device=None):
+            """Every rank's ``my_tensors`` on every rank of the group, as NVRx's version returns
+            them (per rank, in order, moved to ``target_device``)."""
+            placeholders = self.all_gather_object([TensorPlaceholder(t) for t in my_tensors])
+            result = []
+            for source, holders in enumerate(placeholders):
+                mine = source == self.my_group_rank
+                hollow = [h.hollow_tensor for h in holders]
+                sizes = [t.numel() * t.element_size() for t in hollow]
+                # Each item starts at a multiple of ALIGN bytes: its dtype view needs it.
+                slots = [-(-size // ALIGN) * ALIGN for size in sizes]
+                device = holders[0].device if holders else None
+                received: list = []
+                for group in buckets(slots):
+                    if mine:
+                        received += [
+                            my_tensors[i].to(target_device, non_blocking=True)
+                            if target_device is not None
+                            else my_tensors[i]
+                            for i in group
+                        ]
+                    nbytes = sum(slots[i] for i in group)
+                    flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
+                    offset = 0
+                    if mine:
+                        for i in group:
+                            flat[offset : offset + sizes[i]].copy_(
+                                my_tensors[i].contiguous().view(-1).view(torch.uint8)
+                            )
+                            offset += slots[i]
+                    self.broadcast(flat, src=self.get_global_rank(source))
+                    if mine:
+                        continue
+                    offset = 0
+                    for i in group:
+                        part = flat[offset : offset + sizes[i]].view(hollow[i].dtype)
+                        part = part.view(hollow[i].shape)
+                        offset += slots[i]
+                        # A copy either way: the bucket's memory is reused for the next one
+                        # (stream-ordered, so an asynchronous copy out of it is safe).
+                        if target_device is not None:
+                            received.append(part.to(target_device, non_blocking=True))
+                        else:
+                            received.append(part.clone())
+                result.append(received)
+            return result
+
+    return BucketedGroupWrapper
+
+
+def _replication_strategy_class():
+    from nvidia_resiliency_ext.checkpointing.local.replication.strategies import (
+        LazyCliqueReplicationStrategy,
+    )
+
+    class BucketedCliqueReplication(LazyCliqueReplicationStrategy):
+        """NVRx's clique replication (groups built lazily, at the first save or load), its
+        exchange bucketed (``BucketedGroupWrapper``)."""
+
+        def _eager_build(self):
+            strategy = super()._eager_build()
+            strategy.local_group = _bucketed_group_wrapper_class()(strategy.local_group.group)
+            return strategy
+
+    return BucketedCliqueReplication
+
+
 def _verified_manager_class():
     from nvidia_resiliency_ext.checkpointing.local.ckpt_managers.local_manager import (
         LocalCheckpointManager,
@@ -209,15 +309,12 @@ class LocalCheckpoints:
                 "NVRx local checkpoints need CUDA tensors; leave it empty on CPU",
             )
         from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncCallsQueue
-        from nvidia_resiliency_ext.checkpointing.local.replication.strategies import (
-            LazyCliqueReplicationStrategy,
-        )
 
         self.groups = replication_groups(world_size=world_size, local_world_size=local_world_size)
         strategy = None
         if self.groups is not None:
             # Lazy: its process groups are created (collectively) at the first save or load.
-            strategy = LazyCliqueReplicationStrategy(
+            strategy = _replication_strategy_class()(
                 replication_jump=local_world_size, replication_factor=2
             )
         manager_class = _verified_manager_class()
