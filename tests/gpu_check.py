@@ -675,7 +675,8 @@ def check_ac_compile(ctx: Context) -> dict[str, Any]:
 
     boundary = ctx.boundary
     model_config = _model_config(ctx, layers=ctx.args.ac_layers)
-    base = ParallelConfig(loss_chunk_tokens=1024, activation_checkpointing=True)
+    # meta init: the 8B-wide blocks are initialised on the GPU, not on the host first.
+    base = ParallelConfig(loss_chunk_tokens=1024, activation_checkpointing=True, meta_init=True)
     variants = {"full_recompute": boundary.parallel(base)}
     try:
         boundary.cannot("compile")
