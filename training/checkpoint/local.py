@@ -12,8 +12,9 @@ the world divides into pairs of nodes), each rank's shard is also written to the
 same local rank on the paired node (replication jump = ranks per node, factor 2), so a lost
 node restores from its peer's NVMe instead of FSx. NVRx 0.4.1 exchanges the shards with one
 broadcast per tensor (``GroupWrapper.all_gather_batch``: thousands of small collectives for a
-70B shard); here each rank's tensors travel packed in buckets of at most ``BUCKET_BYTES``, one
-broadcast per bucket (``BucketedGroupWrapper``), with at most two buckets' memory held at once.
+70B shard), and a restore from a peer with one send per tensor; here each rank's tensors travel
+packed in buckets of at most ``BUCKET_BYTES``, one broadcast (or send) per bucket
+(``BucketedGroupWrapper``), with at most two buckets' memory held at once.
 On restart, when every rank's shard of a step is available somewhere (own or replica) and newer
 than the newest committed shared checkpoint, it is loaded instead of the shared one.
 
@@ -41,6 +42,7 @@ from __future__ import annotations
 import json
 import logging
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -152,14 +154,59 @@ def buckets(sizes: list[int], *, limit: int | None = None) -> list[list[int]]:
     return groups
 
 
+class _Layout:
+    """Where each of a list of tensors (shapes and dtypes known to both sides) sits in the
+    buckets that carry it: each item at a multiple of ``ALIGN`` bytes (its dtype view needs
+    it), buckets of at most ``BUCKET_BYTES``."""
+
+    def __init__(self, like: list[torch.Tensor]) -> None:
+        self.like = like
+        self.sizes = [t.numel() * t.element_size() for t in like]
+        self.slots = [-(-size // ALIGN) * ALIGN for size in self.sizes]
+        self.buckets = buckets(self.slots)
+
+    def pack(self, tensors: list[torch.Tensor], bucket: list[int], *, device) -> torch.Tensor:
+        flat = torch.empty(sum(self.slots[i] for i in bucket), dtype=torch.uint8, device=device)
+        offset = 0
+        for i in bucket:
+            source = tensors[i].contiguous().view(-1).view(torch.uint8)
+            flat[offset : offset + self.sizes[i]].copy_(source)
+            offset += self.slots[i]
+        return flat
+
+    def empty(self, bucket: list[int], *, device) -> torch.Tensor:
+        return torch.empty(sum(self.slots[i] for i in bucket), dtype=torch.uint8, device=device)
+
+    def unpack(self, flat: torch.Tensor, bucket: list[int]) -> Iterator[tuple[int, torch.Tensor]]:
+        """(index, view of the bucket) per item; a view, so the caller copies it out before
+        the bucket's memory is reused."""
+        offset = 0
+        for i in bucket:
+            part = flat[offset : offset + self.sizes[i]].view(self.like[i].dtype)
+            yield i, part.view(self.like[i].shape)
+            offset += self.slots[i]
+
+
+def _comm_device(group) -> torch.device:
+    """Where the group's collectives take tensors: the rank's GPU for NCCL, else the CPU."""
+    import torch.distributed as dist
+
+    if str(dist.get_backend(group)).lower() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _bucketed_group_wrapper_class():
+    import torch.distributed as dist
     from nvidia_resiliency_ext.checkpointing.local.replication.group_utils import GroupWrapper
     from nvidia_resiliency_ext.checkpointing.local.replication.torch_device_utils import (
         TensorPlaceholder,
     )
 
     class BucketedGroupWrapper(GroupWrapper):
-        """NVRx's group wrapper, with the replicas' tensors broadcast in packed buckets."""
+        """NVRx's group wrapper, with the replicas' tensors sent in packed buckets: at save
+        (``all_gather_batch``, broadcasts) and at a restore from a peer
+        (``isend_state_dict`` / ``irecv_state_dict``, point to point)."""
 
         def all_gather_batch(self, my_tensors, target_device=None):
             """Every rank's ``my_tensors`` on every rank of the group, as NVRx's version returns
@@ -168,45 +215,58 @@ def _bucketed_group_wrapper_class():
             result = []
             for source, holders in enumerate(placeholders):
                 mine = source == self.my_group_rank
-                hollow = [h.hollow_tensor for h in holders]
-                sizes = [t.numel() * t.element_size() for t in hollow]
-                # Each item starts at a multiple of ALIGN bytes: its dtype view needs it.
-                slots = [-(-size // ALIGN) * ALIGN for size in sizes]
+                layout = _Layout([h.hollow_tensor for h in holders])
                 device = holders[0].device if holders else None
                 received: list = []
-                for group in buckets(slots):
+                for bucket in layout.buckets:
                     if mine:
+                        flat = layout.pack(my_tensors, bucket, device=device)
                         received += [
-                            my_tensors[i].to(target_device, non_blocking=True)
-                            if target_device is not None
-                            else my_tensors[i]
-                            for i in group
+                            my_tensors[i]
+                            if target_device is None
+                            else my_tensors[i].to(target_device, non_blocking=True)
+                            for i in bucket
                         ]
-                    nbytes = sum(slots[i] for i in group)
-                    flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
-                    offset = 0
-                    if mine:
-                        for i in group:
-                            flat[offset : offset + sizes[i]].copy_(
-                                my_tensors[i].contiguous().view(-1).view(torch.uint8)
-                            )
-                            offset += slots[i]
+                    else:
+                        flat = layout.empty(bucket, device=device)
                     self.broadcast(flat, src=self.get_global_rank(source))
                     if mine:
                         continue
-                    offset = 0
-                    for i in group:
-                        part = flat[offset : offset + sizes[i]].view(hollow[i].dtype)
-                        part = part.view(hollow[i].shape)
-                        offset += slots[i]
-                        # A copy either way: the bucket's memory is reused for the next one
-                        # (stream-ordered, so an asynchronous copy out of it is safe).
-                        if target_device is not None:
-                            received.append(part.to(target_device, non_blocking=True))
-                        else:
-                            received.append(part.clone())
+                    # A copy either way: the bucket's memory is reused for the next one
+                    # (stream-ordered, so an asynchronous copy out of it is safe).
+                    for _, part in layout.unpack(flat, bucket):
+                        received.append(
+                            part.clone()
+                            if target_device is None
+                            else part.to(target_device, non_blocking=True)
+                        )
                 result.append(received)
             return result
+
+        def isend_state_dict(self, state_dict, dst: int) -> dict[str, float]:
+            """NVRx's send of a whole shard to a peer restoring from this rank's replica, its
+            tensors in buckets (NVRx: one send per tensor)."""
+            tensors = state_dict.pop_tensors()
+            self.send_object(state_dict, dst)
+            layout = _Layout(tensors)
+            device = _comm_device(self.group)
+            for bucket in layout.buckets:
+                dist.send(layout.pack(tensors, bucket, device=device), dst, group=self.group)
+            state_dict.insert_tensors(tensors)
+            return {"data_sent": sum(layout.sizes)}
+
+        def irecv_state_dict(self, src: int):
+            hollow = self.recv_object(src)
+            hollow.init_tensors()
+            tensors = list(hollow.tensors)
+            layout = _Layout(tensors)
+            device = _comm_device(self.group)
+            for bucket in layout.buckets:
+                flat = layout.empty(bucket, device=device)
+                dist.recv(flat, src, group=self.group)
+                for i, part in layout.unpack(flat, bucket):
+                    tensors[i].copy_(part)
+            return hollow, {"data_recv": sum(layout.sizes)}
 
     return BucketedGroupWrapper
 

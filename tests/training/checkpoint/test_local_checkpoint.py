@@ -125,8 +125,9 @@ def test_buckets_hold_at_most_the_limit_or_one_bigger_item() -> None:
 @pytest.mark.timeout(120)
 def test_replicas_are_exchanged_in_buckets_not_tensor_by_tensor(tmp_path: Path) -> None:
     """NVRx 0.4.1 broadcasts a replica's tensors one by one (82 broadcasts for 2 ranks of 41
-    tensors here); the bucketed exchange sends the same tensors, bit for bit, in one broadcast
-    per bucket (1 MiB buckets here: a handful per rank)."""
+    tensors here) and sends a shard to a restoring peer one tensor at a time; the bucketed
+    exchange sends the same tensors, bit for bit, in one broadcast per bucket (1 MiB buckets
+    here: a handful per rank), and a restore in one send per bucket (2 here, not 41)."""
     import json
 
     from support import REPO_ROOT, VENV_BIN, run_in_repo
@@ -146,3 +147,5 @@ def test_replicas_are_exchanged_in_buckets_not_tensor_by_tensor(tmp_path: Path) 
         assert report["equal"] and report["from_each_rank"] == [True, True]
         assert report["broadcasts"]["nvrx"] == 82
         assert report["broadcasts"]["bucketed"] <= 6, report
+        assert report["restore_equal"], "a shard restored from a peer equals what it sent"
+    assert json.loads((tmp_path / "replication_rank0.json").read_text())["restore_sends"] == 2

@@ -64,6 +64,32 @@ def main() -> None:
         for a, b in zip(got, expected, strict=True)
     )
     sent = [torch.equal(got[r][0], tensors(r)[0]) for r in range(dist.get_world_size())]
+    # A restore from a peer: rank 0 sends its whole shard to rank 1, point to point.
+    from nvidia_resiliency_ext.checkpointing.local.basic_state_dict import (
+        BasicTensorAwareStateDict,
+    )
+
+    sends: list[int] = []
+    real_send = dist.send
+
+    def counting_send(*args, **kwargs):
+        sends.append(1)
+        return real_send(*args, **kwargs)
+
+    dist.send = counting_send
+    restored_equal = None
+    if rank == 0:
+        shard = BasicTensorAwareStateDict({})  # CPU tensors: NVRx's constructor takes CUDA only
+        shard.state_dict = {"model": {"w": mine[:20]}, "optim": mine[20:], "step": 7}
+        bucketed.isend_state_dict(shard, 1)
+        restored_equal = not shard.is_hollow and shard.state_dict["optim"][-1] is mine[-1]
+    else:
+        shard, _ = bucketed.irecv_state_dict(0)
+        got = [*shard.state_dict["model"]["w"], *shard.state_dict["optim"]]
+        restored_equal = shard.state_dict["step"] == 7 and all(
+            same(x, y) for x, y in zip(got, tensors(0), strict=True)
+        )
+    dist.send = real_send
     # The strategy LocalCheckpoints builds for a job of two "nodes" (one rank each) uses it.
     tier = local.LocalCheckpoints(
         root=result_dir / "nvme",
@@ -76,6 +102,8 @@ def main() -> None:
     report = {
         "strategy_group": type(strategy.local_group).__name__,
         "equal": equal,
+        "restore_equal": restored_equal,
+        "restore_sends": len(sends),
         "from_each_rank": sent,
         "broadcasts": {k: len(v) for k, v in counts.items()},
     }
