@@ -23,7 +23,7 @@ ARGS    ?=
 OVERLAY ?= smoke
 DATA    := data/stdlib
 
-.PHONY: help setup train test test-fast lint format clean synth diff deploy gpu-nodes destroy bench report planner data eks-status eks-logs eks-stop eks-preflight gpu-check
+.PHONY: help setup train test test-fast lint format clean synth diff deploy gpu-nodes destroy bench report planner data eks-status eks-logs eks-stop eks-preflight gpu-check gpu-wheels
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -130,8 +130,28 @@ format: $(VENV)/.stamp ## Apply ruff's fixes and formatting
 test: setup lint ## Run the whole test suite (CPU; GPU tests are skipped without a GPU)
 	$(VENV)/bin/pytest $(ARGS)
 
-gpu-check: $(VENV)/.stamp ## On a GPU host: the gpu-marked tests + an FSDP2 8B-slice step, one JSON report (<= 8 min)
-	$(PY) tests/gpu_check.py $(ARGS)
+# --- the lent GPU machine (docs/gpu.md) ---------------------------------------------------------
+# It is offline, with its own python3 and torch: gpu-check builds no .venv there. What it lacks
+# travels as wheels in .whl/ (fetched here by gpu-wheels, at the versions requirements.lock pins)
+# and tests/gpu_check.py --wheels installs them apart (pip --no-index --target, then PYTHONPATH),
+# as the device tool's README prescribes; without make there: python3 tests/gpu_check.py --wheels .whl
+GPU_PYTHON ?= python3
+GPU_PYVER  ?= 3.12
+GPU_SITE   ?= /tmp/gpu-check-site
+WHEEL_DIR  ?= .whl
+GPU_WHEELS := nvidia-resiliency-ext isal defusedxml
+
+gpu-wheels: ## Fetch the wheels the lent GPU machine lacks into .whl/ (carry .whl there)
+	rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PYVER) \
+	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
+	  --platform manylinux_2_31_x86_64 -d $(WHEEL_DIR) \
+	  $$(grep -iE '^($(subst $(eval) ,|,$(GPU_WHEELS)))==' requirements.lock)
+	@ls $(WHEEL_DIR)
+
+gpu-check: ## On the lent GPU machine, offline: the carried wheels + the device check, one JSON report (<= 8 min)
+	$(GPU_PYTHON) tests/gpu_check.py --wheels $(WHEEL_DIR) --site $(GPU_SITE) $(ARGS)
 
 test-fast: setup ## Tests without the slow ones
 	$(VENV)/bin/pytest -m "not slow" $(ARGS)

@@ -8,12 +8,15 @@ for the whole step: 2 x 128,256 x 8,192 = 2.1B parameters for the 70B recipe.) P
 DTensors sharded on dim 0 across the data-parallel mesh. Any world size from 1 up works.
 
 Per block, optionally: activation checkpointing (full, or selective: matmul and attention
-outputs kept, the rest recomputed) and ``torch.compile`` (``Module.compile``: in place, so
-parameter names and checkpoints do not change).
+outputs kept, the rest recomputed) and ``torch.compile`` of the wrapped block, as torchtitan
+orders them (``Module.compile``: in place, so parameter names and checkpoints do not change).
+The blocks' FSDP units do not cast their forward inputs: the hidden state arrives in the compute
+dtype already, and the rotary table stays fp32 on every device (``model.apply_rotary``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import socket
@@ -61,19 +64,23 @@ def _sac_policy(ctx, op, *args, **kwargs):
 
 def wrap_block(block: torch.nn.Module, *, config: ParallelConfig) -> torch.nn.Module:
     """Activation checkpointing (``parallel.activation_checkpointing`` and its mode: full or
-    selective) and ``torch.compile`` (``parallel.compile``) for one block, before FSDP."""
-    if config.compile:
-        block.compile()  # in place: state-dict keys stay those of the plain block
+    selective), then ``torch.compile`` (``parallel.compile``) of the wrapped block, before FSDP:
+    torchtitan's order (``apply_ac`` before ``apply_compile``, torchtitan/models/llama3/infra/
+    parallelize.py), so the compiled graph holds the recompute and the selective policy sees
+    the block's own ops, not one opaque compiled call."""
     mode = config.activation_checkpointing_mode if config.activation_checkpointing else "none"
+    wrapped = block
     if mode == "full":
-        return checkpoint_wrapper(block)
-    if mode == "selective":
+        wrapped = checkpoint_wrapper(block)
+    elif mode == "selective":
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-        return checkpoint_wrapper(
+        wrapped = checkpoint_wrapper(
             block, context_fn=partial(create_selective_checkpoint_contexts, _sac_policy)
         )
-    return block
+    if config.compile:
+        wrapped.compile()  # in place: state-dict keys stay those of the uncompiled module
+    return wrapped
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,7 +106,16 @@ def resolve_device(config: ParallelConfig, *, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def dist_env_from_environment(config: ParallelConfig) -> DistEnv:
+def process_group_backend(device: torch.device, *, cpu_collectives: bool) -> str:
+    """gloo on CPU; NCCL on a GPU, with gloo beside it for CPU tensors when
+    ``cpu_collectives`` (torch's ``dcp.async_save`` refuses a group without a CPU backend:
+    "A CPU backend must be enabled for async save", ``state_dict_saver.py``, 2.11 and 2.13)."""
+    if device.type != "cuda":
+        return "gloo"
+    return "cpu:gloo,cuda:nccl" if cpu_collectives else "nccl"
+
+
+def dist_env_from_environment(config: ParallelConfig, *, cpu_collectives: bool = False) -> DistEnv:
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -109,7 +125,7 @@ def dist_env_from_environment(config: ParallelConfig) -> DistEnv:
         world_size=world_size,
         local_rank=local_rank,
         device=device,
-        backend="nccl" if device.type == "cuda" else "gloo",
+        backend=process_group_backend(device, cpu_collectives=cpu_collectives),
     )
 
 
@@ -209,8 +225,17 @@ def build_sharded_model(
     policy = mixed_precision_policy(config, env)
     shard = partial(fully_shard, mesh=mesh, mp_policy=policy)
     shard(model.tok_embeddings, reshard_after_forward=config.reshard_after_forward)
+    # A block's inputs are the hidden state (already in the compute dtype: the embedding unit's
+    # output) and the fp32 rotary table, which FSDP2's default input cast would turn to bf16 on
+    # a GPU and leave fp32 on CPU (``cast_forward_inputs``, ``_fsdp_state.py``).
+    block_policy = dataclasses.replace(policy, cast_forward_inputs=False)
     for block in model.layers:
-        shard(block, reshard_after_forward=config.reshard_after_forward)
+        fully_shard(
+            block,
+            mesh=mesh,
+            mp_policy=block_policy,
+            reshard_after_forward=config.reshard_after_forward,
+        )
     # Norm + output: the last forward and the first backward, so their gathered parameters are
     # kept between the two (torchtitan does the same).
     shard([model.norm, model.output], reshard_after_forward=False)

@@ -10,9 +10,10 @@ import gc
 import os
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
-from training.checkpoint.manager import CheckpointManager
+from training.checkpoint.manager import CheckpointManager, needs_cpu_collectives
 from training.config import JobConfig
 from training.hooks import HookChain, StepHooks
 from training.parallel import dist_env_from_environment, init_process_group
@@ -43,10 +44,37 @@ def freeze_imported_objects() -> None:
 
 
 def release_leftovers() -> None:
-    """Idempotent clean-up of an interrupted attempt: stop its checkpoint worker and destroy its
+    """Idempotent clean-up of an interrupted attempt: stop its checkpoint worker and end its
     process group, so the next attempt starts from nothing."""
     while _LEFTOVERS:
         _LEFTOVERS.pop().abandon()
+    release_process_group_after_fault()
+
+
+def _has_nccl_backend() -> bool:
+    """Whether the default process group runs its CUDA collectives on NCCL."""
+    if not dist.is_nccl_available():
+        return False
+    try:
+        backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cuda"))
+    except RuntimeError:  # no CUDA backend in this group
+        return False
+    return isinstance(backend, dist.ProcessGroupNCCL)
+
+
+def release_process_group_after_fault() -> None:
+    """End the process group of a failed attempt without waiting on its peers.
+
+    With NCCL, ``destroy_process_group`` shuts the communicators down gracefully, which waits
+    for the collectives in flight: on a failing rank whose peers are stuck, or gone, it can
+    hang before NVRx's monitor thread ever aborts anything. So NCCL groups are aborted first,
+    all at once (torch's ``_abort_process_group``: every group's backends inside one NCCL
+    group call, then its bookkeeping is cleared as ``destroy_process_group`` would; present in
+    torch 2.11 and 2.13). gloo groups have no abort; destroying them waits on nothing."""
+    if not dist.is_initialized():
+        return
+    if _has_nccl_backend():
+        dist.distributed_c10d._abort_process_group()
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -60,7 +88,9 @@ def run_training(
     rank: int | None = None,
     world_size: int | None = None,
 ) -> TrainResult:
-    env = dist_env_from_environment(config.parallel)
+    env = dist_env_from_environment(
+        config.parallel, cpu_collectives=needs_cpu_collectives(config.checkpoint)
+    )
     if rank is not None and world_size is not None:
         env = type(env)(
             rank=rank,

@@ -26,6 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from training.checkpoint.manager import CheckpointManager
+from training.checkpoint.memory import SNAPSHOTS
 from training.config import JobConfig
 from training.data import BatchLayout, ResumableSampler, TokenShards
 from training.hooks import HookChain, StepHooks
@@ -189,6 +190,7 @@ class Trainer:
             loss_sum += loss.detach()
         if self.config.optim.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
+        SNAPSHOTS.before_update()  # a memory snapshot's copies on a GPU read the old state
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss_sum

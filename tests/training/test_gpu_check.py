@@ -1,7 +1,11 @@
-"""The CPU-side parts of the device check (tests/gpu_check.py): argument handling, the JUnit
-parsing and report building, and a clean refusal without CUDA.
+"""The CPU side of the device check (tests/gpu_check.py): argument handling, the JUnit parsing
+and report building, a clean refusal without CUDA, the private-torch-name gate, the list of
+gpu-marked tests it runs, and its in-process checks run through the same entry point with CUDA
+faked at the device boundary (``GPU_CHECK_FAKE_CUDA=1``: CPU ranks, gloo, fp32). The whole
+check, offline, in a clean environment with only the carried wheels:
+test_gpu_check_offline.py.
 
-Run: ``.venv/bin/pytest tests/training/test_gpu_check.py`` (a few seconds, CPU only).
+Run: ``.venv/bin/pytest tests/training/test_gpu_check.py`` (~30 s, CPU only).
 """
 
 from __future__ import annotations
@@ -48,14 +52,18 @@ def test_report_is_ok_only_when_something_ran_and_nothing_failed() -> None:
 def test_arguments() -> None:
     args = gpu_check.parse_args(["--only", "fsdp_step", "--layers", "2"])
     assert args.only == ["fsdp_step"] and args.layers == 2 and args.budget_s == 480
-    for bad in (["--budget-s", "0"], ["--layers", "0"], ["--only", "nope"]):
+    assert args.model == "8b_slice" and args.wheels is None
+    for bad in (["--budget-s", "0"], ["--layers", "0"], ["--only", "nope"], ["--model", "x"]):
         with pytest.raises(SystemExit) as info:
             gpu_check.parse_args(bad)
         assert info.value.code == 2
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
-def test_refuses_cleanly_without_cuda(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_refuses_cleanly_without_cuda(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(gpu_check.FAKE_ENV, raising=False)
     out = tmp_path / "report.json"
     code = gpu_check.main(["--out", str(out)])
     assert code == exits.ENVIRONMENT
@@ -63,3 +71,76 @@ def test_refuses_cleanly_without_cuda(tmp_path: Path, capsys: pytest.CaptureFixt
     assert report["ok"] is False and "no CUDA device" in report["error"]
     assert report["checks"] == [] and report["device"]["torch"] == torch.__version__
     assert json.loads(capsys.readouterr().out) == report
+
+
+def test_wheel_options_are_dropped_from_the_rerun() -> None:
+    argv = ["--wheels", ".whl", "--site=/tmp/s", "--only", "fsdp_step", "--out", "r.json"]
+    rest = [a for i, a in enumerate(argv) if not gpu_check._is_wheel_option(argv, i)]
+    assert rest == ["--only", "fsdp_step", "--out", "r.json"]
+
+
+def test_a_missing_private_torch_name_skips_the_checks_that_need_it_naming_it() -> None:
+    """On a torch without one of the trainer's private names the checks that use it are skipped
+    with that name as the reason; the others run. Every name is present in this torch."""
+    assert gpu_check.missing_private_names() == {}
+    missing = {"torch.cuda._sleep": "absent in torch"}
+    assert gpu_check.blocked_by_missing_names("inprocess_restart", missing) == ["torch.cuda._sleep"]
+    assert gpu_check.blocked_by_missing_names("fsdp_step", missing) == []
+    (result,) = gpu_check.run_check("inprocess_restart", None, missing)  # skipped before ctx
+    assert result.skipped and "torch.cuda._sleep" in result.detail["reason"]
+
+
+def test_every_gpu_marked_test_is_run_by_the_check() -> None:
+    """A new gpu-marked test is either in GPU_TESTS (pytest_gpu runs it) or its subject is one
+    of the check's own checks, so none is forgotten on the GPU machine."""
+    import re
+
+    marked = set()
+    for path in (gpu_check.REPO_ROOT / "tests").rglob("test_*.py"):
+        text = path.read_text()
+        for match in re.finditer(r"@pytest\.mark\.gpu\n(?:@.*\n)*def (test_\w+)", text):
+            marked.add(match.group(1))
+    listed = {node.split("::")[1] for node in gpu_check.GPU_TESTS}
+    assert marked, "no gpu-marked test found"
+    assert marked == listed | set(gpu_check.COVERED_BY_CHECKS), marked ^ (
+        listed | set(gpu_check.COVERED_BY_CHECKS)
+    )
+    assert set(gpu_check.COVERED_BY_CHECKS.values()) <= set(gpu_check.CHECKS)
+    for node in gpu_check.GPU_TESTS:
+        assert (gpu_check.REPO_ROOT / node.split("::")[0]).is_file(), node
+
+
+@pytest.mark.timeout(240)
+def test_in_process_checks_run_with_cuda_faked_at_the_boundary(tmp_path: Path) -> None:
+    """The entry point as the GPU machine runs it (``python tests/gpu_check.py``), its in-process
+    checks on CPU with gloo and fp32 in place of CUDA, NCCL and bf16: the recipe lookups, model
+    and parallel configs, timing, MFU and snapshot code all run, so a typo there fails CI. The
+    subprocess checks run in test_gpu_check_offline.py."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "report.json"
+    command = [
+        sys.executable,
+        str(gpu_check.REPO_ROOT / "tests/gpu_check.py"),
+        *("--only", "environment", "--only", "fsdp_step"),
+        *("--only", "ac_compile", "--only", "memory_snapshot"),
+        *("--model", "tiny", "--seq-len", "32", "--steps", "1", "--layers", "1"),
+        *("--ac-layers", "1", "--out", str(out)),
+    ]
+    env = {**os.environ, gpu_check.FAKE_ENV: "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=220)
+    assert proc.returncode == exits.OK, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    checks = {c["name"]: c for c in report["checks"]}
+    assert list(checks) == ["environment", "fsdp_step", "ac_compile", "memory_snapshot"]
+    assert report["ok"] and report["device"]["fake_cuda"] is True
+    assert all(c["ok"] and not c["skipped"] for c in checks.values())
+    env_detail = checks["environment"]["detail"]
+    assert env_detail["torch_pin"] == "2.13.0" and env_detail["private_torch_names_missing"] == {}
+    step = checks["fsdp_step"]["detail"]
+    assert step["causal_mask_halved"] is False and step["parallel"]["activation_checkpointing"]
+    assert step["finite"] and step["mfu"] is None  # no peak FLOP/s for a CPU
+    assert "torch.compile" in checks["ac_compile"]["detail"]["skipped_part"]
+    assert checks["memory_snapshot"]["detail"]["restored_equal"]

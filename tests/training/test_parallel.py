@@ -437,3 +437,102 @@ def test_rank1_before_rank0_waits_for_its_store_then_forms_the_group(tmp_path: P
     assert results[0]["sum"] == results[1]["sum"] == 3.0
     assert results[1]["store_polls"] >= 1
     assert results[0]["store_polls"] == 0
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_rotary_table_stays_fp32_under_bf16_mixed_precision(one_rank_group) -> None:
+    """FSDP2 casts a unit's floating-point forward inputs to its param dtype by default: the
+    blocks' rotary table (passed to each block's forward) became bf16 on a GPU and stayed fp32
+    on CPU. The blocks' units no longer cast their inputs: the table reaches the attention in
+    fp32 while the hidden state still computes in bf16 (checked here with the bf16 policy on
+    CPU, the same FSDP2 code path as on a GPU)."""
+    model = _build(ParallelConfig(device="cpu", mixed_precision="bf16"))
+    seen: list[tuple[torch.dtype, torch.dtype]] = []
+
+    def record(module, args) -> None:
+        x, rope = args
+        seen.append((x.dtype, rope.dtype))
+
+    for block in model.layers:
+        block.attention.register_forward_pre_hook(record)
+    tokens = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))
+    model(tokens[:, :-1]).float().sum().backward()
+    assert seen and all(rope == torch.float32 for _, rope in seen), seen
+    assert all(x == torch.bfloat16 for x, _ in seen), "the block still computes in bf16"
+
+
+def test_compile_wraps_the_activation_checkpoint_wrapper_as_torchtitan_does() -> None:
+    """torchtitan applies activation checkpointing, then compiles the wrapped block: the
+    compiled graph holds the recompute, and the selective policy sees the block's ops. (Before,
+    the block was compiled first and then wrapped.) Names stay those of the plain block."""
+    from training.model import Block
+    from training.parallel import wrap_block
+
+    for mode in ("full", "selective"):
+        block = Block(_tiny_model_config())
+        config = ParallelConfig(  # compile is a GPU option; wrapping touches no device
+            device="cuda",
+            activation_checkpointing=True,
+            activation_checkpointing_mode=mode,
+            compile=True,
+        )
+        wrapped = wrap_block(block, config=config)
+        assert wrapped is not block and wrapped._checkpoint_wrapped_module is block
+        assert wrapped._compiled_call_impl is not None, "the wrapper is what is compiled"
+        assert block._compiled_call_impl is None, "not the block inside it"
+        plain = {k.replace("_checkpoint_wrapped_module.", "") for k in wrapped.state_dict()}
+        assert plain == set(block.state_dict())
+    bare = Block(_tiny_model_config())
+    compiled = wrap_block(bare, config=ParallelConfig(device="cuda", compile=True))
+    assert compiled is bare and bare._compiled_call_impl is not None
+
+
+def test_torch_async_gets_a_cpu_backend_beside_nccl() -> None:
+    """torch's async_save refuses a process group without a CPU backend ("A CPU backend must be
+    enabled for async save"): with engine torch_async a GPU job's group is
+    "cpu:gloo,cuda:nccl"; every other engine keeps NCCL alone, and CPU jobs gloo."""
+    from training.checkpoint.manager import needs_cpu_collectives
+    from training.config import CheckpointConfig
+    from training.parallel import process_group_backend
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    torch_async = needs_cpu_collectives(CheckpointConfig(engine="torch_async"))
+    assert torch_async and not needs_cpu_collectives(CheckpointConfig(engine="nvrx"))
+    assert process_group_backend(cuda, cpu_collectives=torch_async) == "cpu:gloo,cuda:nccl"
+    assert process_group_backend(cuda, cpu_collectives=False) == "nccl"
+    assert process_group_backend(cpu, cpu_collectives=True) == "gloo"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_compiled_checkpointed_block_keeps_the_math(mode: str) -> None:
+    """The compiled activation-checkpoint wrapper (inductor, here on CPU; the config keeps
+    compile for CUDA, the wrapping is the same) gives the plain block's output and input
+    gradient: the recompute inside the compiled graph changes memory, not results."""
+    from training.config import ModelConfig
+    from training.model import Block, rotary_tables
+    from training.parallel import wrap_block
+
+    config = ModelConfig(dim=64, n_layers=1, max_seq_len=32)
+    torch.manual_seed(0)
+    block, plain = Block(config), Block(config)
+    plain.load_state_dict(block.state_dict())
+    wrapped = wrap_block(
+        block,
+        config=ParallelConfig(
+            device="cuda",
+            activation_checkpointing=True,
+            activation_checkpointing_mode=mode,
+            compile=True,
+        ),
+    )
+    rope = rotary_tables(head_dim=config.head_dim, max_seq_len=32, theta=config.rope_theta)
+    x = torch.randn(2, 16, 64, requires_grad=True)
+    out = wrapped(x, rope)
+    out.square().sum().backward()
+    grad, x.grad = x.grad.clone(), None
+    expected = plain(x, rope)
+    expected.square().sum().backward()
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad, x.grad, rtol=1e-4, atol=1e-4)

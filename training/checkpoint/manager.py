@@ -148,11 +148,11 @@ class CheckpointManager:
         self._nvrx = None
         self._local = None
         if config.local_dir:
-            from training.checkpoint.local import LocalCheckpoints
+            from training.checkpoint.local import LocalCheckpoints, session_id_for
 
             self._local = LocalCheckpoints(
                 root=Path(config.local_dir),
-                session_id=root.name,
+                session_id=session_id_for(root),
                 world_size=world_size,
                 local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
             )
@@ -602,6 +602,13 @@ class CheckpointManager:
             if problem is None:
                 raise err
             return problem
+
+
+def needs_cpu_collectives(config: CheckpointConfig) -> bool:
+    """Whether the checkpoint engine needs a CPU backend in the process group: torch's
+    ``async_save`` (engine ``torch_async``) plans with collectives on CPU tensors and refuses a
+    group without one, so on a GPU the group is "cpu:gloo,cuda:nccl" (training/parallel.py)."""
+    return config.engine == "torch_async"
 
 
 def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:

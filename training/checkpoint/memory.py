@@ -23,6 +23,7 @@ tier replaces neither the shared checkpoints nor the node-local ones (``local.py
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -105,6 +106,10 @@ class MemorySnapshots:
     def __init__(self) -> None:
         self._slots = [_Slot(), _Slot()]
         self._next = 0
+        self._streams: dict[torch.device, Any] = {}
+        self._copying: Any = None
+        """The event after the newest snapshot's device-to-host copies, until the compute
+        stream has been told to wait for it (``before_update``)."""
 
     @torch.no_grad()
     def take(
@@ -117,25 +122,46 @@ class MemorySnapshots:
         if key != slot.key:
             slot.buffers = [_host_buffer(value) for _, _, value in leaves]
             slot.key = key
-        on_device = False
+        device = next(
+            (v.device for _, _, v in leaves if isinstance(v, torch.Tensor) and v.is_cuda), None
+        )
+        # On a GPU the copies run on a side stream, after the step that made the state (it
+        # waits for the compute stream) and beside the next step's forward and backward, which
+        # only read the state; ``before_update`` holds the optimizer's in-place update back
+        # until they are done.
+        stream = self._stream(device) if device is not None else None
         values: list[Any] = []
-        for (_, _, value), buffer in zip(leaves, slot.buffers, strict=True):
-            if buffer is None:
-                values.append(copy.deepcopy(value))
-                continue
-            on_device = on_device or value.device.type == "cuda"
-            buffer.copy_(value, non_blocking=value.device.type == "cuda")
-            values.append(None)
-        slot.values = values
-        slot.ready = None
-        if on_device:
-            # Ordered on the compute stream after the step that made the state and before the
-            # next one changes it; the slot is complete once the event is.
-            slot.ready = torch.cuda.Event()
-            slot.ready.record()
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            if stream is not None:
+                stream.wait_stream(torch.cuda.current_stream(device))
+            for (_, _, value), buffer in zip(leaves, slot.buffers, strict=True):
+                if buffer is None:
+                    values.append(copy.deepcopy(value))
+                    continue
+                buffer.copy_(value, non_blocking=value.is_cuda)
+                values.append(None)
+            slot.values = values
+            slot.ready = None
+            if stream is not None:
+                # The slot is complete once this event is.
+                slot.ready = torch.cuda.Event()
+                slot.ready.record(stream)
+                self._copying = slot.ready
         slot.owner, slot.rank, slot.world_size = owner, rank, world_size
         slot.step = step
         self._next = 1 - self._next
+
+    def before_update(self) -> None:
+        """Call before the state changes in place (the optimizer step): on a GPU the compute
+        stream waits for the newest snapshot's copies (no host wait); nothing otherwise."""
+        if self._copying is not None:
+            torch.cuda.current_stream().wait_event(self._copying)
+            self._copying = None
+
+    def _stream(self, device: torch.device) -> Any:
+        if device not in self._streams:
+            self._streams[device] = torch.cuda.Stream(device=device)
+        return self._streams[device]
 
     def steps(self, *, owner: str, rank: int, world_size: int) -> list[int]:
         """The steps of the complete snapshots this rank of this run may restore, newest
@@ -172,6 +198,7 @@ class MemorySnapshots:
     def clear(self) -> None:
         self._slots = [_Slot(), _Slot()]
         self._next = 0
+        self._copying = None
 
     def _slot(self, step: int) -> _Slot | None:
         return next((s for s in self._slots if s.step == step), None)

@@ -15,6 +15,9 @@ Kinds:
   exception      raise an error in the training step
   hang           stop before the step's collective (peers block in it)
   hang_compute   spin in compute forever
+  hang_kernel    block in native code for HANG_KERNEL_S (a CUDA kernel that spins, then a
+                 synchronize; on CPU one long C call): no Python code of this rank runs, so
+                 neither a signal handler nor an asynchronous exception reaches it meanwhile
   sigkill        SIGKILL this rank (node loss, OOM killer)
   sigterm        SIGTERM this rank (drain/eviction: final checkpoint, exit 143)
   sigstop        SIGSTOP this rank: the process freezes, alive but silent (a wedged driver, a
@@ -46,6 +49,7 @@ KINDS = (
     "exception",
     "hang",
     "hang_compute",
+    "hang_kernel",
     "sigkill",
     "sigterm",
     "sigstop",
@@ -57,6 +61,10 @@ KINDS = (
     "truncate_shard",
 )
 CKPT_POINTS = ("staged", "written", "commit")
+HANG_KERNEL_S = 15.0
+"""How long a ``hang_kernel`` fault holds its rank in native code: past the hang detection
+(its floor is 2 s) and short of the GPU recipes' hard timeouts, so the rank comes back and
+restarts in place."""
 
 
 class InjectedFault(RuntimeError):

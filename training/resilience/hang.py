@@ -8,31 +8,30 @@ current attempt, a rank that has not reached a step boundary for
 
     timeout = max(floor_s - 2 x poll_s, factor x p99 of the observed step times)
 
-raises :class:`HangDetected` in its main thread (``floor_s`` is the detection deadline at the
-floor: the watchdog checks every ``poll_s``, and the exception takes as long again to reach the
-wrapper, so its least timeout is twice that shorter; measured at one poll: 1.96-2.001 s), which
-the wrapper treats like any fault: it records the interruption in its store, the peers'
-monitor threads abort their process groups (which frees ranks blocked in a collective) and
-every rank restarts in place. A rank whose main thread is inside torch.distributed (blocked
-in a collective) does not raise: the hung peer's exception reaches it through that abort.
-Margins: the count restarts with each attempt (the first steps after a restart re-warm caches
-and allocators), checkpoint I/O is excluded (``pause``/``resume`` around it; it has its own
-budget), and NVRx's fixed soft timeout stays as the backstop for a rank stuck inside one C
-call that never checks for signals.
+is reported to NVRx as interrupted (``interrupt``: the trainer records a soft-timeout
+interruption for this rank in the wrapper's store, training/resilience/nvrx.py), from this
+watchdog's own thread. ``floor_s`` is the detection deadline at the floor: the watchdog checks
+every ``poll_s``, and the report takes about as long again to reach the wrapper, so its least
+timeout is twice that shorter. What follows is NVRx's own path for any fault: every rank's
+monitor thread aborts its process groups (NCCL's abort on a GPU, which ends the collectives
+that hold the ranks in C++; the peer sockets on gloo) and raises ``RankShouldRestart`` in its
+main thread, and every rank restarts in place.
 
-The exception arrives through SIGUSR2, whose handler raises it: the way KeyboardInterrupt
-reaches Python code, also inside ``time.sleep`` and other C calls that check for signals.
-``PyThreadState_SetAsyncExc`` was tried first: it can land inside NVRx's progress-watchdog
-callback (run in the main thread through ``Py_AddPendingCall``), where ctypes drops it, or
-surface as ``SystemError: error return without exception set``.
+The report never needs the main thread: on a GPU a hung rank sits in C++ (``.item()``, a
+stream synchronize behind a stuck kernel or NCCL collective), where no Python signal handler
+or asynchronous exception runs until the call returns. A rank whose main thread is inside
+torch.distributed (blocked in a collective on gloo) does not report itself: it waits for the
+hung peer, whose report reaches it through the abort. A rank stuck in a kernel that never
+ends is released by NVRx's hard timeout (its monitor process ends the rank), as before.
+Margins: the count restarts with each attempt (the first steps after a restart re-warm caches
+and allocators), and checkpoint I/O is excluded (``pause``/``resume`` around it; it has its
+own budget).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
-import signal
 import sys
 import threading
 import time
@@ -40,13 +39,6 @@ from collections import deque
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
-
-
-HANG_SIGNAL = signal.SIGUSR2
-
-
-class HangDetected(RuntimeError):
-    """No step boundary within the calibrated timeout."""
 
 
 def p99(values: list[float]) -> float:
@@ -70,26 +62,26 @@ def calibrated_timeout(step_times: list[float], *, floor_s: float, factor: float
 
 class CalibratedHangWatchdog:
     """Call ``step_started``/``step_finished`` around each step; ``pause``/``resume`` around
-    checkpoint I/O; ``close`` at the end of the attempt."""
+    checkpoint I/O; ``close`` at the end of the attempt. ``interrupt`` is called once per
+    hung step, from the watchdog's thread."""
 
     def __init__(
         self,
         *,
         calibrate_after: int,
         floor_s: float,
+        interrupt: Callable[[], None],
         factor: float = 5.0,
         on_detect: Callable[[float, float], None] = lambda timeout, waited: None,
         poll_s: float = 0.05,
-        repeat_s: float = 0.5,
     ) -> None:
-        """Create in the main thread (it installs the SIGUSR2 handler there)."""
         self.calibrate_after = calibrate_after
         self.floor_s = floor_s
         self.factor = factor
         self.thread_id = threading.main_thread().ident
+        self.interrupt = interrupt
         self.on_detect = on_detect
         self.poll_s = poll_s
-        self.repeat_s = repeat_s
         self.step_times: deque[float] = deque(maxlen=WINDOW)
         self.steps = 0
         self.timeout_s: float | None = None
@@ -99,21 +91,8 @@ class CalibratedHangWatchdog:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="hang-watchdog", daemon=True)
-        self._previous_handler = None
         if calibrate_after > 0:
-            self._previous_handler = signal.signal(HANG_SIGNAL, self._raise)
             self._thread.start()
-
-    def _raise(self, signum: int, frame: object) -> None:
-        # An exception already on its way out (this rank's fault, or NVRx's RankShouldRestart
-        # after a peer's) must not be replaced: NVRx's wrapper consumes RankShouldRestart once,
-        # and a HangDetected in its place makes the wrapper end this rank with InternalError.
-        # The handler runs in the main thread, so sys.exc_info() is the exception it is
-        # handling, also in the `finally` blocks and `__exit__`s it unwinds through.
-        if sys.exc_info()[1] is not None:
-            return
-        if self._fired and not self._closed.is_set():  # ours, for this attempt
-            raise HangDetected(f"no step boundary within {self.timeout_s:.1f} s (calibrated)")
 
     def step_started(self) -> None:
         with self._lock:
@@ -152,35 +131,26 @@ class CalibratedHangWatchdog:
         self._closed.set()
         if self._thread.is_alive():
             self._thread.join(timeout=1)
-        if self._previous_handler is not None:
-            signal.signal(HANG_SIGNAL, self._previous_handler)
-            self._previous_handler = None
 
     def _in_a_collective(self) -> bool:
-        """The watched thread is inside torch.distributed (blocked in a collective, in C): an
-        asynchronous exception cannot land there; the hung peer's own exception reaches this
-        rank through the wrapper's abort instead."""
+        """The watched thread is inside torch.distributed (blocked in a collective on gloo):
+        it waits for the hung peer, whose report reaches it through the abort."""
         frame = sys._current_frames().get(self.thread_id)
         return frame is not None and "/torch/distributed/" in frame.f_code.co_filename
 
     def _watch(self) -> None:
         while not self._closed.wait(self.poll_s):
             with self._lock:
-                if self._paused or self._started is None or not self.timeout_s:
+                if self._fired or self._paused or self._started is None or not self.timeout_s:
                     continue
                 waited = time.monotonic() - self._started
                 if waited <= self.timeout_s or self._in_a_collective():
                     continue
-                first = not self._fired
                 self._fired = True
                 timeout = self.timeout_s
-            if first:
-                log.warning("no step boundary for %.1f s (timeout %.1f s)", waited, timeout)
-                self.on_detect(timeout, waited)
-            # Again until the attempt ends (close) or a step boundary is reached, in case the
-            # first one met code that swallows exceptions.
-            os.kill(os.getpid(), HANG_SIGNAL)
-            # Waiting on `_closed`, not sleeping: `close` (the attempt's end, on the restart's
-            # critical path) must not wait out the repeat interval.
-            if self._closed.wait(self.repeat_s):
-                return
+            log.warning("no step boundary for %.1f s (timeout %.1f s)", waited, timeout)
+            self.on_detect(timeout, waited)
+            try:
+                self.interrupt()
+            except Exception:  # the wrapper's soft timeout stays the backstop
+                log.exception("reporting the hang to NVRx failed")

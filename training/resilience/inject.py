@@ -7,6 +7,7 @@ time the first rank to start one records there (``clock_origin``)."""
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import signal
 import time
@@ -16,7 +17,7 @@ import torch
 
 from training.checkpoint.layout import COMMIT, SHARDS, committed_steps, rank_files, step_dir
 from training.hooks import StepHooks
-from training.resilience.faults import Fault, InjectedFault, parse_faults
+from training.resilience.faults import HANG_KERNEL_S, Fault, InjectedFault, parse_faults
 
 
 class FaultInjector(StepHooks):
@@ -143,6 +144,9 @@ class FaultInjector(StepHooks):
             x = torch.randn(64, 64)
             while True:
                 x = torch.tanh(x @ x)
+        if kind == "hang_kernel":
+            block_in_native_code(seconds=HANG_KERNEL_S)
+            return
         if kind == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
         if kind == "sigterm":
@@ -199,3 +203,26 @@ class FaultInjector(StepHooks):
                 handle.write(bytes(b ^ 0xFF for b in chunk))
             handle.flush()
             os.fsync(handle.fileno())
+
+
+def block_in_native_code(*, seconds: float) -> None:
+    """Hold the calling thread in native code for about ``seconds``, with no Python code run
+    meanwhile: on a GPU, kernels that spin (``torch.cuda._sleep``, present in torch 2.11 and
+    2.13) and a synchronize behind them, as a rank waits behind a stuck kernel or collective;
+    on CPU, one scrypt call (C, GIL released, no system call that a signal could interrupt)
+    sized from a short timed one."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        probe = 1 << 24
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        torch.cuda._sleep(probe)
+        torch.cuda.synchronize()
+        cycles_per_s = probe / max(time.perf_counter() - started, 1e-6)
+        torch.cuda._sleep(int(cycles_per_s * seconds))
+        torch.cuda.synchronize()
+        return
+    scrypt = dict(salt=b"hang", n=1 << 14, r=8, maxmem=64 << 20, dklen=8)
+    started = time.perf_counter()
+    hashlib.scrypt(b"probe", p=1, **scrypt)
+    per_lane = max(time.perf_counter() - started, 1e-4)
+    hashlib.scrypt(b"hang", p=max(1, round(seconds / per_lane)), **scrypt)

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -170,7 +171,7 @@ def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
     ranks and enforces the job-wide restart cap, see `training.resilience.injob`)."""
     from training.parallel import await_rank0_store
     from training.resilience.injob import attempt_number, check_attempt
-    from training.resilience.nvrx import inprocess_wrapper, rank_monitor_client
+    from training.resilience.nvrx import inprocess_wrapper, rank_monitor_client, report_hang
     from training.run import release_leftovers, run_training
 
     rank = int(os.environ.get("RANK", "0"))
@@ -239,6 +240,9 @@ def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
             watchdog = CalibratedHangWatchdog(
                 calibrate_after=r.calibrate_timeouts_after,
                 floor_s=r.hang_floor_s,
+                # From the watchdog's thread: the main thread may be stuck in C++ (a kernel,
+                # an NCCL collective) where nothing raised in it would land.
+                interrupt=partial(report_hang, call_wrapper, rank=current_rank),
                 on_detect=detected,
             )
         try:

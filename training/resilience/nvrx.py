@@ -43,6 +43,20 @@ def rank_monitor_client():
 # ---------------------------------------------------------------------------------------------
 
 
+def report_hang(call_wrapper, *, rank: int) -> None:
+    """Record a soft-timeout interruption of ``rank`` in the wrapper's store, as NVRx's monitor
+    process does when its own soft timeout expires (0.4.1 ``monitor_process.py``: a
+    ``RECORD_INTERRUPTED`` message; the wrapper sends one the same way for an exception,
+    ``wrap.py``). Safe from any thread: it puts one message on the monitor process's queue,
+    so it works while the main thread is blocked in C++. Every rank's monitor thread then
+    aborts its process groups and raises ``RankShouldRestart`` in its main thread."""
+    from nvidia_resiliency_ext.inprocess.attribution import Interruption, InterruptionRecord
+
+    call_wrapper.monitor_process.record_interrupted(
+        [InterruptionRecord(rank, Interruption.SOFT_TIMEOUT)]
+    )
+
+
 def inprocess_wrapper(
     fn: Callable,
     *,

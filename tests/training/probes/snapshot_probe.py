@@ -7,9 +7,10 @@ verified load (run by tests/training/checkpoint/test_checkpoint.py under torchru
    cache), at step 3: the shard files of steps 2 and 3 must be byte-identical.
 3. Checks every rank manifest: the CRCs recorded while writing equal a CRC of the final file,
    and the per-item CRCs cover the file exactly.
-4. Flips one byte in the middle of rank 1's shard of step 3: a direct verified load of step 3
-   must fail on every rank and leave every rank's state untouched (rank 0's own shard is
-   sound); ``load_latest`` must reject step 3 and load step 2, equal to the saved state.
+4. Flips one byte in the middle of the last rank's shard of step 4 (``__{world-1}_0.distcp``:
+   rank 1's of two, rank 0's own when the probe runs on one rank, as on a one-GPU machine): a
+   direct verified load of step 4 must fail on every rank and leave every rank's state
+   untouched; ``load_latest`` must reject step 4 and load step 3, equal to the saved state.
 5. Un-commits steps 2 and 3 and loads step 1: it must equal the state at save time.
 
 Writes, per rank, a JSON report. Usage:
@@ -67,13 +68,18 @@ def manifest_problems(step_path: Path, world_size: int) -> list[str]:
     return problems
 
 
+def damaged_shard_name(world_size: int) -> str:
+    """The shard file the probe damages: the last rank's (DCP names them ``__<rank>_0``)."""
+    return f"__{world_size - 1}_0.distcp"
+
+
 def main() -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import CheckpointException
 
     from training.checkpoint.integrity import VerifyingReader
     from training.checkpoint.layout import COMMIT, step_dir
-    from training.checkpoint.manager import CheckpointManager
+    from training.checkpoint.manager import CheckpointManager, needs_cpu_collectives
     from training.overrides import build_config
     from training.parallel import dist_env_from_environment, init_process_group
     from training.runlog.metrics import EventLog
@@ -90,7 +96,9 @@ def main() -> None:
             *overrides,
         ]
     )
-    env = dist_env_from_environment(config.parallel)
+    env = dist_env_from_environment(
+        config.parallel, cpu_collectives=needs_cpu_collectives(config.checkpoint)
+    )
     init_process_group(env, timeout_s=120)
     events = EventLog(run_dir=Path(result_dir), rank=env.rank)
     root = Path(config.checkpoint_dir)
@@ -156,7 +164,9 @@ def main() -> None:
         report["crc_problems"] = [
             p for s in (1, 2, 3, 4) for p in manifest_problems(step_dir(root, s), env.world_size)
         ]
-        shard = s4 / "__1_0.distcp"  # damage after commit: one bit in the middle
+        # Damage after commit, one bit in the middle of a shard that exists at any world size.
+        shard = s4 / damaged_shard_name(env.world_size)
+        report["damaged_shard"] = shard.name
         data = bytearray(shard.read_bytes())
         data[len(data) // 2] ^= 0x01
         shard.write_bytes(bytes(data))

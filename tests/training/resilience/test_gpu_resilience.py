@@ -157,3 +157,57 @@ def test_stage_copies_cuda_tensors_completely_before_returning() -> None:
     big.zero_()  # after stage returns, changes must not reach the staged copy
     torch.cuda.synchronize(device)
     assert host.abs().sum().item() > 0 and buckets == []
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+def test_a_failed_attempt_aborts_nccl_before_ending_the_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a fault the attempt's NCCL group is aborted (torch's ``_abort_process_group``), not
+    shut down gracefully (``destroy_process_group`` waits for collectives in flight), and the
+    group is gone afterwards so the next attempt can create its own."""
+    import torch.distributed as dist
+
+    from training.run import release_process_group_after_fault
+
+    calls: list[str] = []
+    real_abort = dist.distributed_c10d._abort_process_group
+    real_destroy = dist.destroy_process_group
+    monkeypatch.setattr(
+        dist.distributed_c10d,
+        "_abort_process_group",
+        lambda *a: calls.append("abort") or real_abort(*a),
+    )
+    monkeypatch.setattr(
+        dist, "destroy_process_group", lambda *a: calls.append("destroy") or real_destroy(*a)
+    )
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=device)
+    dist.all_reduce(torch.ones(1, device=device))
+    release_process_group_after_fault()
+    assert calls[0] == "abort" and not dist.is_initialized()
+
+
+@pytest.mark.gpu
+def test_memory_snapshot_copies_on_a_side_stream_and_the_update_waits_for_them() -> None:
+    """The device-to-host copies of a snapshot run on a side stream, not the compute stream,
+    and ``before_update`` makes the compute stream wait for them: an in-place update enqueued
+    right after cannot reach the snapshot (the compute stream is kept busy first, so a copy that
+    did not wait would see the update)."""
+    from training.checkpoint.memory import MemorySnapshots
+
+    device = torch.device("cuda", 0)
+    state = {"w": torch.arange(1 << 24, device=device, dtype=torch.float32)}
+    expected = state["w"].cpu()
+    snapshots = MemorySnapshots()
+    snapshots.take(state, owner="t", step=1, rank=0, world_size=1)
+    (slot,) = [s for s in snapshots._slots if s.step == 1]
+    assert slot.ready is not None
+    assert snapshots._streams[device] != torch.cuda.current_stream(device)
+    snapshots.before_update()
+    state["w"].add_(1.0)  # the optimizer's in-place update
+    torch.cuda.synchronize()
+    snapshots.restore(state, step=1)
+    torch.testing.assert_close(state["w"].cpu(), expected)

@@ -305,6 +305,40 @@ def test_inprocess_hang_detection_calibrated_from_step_times(
 
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
+def test_inprocess_hang_in_native_code_releases_the_peer_before_the_call_returns(
+    tmp_path: Path, corpus: Path, reference: dict
+) -> None:
+    """Rank 1 held in native code for 15 s (``hang_kernel``: on a GPU a spinning kernel and a
+    synchronize; here one C call), where no Python signal handler or asynchronous exception
+    runs. Its watchdog reports the hang to NVRx from its own thread, so rank 0, blocked in the
+    step's collective, is aborted and starts its restart about 2 s after the fault, not when
+    rank 1's call returns (a report raised in rank 1's main thread would wait those 15 s); the
+    run still ends bit-identical."""
+    from training.resilience.faults import HANG_KERNEL_S
+
+    run_dir = tmp_path / "run"
+    proc = launch(
+        run_dir,
+        corpus,
+        "--restart=inprocess",
+        "--faults=hang_kernel@1:14",
+        "--resilience.calibrate_timeouts_after=5",
+        "--resilience.soft_timeout_s=30",
+        "--resilience.hard_timeout_s=60",
+    )
+    assert proc.returncode == 0, tail(proc.log)
+    log = events(run_dir)
+    (fault,) = [e for e in log if e["kind"] == "fault"]
+    detected = [e for e in log if e["kind"] == "hang_detected" and e["rank"] == 1]
+    assert detected and detected[0]["time"] - fault["time"] < 5
+    released = [e for e in log if e["kind"] == "restart_begin" and e["rank"] == 0]
+    assert released, "rank 0 must have been interrupted"
+    assert released[0]["time"] - fault["time"] < HANG_KERNEL_S - 5, (released[0], fault)
+    assert_identical(final_state(run_dir), reference)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
 def test_injob_hang_detection_calibrated_from_step_times(
     tmp_path: Path, corpus: Path, reference: dict
 ) -> None:

@@ -206,18 +206,20 @@ def test_calibrated_timeout_is_five_p99_with_a_floor() -> None:
     assert calibrated_timeout([0.1] * 98 + [1.2, 1.2], floor_s=0.1, factor=5.0) == 6.0
 
 
-def test_hang_watchdog_raises_in_the_main_thread_only_after_calibration() -> None:
-    """The main thread stuck past the calibrated timeout gets HangDetected; I/O pauses it. At
-    the floor the timeout is the floor less twice the watchdog's poll interval, so the detection
-    lands within the floor."""
+def test_hang_watchdog_reports_once_only_after_calibration_and_not_during_io() -> None:
+    """The main thread stuck past the calibrated timeout is reported once (the watchdog's
+    ``interrupt``); checkpoint I/O pauses it. At the floor the timeout is the floor less twice
+    the watchdog's poll interval, so the report lands within the floor."""
     import time
 
-    from training.resilience.hang import CalibratedHangWatchdog, HangDetected
+    from training.resilience.hang import CalibratedHangWatchdog
 
     detections: list = []
+    reports: list[float] = []
     watchdog = CalibratedHangWatchdog(
         calibrate_after=5,
         floor_s=0.5,
+        interrupt=lambda: reports.append(time.monotonic()),
         on_detect=lambda timeout, waited: detections.append((timeout, waited)),
     )
     try:
@@ -229,15 +231,42 @@ def test_hang_watchdog_raises_in_the_main_thread_only_after_calibration() -> Non
         watchdog.pause()
         time.sleep(0.8)  # slow checkpoint I/O: not a hang
         watchdog.resume()
+        assert reports == []
         started = time.monotonic()
-        with pytest.raises(HangDetected):
-            while time.monotonic() - started < 10:  # the hang
-                time.sleep(0.01)
-        after = time.monotonic() - started
+        time.sleep(1.5)  # the hang
     finally:
         watchdog.close()
-    assert 0.4 < after < 2.0, after
+    assert len(reports) == 1, "one report per hung step"
+    assert 0.4 < reports[0] - started < 1.0, reports[0] - started
     assert len(detections) == 1 and detections[0][0] == pytest.approx(0.5 - 2 * watchdog.poll_s)
+
+
+def test_hang_watchdog_reports_while_the_main_thread_is_held_in_native_code() -> None:
+    """On a GPU a hung rank sits in C++ (a synchronize behind a stuck kernel or collective),
+    where no signal handler or asynchronous exception runs until the call returns. The report
+    comes from the watchdog's own thread, while the main thread is still inside the call (the
+    hang_kernel fault's native block: here one C call of ~3 s; a CUDA kernel on a GPU)."""
+    import time
+
+    from training.resilience.hang import CalibratedHangWatchdog
+    from training.resilience.inject import block_in_native_code
+
+    reports: list[float] = []
+    watchdog = CalibratedHangWatchdog(
+        calibrate_after=1, floor_s=0.5, interrupt=lambda: reports.append(time.monotonic())
+    )
+    try:
+        watchdog.step_started()
+        watchdog.step_finished()
+        watchdog.step_started()
+        started = time.monotonic()
+        block_in_native_code(seconds=3.0)
+        returned = time.monotonic()
+    finally:
+        watchdog.close()
+    assert returned - started > 1.5, "the native call must outlast the detection"
+    assert len(reports) == 1 and reports[0] < returned - 0.5, (reports, started, returned)
+    assert reports[0] - started < 1.2
 
 
 def test_hang_watchdog_recalibrates_at_once_for_a_slow_step_and_every_16_otherwise() -> None:
@@ -253,7 +282,7 @@ def test_hang_watchdog_recalibrates_at_once_for_a_slow_step_and_every_16_otherwi
         watchdog.step_finished()
 
     # floor 0.1 s less twice the 0.05 s poll: the timeout is 5 x p99 alone
-    watchdog = CalibratedHangWatchdog(calibrate_after=1, floor_s=0.1)
+    watchdog = CalibratedHangWatchdog(calibrate_after=1, floor_s=0.1, interrupt=lambda: None)
     try:
         for _ in range(200):
             step(watchdog, 0.01)
@@ -273,61 +302,31 @@ def test_hang_watchdog_recalibrates_at_once_for_a_slow_step_and_every_16_otherwi
         watchdog.close()
 
 
-def test_hang_watchdog_never_replaces_an_exception_already_in_flight() -> None:
-    """A peer's fault reaches a rank as NVRx's RankShouldRestart, which NVRx's wrapper consumes
-    once; a HangDetected raised over it while it unwinds (through a ``finally``) would end the rank
-    with InternalError (seen in CI: a 2-rank in-process hang run lost its healthy rank). The
-    watchdog fires again and again past its timeout; the exception in flight must survive, and a
-    hang after it is handled is still detected."""
+def test_hang_watchdog_close_stops_its_thread_at_once_and_a_failing_report_is_logged() -> None:
+    """``close`` runs in the attempt's ``finally``, on the restart's critical path: the thread
+    stops at once. A report that raises (NVRx's monitor process gone) is logged, not fatal: the
+    wrapper's soft timeout stays the backstop."""
     import time
 
-    from training.resilience.hang import CalibratedHangWatchdog, HangDetected
+    from training.resilience.hang import CalibratedHangWatchdog
 
-    class PeerFault(Exception):
-        pass
+    calls: list[int] = []
 
-    watchdog = CalibratedHangWatchdog(calibrate_after=1, floor_s=0.2)
+    def broken() -> None:
+        calls.append(1)
+        raise RuntimeError("monitor process gone")
+
+    watchdog = CalibratedHangWatchdog(calibrate_after=1, floor_s=0.2, interrupt=broken)
     try:
         watchdog.step_started()
         watchdog.step_finished()
         watchdog.step_started()
-        with pytest.raises(PeerFault):
-            try:
-                raise PeerFault("in flight")
-            finally:
-                started = time.monotonic()  # past the timeout while unwinding: several signals
-                while time.monotonic() - started < 1.5:
-                    time.sleep(0.01)
-        with pytest.raises(HangDetected):  # handled; the same step still hangs
-            started = time.monotonic()
-            while time.monotonic() - started < 10:
-                time.sleep(0.01)
+        time.sleep(0.6)
+        assert calls == [1] and watchdog._thread.is_alive()
+        started = time.monotonic()
     finally:
         watchdog.close()
-
-
-def test_hang_watchdog_close_after_a_detection_does_not_wait_out_its_repeat() -> None:
-    """After a detection the watchdog signals again every ``repeat_s`` until the attempt ends.
-    ``close`` runs in the attempt's ``finally``, before the wrapper hears of the hang: it must
-    stop the thread at once, not after the repeat interval (a sleep there cost every in-process
-    hang restart 0.5 s). With a repeat of 30 s, a thread still sleeping it out outlives
-    ``close``'s 1 s join."""
-    import time
-
-    from training.resilience.hang import CalibratedHangWatchdog, HangDetected
-
-    watchdog = CalibratedHangWatchdog(calibrate_after=1, floor_s=0.2, repeat_s=30.0)
-    try:
-        watchdog.step_started()
-        watchdog.step_finished()
-        watchdog.step_started()
-        with pytest.raises(HangDetected):
-            started = time.monotonic()
-            while time.monotonic() - started < 10:
-                time.sleep(0.01)
-    finally:
-        watchdog.close()
-    assert not watchdog._thread.is_alive()
+    assert not watchdog._thread.is_alive() and time.monotonic() - started < 0.5
 
 
 @pytest.mark.parametrize(
