@@ -87,7 +87,7 @@ def worker(*, dim: int, layers: int, repeats: int, root: Path, out: Path) -> Non
     import torch.distributed as dist
 
     from training.checkpoint.layout import committed_steps, rank_files, step_dir, verify
-    from training.checkpoint.manager import CheckpointManager
+    from training.checkpoint.manager import CheckpointManager, needs_cpu_collectives
     from training.config import apply_overrides
     from training.parallel import dist_env_from_environment, init_process_group
     from training.recipes import recipe_config
@@ -105,7 +105,9 @@ def worker(*, dim: int, layers: int, repeats: int, root: Path, out: Path) -> Non
             "checkpoint.keep_last": "100",
         },
     )
-    env = dist_env_from_environment(config.parallel)
+    env = dist_env_from_environment(
+        config.parallel, cpu_collectives=needs_cpu_collectives(config.checkpoint)
+    )
     init_process_group(env, timeout_s=config.parallel.pg_timeout_s)
     rank = env.rank
     events = EventLog(run_dir=root, rank=rank)

@@ -234,7 +234,7 @@ def floor_worker(argv: list[str]) -> int:
     import nvidia_resiliency_ext.fault_tolerance  # noqa: F401  (an in-job worker imports it)
     import torch.distributed as dist
 
-    from training.checkpoint.manager import CheckpointManager
+    from training.checkpoint.manager import CheckpointManager, needs_cpu_collectives
     from training.overrides import build_config
     from training.parallel import dist_env_from_environment, init_process_group
     from training.runlog.metrics import EventLog
@@ -242,7 +242,9 @@ def floor_worker(argv: list[str]) -> int:
 
     imported = time.time()
     config, _ = build_config(argv)
-    env = dist_env_from_environment(config.parallel)
+    env = dist_env_from_environment(
+        config.parallel, cpu_collectives=needs_cpu_collectives(config.checkpoint)
+    )
     init_process_group(env, timeout_s=config.parallel.pg_timeout_s)
     group_up = time.time()
     run_dir = Path(config.run_dir)

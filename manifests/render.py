@@ -73,6 +73,12 @@ ConfigMap (FSX_STORAGE_CAPACITY); the FSx CSI driver ignores a static volume's c
 static-provisioning example: aws-fsx-csi-driver, examples/kubernetes/static_provisioning)."""
 TTL_SECONDS_AFTER_FINISHED = 86400  # a finished Job (and its logs) stays a day, then goes
 SCRATCH = "/scratch"
+NODE_SCRATCH = "/mnt/k8s-disks/0/eks-fsdp-resilient"
+"""The node's directory behind SCRATCH: on the instance-store RAID0 that nodeadm's
+`localStorage: RAID0` builds and mounts at /mnt/k8s-disks/0 (amazon-eks-ami,
+templates/shared/runtime/bin/setup-local-disks: `array_mount_point="${MNT_DIR}/0"`, MNT_DIR
+/mnt/k8s-disks by default). It outlives pods, not the node; each run's local checkpoints are
+in their own NVRx session (the run), and nothing sweeps old runs' files but the node's end."""
 
 # Placeholders in the committed kustomize YAML (the Python renderer gets the real values).
 DEFAULT_NAMESPACE = "training"
@@ -503,9 +509,10 @@ def _job(*, size: OverlaySize, namespace: str, image: str, command: list[str]) -
         "volumes": [
             {"name": "fsx", "persistentVolumeClaim": {"claimName": PVC_NAME}},
             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": node.shm}},
-            # Scratch on the node's disk; with the node group's local-storage RAID0 (nodeadm),
-            # the kubelet's directory, and so every emptyDir, lives on the instance NVMe.
-            {"name": "scratch", "emptyDir": {}},
+            # Scratch (local checkpoints, TMPDIR) on the node's NVMe RAID0, outside any pod's
+            # lifetime: a replacement pod on the same node finds the local checkpoints its
+            # predecessor wrote (an emptyDir would go with the pod).
+            {"name": "scratch", "hostPath": {"path": NODE_SCRATCH, "type": "DirectoryOrCreate"}},
         ],
     }
     return {

@@ -115,7 +115,7 @@ def process_group_backend(device: torch.device, *, cpu_collectives: bool) -> str
     return "cpu:gloo,cuda:nccl" if cpu_collectives else "nccl"
 
 
-def dist_env_from_environment(config: ParallelConfig, *, cpu_collectives: bool = False) -> DistEnv:
+def dist_env_from_environment(config: ParallelConfig, *, cpu_collectives: bool) -> DistEnv:
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -149,7 +149,11 @@ def test_pod_shape(overlay):
     # Storage: FSx, memory-backed /dev/shm, node scratch.
     assert volumes[mounts["/fsx"]]["persistentVolumeClaim"]["claimName"] == render.PVC_NAME
     assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
-    assert "emptyDir" in volumes[mounts["/scratch"]]
+    # Scratch outlives the pod (local checkpoints for a replacement on the same node), on the
+    # node's instance-store RAID0.
+    scratch = volumes[mounts["/scratch"]]["hostPath"]
+    assert scratch == {"path": render.NODE_SCRATCH, "type": "DirectoryOrCreate"}
+    assert scratch["path"].startswith("/mnt/k8s-disks/0/")
     assert "IPC_LOCK" in container["securityContext"]["capabilities"]["add"]
     assert container["envFrom"] == [{"configMapRef": {"name": render.CONFIG_MAP}}]
     assert container["image"] == "img:1"

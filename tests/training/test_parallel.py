@@ -198,7 +198,7 @@ def test_device_and_precision_resolution(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_RANK", "1")
-    env = dist_env_from_environment(ParallelConfig(device="cpu"))
+    env = dist_env_from_environment(ParallelConfig(device="cpu"), cpu_collectives=False)
     assert (env.rank, env.world_size, env.local_rank) == (3, 4, 1)
     assert env.device == torch.device("cpu") and env.backend == "gloo" and not env.is_cuda
     fp32 = mixed_precision_policy(ParallelConfig(mixed_precision="auto"), env)

@@ -47,7 +47,7 @@ def main() -> None:
 
     sys.addaudithook(audit)
     time.sleep(delay_s)
-    env = dist_env_from_environment(ParallelConfig(device="cpu"))
+    env = dist_env_from_environment(ParallelConfig(device="cpu"), cpu_collectives=False)
     init_process_group(env, timeout_s=60)
     before_group = len(connects)
     value = torch.tensor([float(rank + 1)])
