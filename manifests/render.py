@@ -20,6 +20,7 @@ from typing import Any
 from manifests.sizes import RESTART_MODES, SIZES, OverlaySize
 from training import exits
 from training.launch.command import Rendezvous, launcher_command
+from training.observe.catalog import METRICS_PORT, METRICS_PORT_NAME
 from training.overrides import build_config
 
 PROJECT = "eks-fsdp-resilient"
@@ -372,6 +373,8 @@ def _job(*, size: OverlaySize, namespace: str, image: str, command: list[str]) -
         # EFA registers (pins) memory: the provider needs an unlimited memlock.
         "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
         "volumeMounts": volume_mounts,
+        # The pod's metrics exporter (training/observe); the scraper keeps this port by name.
+        "ports": [{"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT}],
     }
     prepare = {
         "name": "prepare-data",
