@@ -46,7 +46,8 @@ _JOB_METRICS: tuple[Metric, ...] = (
     Metric(
         name="training_info",
         type="gauge",
-        help="1, with the run's recipe, restart mode and world size as labels.",
+        help="1, with the run's recipe, restart mode and world size as labels (from the run's "
+        "start on).",
         labels=("recipe", "restart_mode", "world_size"),
     ),
     Metric(

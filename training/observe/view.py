@@ -354,14 +354,16 @@ class RunView:
 
     def _job_samples(self, add: Callable[..., None]) -> None:
         s, ev = self._steps, self._ev
-        start = ev.run_start or {}
-        add(
-            "training_info",
-            1.0,
-            recipe=self.info.get("recipe", ""),
-            restart_mode=str(start.get("restart_mode") or self.info.get("restart_mode", "")),
-            world_size=str(start.get("world_size") or ""),
-        )
+        if ev.run_start is not None:  # from the run's start on, so its labels never change
+            add(
+                "training_info",
+                1.0,
+                recipe=self.info.get("recipe", ""),
+                restart_mode=str(
+                    ev.run_start.get("restart_mode") or self.info.get("restart_mode", "")
+                ),
+                world_size=str(ev.run_start.get("world_size") or ""),
+            )
         seen = s.last_time is not None or ev.last_active is not None
         newest_activity = max(
             [t for t in (s.last_time, ev.last_active) if t is not None], default=None
