@@ -14,6 +14,7 @@ from infra.config import StackConfig
 from infra.gpu_nodegroup import GpuNodeGroup
 from infra.image import TrainerImage
 from infra.network import Network
+from infra.observability import Observability
 from infra.storage import LustreStorage
 from infra.workloads import TrainingWorkloads
 
@@ -60,7 +61,7 @@ class TrainingClusterStack(Stack):
         DevicePlugins(self, "DevicePlugins", cluster=cluster.cluster)
         image = TrainerImage(self, "TrainerImage", config=config.image)
         fs = storage.file_system
-        TrainingWorkloads(
+        workloads = TrainingWorkloads(
             self,
             "Workloads",
             cluster=cluster.cluster,
@@ -71,6 +72,15 @@ class TrainingClusterStack(Stack):
             storage_capacity_gib=config.fsx.storage_capacity_gib,
             image=image.image_uri,
             csi_driver=storage.csi_driver,
+        )
+        observability = Observability(
+            self,
+            "Observability",
+            cluster=cluster.cluster,
+            vpc=network.vpc,
+            training_namespace=config.workload.namespace,
+            namespace_manifest=workloads.namespace,
+            alert_email=config.observability.alert_email,
         )
         nag.acknowledge(
             cluster=cluster.cluster,
@@ -94,6 +104,15 @@ class TrainingClusterStack(Stack):
             "ImageRepositoryUri": (image.repository.repository_uri, "ECR repository for CI"),
             "TrainingNamespace": (config.workload.namespace, "Namespace of the training job"),
             "GpuNodegroupName": (gpu.nodegroup.nodegroup_name, "p5.48xlarge node group"),
+            "PrometheusWorkspaceId": (
+                observability.workspace.attr_workspace_id,
+                "Metrics workspace (Amazon Managed Service for Prometheus)",
+            ),
+            "PrometheusQueryUrl": (
+                observability.workspace.attr_prometheus_endpoint,
+                "Prometheus endpoint of the workspace (a Grafana data source, SigV4)",
+            ),
+            "AlertTopicArn": (observability.topic.topic_arn, "SNS topic the alerts go to"),
         }
         for output_id, (value, description) in outputs.items():
             CfnOutput(self, output_id, value=value, description=description)
