@@ -128,6 +128,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # benchmarks: above everything they measure
     ("bench", "bench.common"),
     ("bench.checkpoint", "bench.goodput", "bench.overhead", "bench.restart"),
+    ("bench.exporter",),
     ("bench.run_all",),
 )
 

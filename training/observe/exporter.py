@@ -22,7 +22,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -110,10 +110,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     registry = CollectorRegistry()
     collector = RunCollector(view)
     registry.register(collector)
+    # The exporter's own CPU and memory (process_cpu_seconds_total, ...): what it costs the node.
+    ProcessCollector(registry=registry)
     try:
         server, thread = start_http_server(args.port, addr=args.addr, registry=registry)
     except OSError as err:
-        message = f"error: metrics exporter cannot listen on {args.addr}:{args.port}: {err}"
+        message = (
+            f"warning: no metrics: the exporter cannot listen on {args.addr}:{args.port} ({err}); "
+            "training goes on without it"
+        )
         print(message, file=sys.stderr, flush=True)
         return 1
     stop = threading.Event()
