@@ -94,6 +94,23 @@ def scrape_config(*, training_namespace: str) -> dict[str, Any]:
     }
 
 
+def alert_rules() -> str:
+    """The rule file's text, checked for the shape AMP needs (groups of named rules with an
+    expression); promtool checks the rest in tests/observability. A broken file fails synth
+    with one line naming it, not the deploy."""
+    text = ALERT_RULES_FILE.read_text()
+    doc = yaml.safe_load(text)
+    groups = doc.get("groups") if isinstance(doc, dict) else None
+    rules = [r for g in groups or [] for r in (g.get("rules") or [])]
+    bad = [r for r in rules if not (r.get("alert") or r.get("record")) or not r.get("expr")]
+    if not rules or bad:
+        raise ValueError(
+            f"{ALERT_RULES_FILE}: not a Prometheus rule file (groups of rules, each with alert "
+            "and expr); check it with: promtool check rules observability/alerts.yaml"
+        )
+    return text
+
+
 def dcgm_exporter_values() -> dict[str, Any]:
     """Helm values for the DCGM exporter chart (infra/addons.py) that make it serve the fields
     in `observability/dcgm-counters.csv` (the chart's defaults plus the volatile ECC counters):
@@ -192,7 +209,7 @@ class Observability(Construct):
             "AlertRules",
             name="training",
             workspace=self.workspace.attr_arn,
-            data=ALERT_RULES_FILE.read_text(),
+            data=alert_rules(),
         )
         self.scraper = aps.CfnScraper(
             self,

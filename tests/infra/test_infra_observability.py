@@ -287,3 +287,14 @@ def test_dcgm_values_serve_the_listed_fields() -> None:
     ]
     assert "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL" in enabled
     assert "DCGM_FI_DEV_XID_ERRORS" in enabled
+
+
+def test_a_broken_rule_file_fails_synth_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = tmp_path / "alerts.yaml"
+    broken.write_text("groups:\n  - name: training\n    rules:\n      - alert: X\n")
+    monkeypatch.setattr(observability, "ALERT_RULES_FILE", broken)
+    with pytest.raises(ValueError) as err:
+        observability.alert_rules()
+    assert str(broken) in str(err.value) and "\n" not in str(err.value)
