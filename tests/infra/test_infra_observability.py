@@ -298,3 +298,25 @@ def test_a_broken_rule_file_fails_synth_with_one_line(
     with pytest.raises(ValueError) as err:
         observability.alert_rules()
     assert str(broken) in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.skipif(
+    shutil.which("amtool") is None,
+    reason="amtool not installed (apt-get install prometheus-alertmanager)",
+)
+def test_amtool_accepts_the_alert_manager_configuration(
+    default_template: dict[str, Any], tmp_path: Path
+) -> None:
+    """The workspace's definition is AMP's wrapper around a plain Alertmanager file: the file,
+    with a topic ARN in place of the CloudFormation reference, passes Alertmanager's own check."""
+    _, workspace = _one(default_template, "AWS::APS::Workspace")
+    parts = workspace["Properties"]["AlertManagerDefinition"]["Fn::Join"][1]
+    arn = "arn:aws:sns:us-east-2:123456789012:alerts"
+    text = "".join(part if isinstance(part, str) else arn for part in parts)
+    path = tmp_path / "alertmanager.yml"
+    path.write_text(yaml.safe_load(text)["alertmanager_config"])
+    result = subprocess.run(
+        ["amtool", "check-config", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 receivers" in result.stdout
