@@ -132,7 +132,8 @@ _JOB_METRICS: tuple[Metric, ...] = (
     Metric(
         name="training_checkpoint_last_commit_step",
         type="gauge",
-        help="Step of the newest committed checkpoint (0 before the first).",
+        help="Step of the newest checkpoint on shared storage: committed by this run, or "
+        "restored from (0 before either).",
     ),
     Metric(
         name="training_checkpoint_last_commit_timestamp_seconds",
