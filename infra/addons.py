@@ -11,6 +11,7 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from infra.gpu_nodegroup import GPU_TAINT_KEY
+from infra.observability import dcgm_exporter_values
 
 
 @dataclass(frozen=True)
@@ -97,9 +98,11 @@ class DevicePlugins(Construct):
                 "nodeSelector": GPU_NODE_SELECTOR,
                 "tolerations": _GPU_TOLERATIONS,
                 # The chart's ServiceMonitor needs the Prometheus Operator's CRDs, which this
-                # stack does not install; scrape the Service (port 9400) from your Prometheus or
-                # the CloudWatch agent instead.
+                # stack does not install; the stack's managed scraper (infra/observability.py)
+                # finds the exporter's pods by their metrics port instead.
                 "serviceMonitor": {"enabled": False},
+                # The fields the alerts and the dashboard read (observability/dcgm-counters.csv).
+                **dcgm_exporter_values(),
             },
         )
 

@@ -153,6 +153,15 @@ class WorkloadConfig:
 
 
 @dataclass(frozen=True)
+class ObservabilityConfig:
+    """Where the alerts of the metrics workspace go (infra/observability.py)."""
+
+    alert_email: str | None
+    """E-mail address subscribed to the alerts topic (it must confirm the subscription); None:
+    no subscription (subscribe anything to the topic named by the AlertTopicArn output)."""
+
+
+@dataclass(frozen=True)
 class StackConfig:
     """Everything the stack needs, validated."""
 
@@ -162,6 +171,7 @@ class StackConfig:
     fsx: FsxConfig
     image: ImageConfig
     workload: WorkloadConfig
+    observability: ObservabilityConfig
 
 
 # --- readers: one per value type, each raising ConfigError with the key ----------------------
@@ -175,6 +185,7 @@ _RESERVATION_RE = re.compile(r"^cr-[0-9a-f]{8,17}$")
 _PRINCIPAL_RE = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
 _S3_RE = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?$")
 _INSTANCE_TYPE_RE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
+_EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$")
 _ECR_NAME_RE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$")
 
 
@@ -502,6 +513,17 @@ def _workload(get: Getter, overlays: Sequence[str]) -> WorkloadConfig:
     return WorkloadConfig(namespace=namespace)
 
 
+def _observability(get: Getter) -> ObservabilityConfig:
+    email = _optional_str(get, "alertEmail")
+    if email is not None and not _EMAIL_RE.match(email):
+        raise ConfigError(
+            "alertEmail",
+            f"{email!r} is not an e-mail address",
+            "give one address, e.g. -c alertEmail=oncall@example.com, or leave it null",
+        )
+    return ObservabilityConfig(alert_email=email)
+
+
 def load_config(get: Getter, *, overlays: Sequence[str]) -> StackConfig:
     """Read and validate every context value; `get` is e.g. `app.node.try_get_context`.
 
@@ -515,4 +537,5 @@ def load_config(get: Getter, *, overlays: Sequence[str]) -> StackConfig:
         fsx=_fsx(get),
         image=_image(get),
         workload=_workload(get, overlays),
+        observability=_observability(get),
     )

@@ -15,6 +15,7 @@ from infra.gpu_nodegroup import GpuNodeGroup
 from infra.image import TrainerImage
 from infra.images import ImagesStack
 from infra.network import Network
+from infra.observability import Observability
 from infra.storage import LustreStorage
 from infra.workloads import TrainingWorkloads
 
@@ -76,7 +77,7 @@ class TrainingClusterStack(Stack):
         image = TrainerImage(self, "TrainerImage", config=config.image)
         self.image_tags = image.tags
         fs = storage.file_system
-        TrainingWorkloads(
+        workloads = TrainingWorkloads(
             self,
             "Workloads",
             cluster=cluster.cluster,
@@ -88,6 +89,15 @@ class TrainingClusterStack(Stack):
             image=image.image_uri,
             store_image=image.store_image_uri,
             csi_driver=storage.csi_driver,
+        )
+        observability = Observability(
+            self,
+            "Observability",
+            cluster=cluster.cluster,
+            vpc=network.vpc,
+            training_namespace=config.workload.namespace,
+            namespace_manifest=workloads.namespace,
+            alert_email=config.observability.alert_email,
         )
         nag.acknowledge(
             cluster=cluster.cluster,
@@ -116,6 +126,15 @@ class TrainingClusterStack(Stack):
             ),
             "TrainingNamespace": (config.workload.namespace, "Namespace of the training job"),
             "GpuNodegroupName": (gpu.nodegroup.nodegroup_name, "p5.48xlarge node group"),
+            "PrometheusWorkspaceId": (
+                observability.workspace.attr_workspace_id,
+                "Metrics workspace (Amazon Managed Service for Prometheus)",
+            ),
+            "PrometheusQueryUrl": (
+                observability.workspace.attr_prometheus_endpoint,
+                "Prometheus endpoint of the workspace (a Grafana data source, SigV4)",
+            ),
+            "AlertTopicArn": (observability.topic.topic_arn, "SNS topic the alerts go to"),
         }
         for output_id, (value, description) in outputs.items():
             CfnOutput(self, output_id, value=value, description=description)

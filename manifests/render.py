@@ -20,6 +20,7 @@ from typing import Any
 from manifests.sizes import RESTART_MODES, SIZES, OverlaySize
 from training import exits
 from training.launch.command import Rendezvous, launcher_command
+from training.observe.catalog import METRICS_PORT, METRICS_PORT_NAME
 from training.overrides import build_config
 
 PROJECT = "eks-fsdp-resilient"
@@ -486,6 +487,8 @@ def _job(*, size: OverlaySize, namespace: str, image: str, command: list[str]) -
         # (the kubelet's FallbackToLogsOnError: the last 2048 bytes or 80 lines).
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        # The pod's metrics exporter (training/observe); the scraper keeps this port by name.
+        "ports": [{"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT}],
     }
     prepare = {
         "name": "prepare-data",

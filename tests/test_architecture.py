@@ -37,6 +37,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.checkpoint.committer",
         "training.launch",
         "training.launch.rdzv_store",
+        "training.observe",
+        "training.observe.catalog",
+        "training.observe.efa",
         "training.resilience.gloo_abort",
         "training.resilience.hang",
         "facts",
@@ -60,6 +63,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.overrides",
         "training.runlog.report",
         "training.runlog.tensorboard",
+        "training.observe.view",
+        "training.observe.launch",
         "training.resilience.sections",
         "training.stop",
         "training.startup_check",
@@ -74,6 +79,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.checkpoint.staging",
         "training.checkpoint.memory",
         "training.launch.command",
+        "training.observe.exporter",
     ),
     (
         "training.parallel",
@@ -110,6 +116,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "infra.sizing",
         "infra.gpu_nodegroup",
         "infra.workloads",
+        "infra.observability",
     ),
     ("infra.addons",),
     ("infra.stack", "infra"),
@@ -132,6 +139,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # benchmarks: above everything they measure
     ("bench", "bench.common"),
     ("bench.checkpoint", "bench.goodput", "bench.overhead", "bench.restart"),
+    ("bench.exporter",),
     ("bench.run_all",),
 )
 
@@ -143,6 +151,7 @@ TORCH_FREE = (
     "training.runlog.report",
     "training.launch.command",
     "training.launch.pod",
+    "training.observe.exporter",
     "manifests.render",
     "manifests.kustomize",
     "infra.stack",

@@ -323,6 +323,25 @@ class ResilienceConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ObserveConfig:
+    """The run's Prometheus exporter (``training/observe/exporter.py``, one per pod or local run)
+    and the per-run thresholds it exports for the alert rules (``observability/alerts.yaml``)."""
+
+    stall_factor: float = 50.0
+    """N of the stall alert: the run counts as stalled after N x its calibrated step time (the
+    median of its recent steps) without a step. It must outlast a restart's recovery
+    (a checkpoint load), or every restart alerts."""
+    stall_floor_s: float = 300.0
+    """The stall alert's least threshold (seconds), whatever the step time: a run of fast steps
+    still gets this long to recover from a restart before anyone is woken."""
+
+    def __post_init__(self) -> None:
+        s = "observe"
+        _require(self.stall_factor >= 2, s, "stall_factor", "must be >= 2")
+        _require(self.stall_floor_s > 0, s, "stall_floor_s", "must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
 class JobConfig:
     """The whole run: one section per component."""
 
@@ -339,6 +358,7 @@ class JobConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     resilience: ResilienceConfig = field(default_factory=ResilienceConfig)
+    observe: ObserveConfig = field(default_factory=ObserveConfig)
 
     def __post_init__(self) -> None:
         _require(bool(self.run_dir), "job", "run_dir", "must not be empty")
@@ -359,7 +379,7 @@ class JobConfig:
         return self.checkpoint.dir or f"{self.run_dir}/checkpoints"
 
 
-SECTIONS = ("model", "data", "train", "optim", "parallel", "checkpoint", "resilience")
+SECTIONS = ("model", "data", "train", "optim", "parallel", "checkpoint", "resilience", "observe")
 TOP_LEVEL = ("recipe", "run_dir", "faults")
 
 

@@ -25,6 +25,8 @@ from training.config import JobConfig
 from training.data import DataError
 from training.exits import ConfigError
 from training.launch.command import LAUNCHERS, Rendezvous, launcher_command
+from training.observe.catalog import METRICS_PORT
+from training.observe.launch import exporter_command, start_exporter, stop_exporter
 from training.overrides import build_config
 from training.run import COLD_RESTARTS_ENV
 from training.runlog.metrics import EventLog
@@ -65,6 +67,12 @@ def main(argv: list[str] | None = None) -> int:
         help="relaunch the whole job up to K times after a failure",
     )
     parser.add_argument("--no-report", action="store_true", help="skip the summary/timeline")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=METRICS_PORT,
+        help="serve the run's Prometheus metrics on 127.0.0.1:PORT/metrics (0: off)",
+    )
     args, train_args = parser.parse_known_args(argv)
     try:
         if args.nproc < 1:
@@ -88,6 +96,19 @@ def main(argv: list[str] | None = None) -> int:
     env.setdefault("PYTHONUNBUFFERED", "1")
     # c10d logs a warning for every 500 ms store poll of NVRx's in-process wrapper: noise here.
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    exporter = None
+    if args.metrics_port:
+        exporter = start_exporter(
+            exporter_command(
+                config=config,
+                job=run_dir.name,
+                node=0,
+                nproc_per_node=args.nproc,
+                reporter=True,
+                addr="127.0.0.1",
+                port=args.metrics_port,
+            )
+        )
     attempts = 0
     while True:
         port = free_port()
@@ -113,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if code != 0:
         status = "preempted" if code == exits.PREEMPTED else "failed"
         launcher_events.emit("run_end", status=status, cause=f"launcher exit code {code}")
+    stop_exporter(exporter, final_scrape=False)
     if not args.no_report:
         from training.runlog.report import format_summary, write_report
 

@@ -16,6 +16,7 @@ stop on request is `exits.PREEMPTED`, anything else stays a retryable failure.
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -25,8 +26,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from training import exits
+from training.config import JobConfig
 from training.exits import ConfigError
 from training.launch.command import trainer_args_of
+from training.observe.catalog import METRICS_PORT
+from training.observe.launch import (
+    FINAL_SCRAPE_WAIT_S,
+    exporter_command,
+    start_exporter,
+    stop_exporter,
+)
 from training.overrides import build_config
 from training.runlog.verdict import read_verdict
 
@@ -57,12 +66,42 @@ def start_startup_check(*, device: str) -> subprocess.Popen:
     )
 
 
+def pod_exporter(command: Sequence[str], config: JobConfig) -> subprocess.Popen | None:
+    """This pod's metrics exporter (training/observe): on the container's named port, all
+    addresses (the scraper reaches it by pod IP); node 0 serves the job's figures too."""
+    node = int(os.environ.get("JOB_COMPLETION_INDEX", "0"))
+    return start_exporter(
+        exporter_command(
+            config=config,
+            job=os.environ.get("JOB_NAME") or Path(config.run_dir).name,
+            node=node,
+            nproc_per_node=int(_flag(command, "nproc-per-node") or "1"),
+            reporter=node == 0,
+            addr="0.0.0.0",
+            port=METRICS_PORT,
+            final_scrape_wait_s=FINAL_SCRAPE_WAIT_S,
+        )
+    )
+
+
 def supervise(command: Sequence[str]) -> int:
     try:
         config, _ = build_config(trainer_args_of(command))
     except (ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return exits.USAGE
+    exporter = pod_exporter(command, config)
+    code = exits.FAILED
+    try:
+        code = _supervise(command, config)
+    finally:
+        # A completed run waits for its final scrape; any other end leaves at once (a
+        # replacement pod starts only after this one is gone).
+        stop_exporter(exporter, final_scrape=code == exits.OK)
+    return code
+
+
+def _supervise(command: Sequence[str], config: JobConfig) -> int:
     check = start_startup_check(device=config.parallel.device)
     endpoint = _flag(command, "rdzv-endpoint")
     host = endpoint.rsplit(":", 1)[0]

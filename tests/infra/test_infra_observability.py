@@ -1,0 +1,342 @@
+"""The metrics workspace, its managed scraper, the alert rules and the alerts topic in the
+synthesized stack (infra/observability.py), and the `alertEmail` setting.
+
+    .venv/bin/pytest tests/infra/test_infra_observability.py -q     # ~40 s (two syntheses)
+
+cfn-lint and cdk-nag run over these resources with the whole stack in
+tests/infra/test_infra_validation.py. `promtool check config` (Debian's prometheus) checks the
+scraper's configuration where it is installed. What only AWS can show: that the scraper reaches
+the pods, that AMP creates its access entry, and that alerts arrive by e-mail.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from infra_synth import synth
+
+from infra import observability
+from infra.config import ConfigError, load_config
+from manifests import render
+from training.observe import catalog
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULTS: dict[str, Any] = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
+K8S_RESOURCE = "Custom::AWSCDK-EKS-KubernetesResource"
+
+
+def _of_type(template: dict[str, Any], kind: str) -> dict[str, dict[str, Any]]:
+    return {k: v for k, v in template["Resources"].items() if v["Type"] == kind}
+
+
+def _one(template: dict[str, Any], kind: str) -> tuple[str, dict[str, Any]]:
+    (item,) = _of_type(template, kind).items()
+    return item
+
+
+def test_the_rule_groups_are_the_projects_rule_file(default_template: dict[str, Any]) -> None:
+    ws_id, _ = _one(default_template, "AWS::APS::Workspace")
+    _, rules = _one(default_template, "AWS::APS::RuleGroupsNamespace")
+    props = rules["Properties"]
+    assert props["Data"] == (REPO_ROOT / "observability" / "alerts.yaml").read_text()
+    assert props["Workspace"] == {"Fn::GetAtt": [ws_id, "Arn"]}
+
+
+def _scrape_config(template: dict[str, Any]) -> dict[str, Any]:
+    _, scraper = _one(template, "AWS::APS::Scraper")
+    blob = scraper["Properties"]["ScrapeConfiguration"]["ConfigurationBlob"]
+    return yaml.safe_load(blob["Fn::Base64"])
+
+
+def test_the_scraper_reads_the_cluster_privately(default_template: dict[str, Any]) -> None:
+    ws_id, _ = _one(default_template, "AWS::APS::Workspace")
+    cluster_id, _ = _one(default_template, "AWS::EKS::Cluster")
+    _, scraper = _one(default_template, "AWS::APS::Scraper")
+    props = scraper["Properties"]
+    eks_source = props["Source"]["EksConfiguration"]
+    assert eks_source["ClusterArn"] == {"Fn::GetAtt": [cluster_id, "Arn"]}
+    assert eks_source["SecurityGroupIds"] == [
+        {"Fn::GetAtt": [cluster_id, "ClusterSecurityGroupId"]}
+    ]
+    # The private subnets, one per AZ (AMP needs two AZs at least).
+    subnets = {ref["Ref"] for ref in eks_source["SubnetIds"]}
+    assert len(subnets) == len(DEFAULTS["availabilityZones"]) >= 2
+    resources = default_template["Resources"]
+    assert all(not resources[s]["Properties"]["MapPublicIpOnLaunch"] for s in subnets)
+    assert props["Destination"]["AmpConfiguration"]["WorkspaceArn"] == {
+        "Fn::GetAtt": [ws_id, "Arn"]
+    }
+    assert _scrape_config(default_template) == observability.scrape_config(
+        training_namespace=DEFAULTS["trainingNamespace"]
+    )
+
+
+def test_the_scrape_config_keeps_the_trainer_pods_metrics_port() -> None:
+    """What the scraper keeps is what the rendered Job declares (port name, component label)."""
+    config = observability.scrape_config(training_namespace="training")
+    trainer = next(c for c in config["scrape_configs"] if c["job_name"] == "trainer")
+    keep = {r["source_labels"][0]: r["regex"] for r in trainer["relabel_configs"] if "action" in r}
+    _, job = render.job_objects(overlay="smoke", namespace="training", image="img:1")
+    pod = job["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert container["ports"] == [
+        {"name": catalog.METRICS_PORT_NAME, "containerPort": catalog.METRICS_PORT}
+    ]
+    assert keep["__meta_kubernetes_pod_container_port_name"] == catalog.METRICS_PORT_NAME
+    component = pod["metadata"]["labels"]["app.kubernetes.io/component"]
+    assert keep["__meta_kubernetes_pod_label_app_kubernetes_io_component"] == component
+    assert config["global"]["scrape_interval"] == f"{catalog.SCRAPE_INTERVAL_S}s"
+
+
+def _with_static_targets(config: dict[str, Any], targets: dict[str, dict[str, str]]) -> dict:
+    """The scrape config with each job's Kubernetes discovery replaced by static targets that
+    carry the `__meta_kubernetes_pod_*` labels the discovery would give them. Debian's
+    Prometheus is built without Kubernetes discovery; relabeling is the same code either way."""
+    config = json.loads(json.dumps(config))
+    for job in config["scrape_configs"]:
+        job.pop("kubernetes_sd_configs")
+        job["static_configs"] = [
+            {"targets": [address], "labels": labels} for address, labels in targets.items()
+        ]
+    return config
+
+
+def _pod(name: str, port_name: str, **labels: str) -> dict[str, str]:
+    meta = {
+        "__meta_kubernetes_pod_name": name,
+        "__meta_kubernetes_pod_node_name": f"node-of-{name}",
+        "__meta_kubernetes_pod_container_port_name": port_name,
+    }
+    meta.update({f"__meta_kubernetes_pod_label_{k}": v for k, v in labels.items()})
+    return meta
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
+@pytest.mark.timeout(120)
+def test_a_real_prometheus_keeps_only_the_metrics_ports(tmp_path: Path) -> None:
+    """The scraper's relabeling, run by Prometheus itself: the trainer pod's `metrics` port and
+    the DCGM exporter's are kept (with the pod's and node's names), the rest dropped."""
+    trainer = {"app_kubernetes_io_component": "trainer"}
+    targets = {
+        "127.0.0.1:1": _pod("llama-0", catalog.METRICS_PORT_NAME, **trainer),
+        "127.0.0.1:2": _pod("llama-0", "other", **trainer),
+        "127.0.0.1:3": _pod(
+            "rdzv-store", catalog.METRICS_PORT_NAME, app_kubernetes_io_component="rdzv"
+        ),
+        "127.0.0.1:4": _pod("dcgm-exporter-x", "metrics", app_kubernetes_io_name="dcgm-exporter"),
+    }
+    config = _with_static_targets(
+        observability.scrape_config(training_namespace="training"), targets
+    )
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    check = subprocess.run(
+        ["promtool", "check", "config", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    port = _free_port()
+    server = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={path}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        active = _active_targets(port)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    kept = {(t["scrapePool"], t["labels"]["instance"], t["labels"]["pod"]) for t in active}
+    assert kept == {
+        ("trainer", "127.0.0.1:1", "llama-0"),
+        ("dcgm-exporter", "127.0.0.1:4", "dcgm-exporter-x"),
+    }
+    assert all(t["labels"]["kubernetes_node"].startswith("node-of-") for t in active)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _active_targets(port: int) -> list[dict[str, Any]]:
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/targets", timeout=2) as r:
+                active = json.loads(r.read())["data"]["activeTargets"]
+            if len(active) >= 2 or time.monotonic() > deadline:
+                return active
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.3)
+
+
+def test_alerts_go_to_an_encrypted_topic_only_this_workspace_publishes_to(
+    default_template: dict[str, Any],
+) -> None:
+    topic_id, topic = _one(default_template, "AWS::SNS::Topic")
+    key_id = topic["Properties"]["KmsMasterKeyId"]["Fn::GetAtt"][0]
+    key = default_template["Resources"][key_id]
+    assert key["Type"] == "AWS::KMS::Key" and key["Properties"]["EnableKeyRotation"] is True
+    ws_id, workspace = _one(default_template, "AWS::APS::Workspace")
+    definition = workspace["Properties"]["AlertManagerDefinition"]["Fn::Join"][1]
+    assert {"Ref": topic_id} in definition
+    text = "".join(part if isinstance(part, str) else "TOPIC" for part in definition)
+    alertmanager = yaml.safe_load(yaml.safe_load(text)["alertmanager_config"])
+    (receiver,) = alertmanager["receivers"]
+    assert alertmanager["route"]["receiver"] == receiver["name"]
+    assert receiver["sns_configs"][0]["topic_arn"] == "TOPIC"
+    _, policy = _one(default_template, "AWS::SNS::TopicPolicy")
+    statements = policy["Properties"]["PolicyDocument"]["Statement"]
+    publish = next(s for s in statements if s.get("Principal") == {"Service": "aps.amazonaws.com"})
+    assert publish["Condition"]["ArnEquals"]["aws:SourceArn"] == {"Fn::GetAtt": [ws_id, "Arn"]}
+    assert any(  # TLS only
+        s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+        for s in statements
+    )
+
+
+def test_no_subscription_without_an_alert_email(default_template: dict[str, Any]) -> None:
+    assert _of_type(default_template, "AWS::SNS::Subscription") == {}
+
+
+def test_the_alert_email_is_subscribed(tmp_path: Path) -> None:
+    template, _ = synth({"alertEmail": "oncall@example.com"}, outdir=tmp_path)
+    _, subscription = _one(template, "AWS::SNS::Subscription")
+    assert subscription["Properties"]["Protocol"] == "email"
+    assert subscription["Properties"]["Endpoint"] == "oncall@example.com"
+
+
+@pytest.mark.parametrize("bad", ["oncall", "a@b", "two@example.com,three@example.com", 7])
+def test_a_bad_alert_email_names_the_key(bad: Any) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config({**DEFAULTS, "alertEmail": bad}.get, overlays=("smoke",))
+    message = str(err.value)
+    assert message.startswith("context 'alertEmail':") and "\n" not in message
+
+
+def test_the_scraper_may_only_read_pods_of_two_namespaces(
+    default_template: dict[str, Any],
+) -> None:
+    manifests = [
+        doc
+        for resource in _of_type(default_template, K8S_RESOURCE).values()
+        for doc in _manifest_docs(resource)
+    ]
+    roles = [
+        m for m in manifests if m["kind"] == "Role" and "aps-collector" in m["metadata"]["name"]
+    ]
+    bindings = [
+        m
+        for m in manifests
+        if m["kind"] == "RoleBinding" and "aps-collector" in m["metadata"]["name"]
+    ]
+    assert {r["metadata"]["namespace"] for r in roles} == {
+        DEFAULTS["trainingNamespace"],
+        observability.DCGM_NAMESPACE,
+    }
+    for role in roles:
+        assert role["rules"] == [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+        ]
+    assert {b["subjects"][0]["name"] for b in bindings} == {observability.COLLECTOR_USER}
+    (rbac,) = [r for k, r in _of_type(default_template, K8S_RESOURCE).items() if "ScraperRbac" in k]
+    assert {m["kind"] for m in _manifest_docs(rbac)} == {"Role", "RoleBinding"}
+    assert not any(m["kind"].startswith("Cluster") for m in manifests if "aps" in json.dumps(m))
+
+
+def _manifest_docs(resource: dict[str, Any]) -> list[dict[str, Any]]:
+    manifest = resource["Properties"]["Manifest"]
+    if not isinstance(manifest, str):
+        return []  # a manifest with tokens (none of ours)
+    return json.loads(manifest)
+
+
+def test_the_outputs_name_the_workspace_and_the_topic(default_template: dict[str, Any]) -> None:
+    assert {"PrometheusWorkspaceId", "PrometheusQueryUrl", "AlertTopicArn"} <= set(
+        default_template["Outputs"]
+    )
+
+
+def test_dcgm_values_serve_the_listed_fields(default_template: dict[str, Any]) -> None:
+    """The exporter reads its field list from the file `-f` names, which is the chart's
+    ConfigMap (made from `customMetrics`) mounted there; and the stack gives the chart these
+    values."""
+    values = observability.dcgm_exporter_values()
+    flag, path = values["arguments"]
+    assert flag == "-f"
+    (volume,) = values["extraConfigMapVolumes"]
+    (mount,) = values["extraVolumeMounts"]
+    assert volume["configMap"]["name"] == "exporter-metrics-config-map"
+    assert mount["name"] == volume["name"] and mount["mountPath"] == path
+    assert mount["subPath"] == volume["configMap"]["items"][0]["path"]
+    assert volume["configMap"]["items"][0]["key"] == "metrics"
+    charts = [
+        r["Properties"]
+        for r in default_template["Resources"].values()
+        if r["Type"] == "Custom::AWSCDK-EKS-HelmChart"
+        and r["Properties"].get("Chart") == "dcgm-exporter"
+    ]
+    (chart,) = charts
+    deployed = json.loads(chart["Values"])
+    for key, value in values.items():
+        assert deployed[key] == value, key
+    enabled = [
+        line.split(",")[0]
+        for line in values["customMetrics"].splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL" in enabled
+    assert "DCGM_FI_DEV_XID_ERRORS" in enabled
+
+
+def test_a_broken_rule_file_fails_synth_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = tmp_path / "alerts.yaml"
+    broken.write_text("groups:\n  - name: training\n    rules:\n      - alert: X\n")
+    monkeypatch.setattr(observability, "ALERT_RULES_FILE", broken)
+    with pytest.raises(ValueError) as err:
+        observability.alert_rules()
+    assert str(broken) in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.skipif(
+    shutil.which("amtool") is None,
+    reason="amtool not installed (apt-get install prometheus-alertmanager)",
+)
+def test_amtool_accepts_the_alert_manager_configuration(
+    default_template: dict[str, Any], tmp_path: Path
+) -> None:
+    """The workspace's definition is AMP's wrapper around a plain Alertmanager file: the file,
+    with a topic ARN in place of the CloudFormation reference, passes Alertmanager's own check."""
+    _, workspace = _one(default_template, "AWS::APS::Workspace")
+    parts = workspace["Properties"]["AlertManagerDefinition"]["Fn::Join"][1]
+    arn = "arn:aws:sns:us-east-2:123456789012:alerts"
+    text = "".join(part if isinstance(part, str) else arn for part in parts)
+    path = tmp_path / "alertmanager.yml"
+    path.write_text(yaml.safe_load(text)["alertmanager_config"])
+    result = subprocess.run(
+        ["amtool", "check-config", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 receivers" in result.stdout

@@ -1,0 +1,236 @@
+"""Every metric the run exporter serves: name, type, labels and meaning, in one place.
+
+The exporter builds its families from this table, the alert rules and the dashboard name only
+metrics listed here or in the DCGM exporter's field list (``observability/dcgm-counters.csv``),
+and tests check both. Names follow Prometheus' conventions: base units (seconds, bytes, ratios
+0-1), ``_total`` on counters, ``_seconds`` / ``_bytes`` / ``_ratio`` as the unit suffix.
+
+Labels: ``training_job`` (the Kubernetes Job's name, or the local run directory's name) on every
+series; ``node`` (a node index) on the per-node ones; ``layer`` (the restart layer: inprocess,
+injob, cold) and ``cause`` on restarts; ``cause`` on faults. Standard library only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+METRICS_PORT = 9464
+"""The exporter's TCP port in a trainer pod (the container port named ``METRICS_PORT_NAME``)."""
+METRICS_PORT_NAME = "metrics"
+"""The trainer container's port name: the scraper keeps pod targets on a port of this name."""
+
+SCRAPE_INTERVAL_S = 30
+"""How often the stack's scraper reads each exporter (``observability/scrape.yaml`` says the
+same; tests/observability checks that they agree)."""
+
+JOB_LABEL = "training_job"
+NODE_LABEL = "node"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Metric:
+    """One metric family."""
+
+    name: str
+    type: Literal["gauge", "counter"]
+    help: str
+    labels: tuple[str, ...] = ()
+    """Labels besides ``training_job``."""
+    scope: Literal["job", "node"] = "job"
+    """``job``: served by the job's reporting exporter only (node 0, or the local run), so a
+    query never sees one figure twice; ``node``: served by every pod's exporter for its node."""
+
+
+_JOB_METRICS: tuple[Metric, ...] = (
+    Metric(
+        name="training_info",
+        type="gauge",
+        help="1, with the run's recipe, restart mode and world size as labels (from the run's "
+        "start on).",
+        labels=("recipe", "restart_mode", "world_size"),
+    ),
+    Metric(
+        name="training_run_active",
+        type="gauge",
+        help="1 while the run is going (started, no run_end since), else 0.",
+    ),
+    Metric(
+        name="training_steps_total",
+        type="counter",
+        help="Optimizer steps completed, steps repeated after a restart included.",
+    ),
+    Metric(name="training_step", type="gauge", help="The highest step number completed."),
+    Metric(
+        name="training_last_step_timestamp_seconds",
+        type="gauge",
+        help="Unix time at which the newest step completed.",
+    ),
+    Metric(
+        name="training_last_progress_timestamp_seconds",
+        type="gauge",
+        help="Unix time of the run's newest progress: a step completed, the run started, or "
+        "an attempt started (its process group up); the stall alert counts from here.",
+    ),
+    Metric(
+        name="training_step_duration_seconds",
+        type="gauge",
+        help="Duration of the newest step.",
+    ),
+    Metric(
+        name="training_step_duration_calibrated_seconds",
+        type="gauge",
+        help="The run's calibrated step time: the median of the current attempt's last 50 steps.",
+    ),
+    Metric(
+        name="training_stall_threshold_seconds",
+        type="gauge",
+        help="How long without a step counts as a stall: max(observe.stall_floor_s, "
+        "observe.stall_factor x the calibrated step time).",
+    ),
+    Metric(name="training_tokens_total", type="counter", help="Tokens trained on (all ranks)."),
+    Metric(
+        name="training_tokens_per_second",
+        type="gauge",
+        help="Throughput of the newest step (tokens per second, all ranks).",
+    ),
+    Metric(
+        name="training_mfu_ratio",
+        type="gauge",
+        help="Model FLOPs utilisation of the newest step (0-1); absent where the peak FLOP/s "
+        "of the device is unknown (CPU).",
+    ),
+    Metric(name="training_loss", type="gauge", help="Training loss of the newest step."),
+    Metric(
+        name="training_attempt",
+        type="gauge",
+        help="Attempt of the newest step: 0, then +1 per restart of any layer.",
+    ),
+    Metric(
+        name="training_ettr_ratio",
+        type="gauge",
+        help="Effective training time ratio so far: productive step time / wall time (0-1).",
+    ),
+    Metric(
+        name="training_restarts_total",
+        type="counter",
+        help="Restarts, by restart layer and cause (the fault kind, 'hang', the exception's "
+        "type, or 'unknown').",
+        labels=("layer", "cause"),
+    ),
+    Metric(
+        name="training_restart_lost_seconds_total",
+        type="counter",
+        help="Time lost to restarts (downtime plus recomputed steps), by restart layer.",
+        labels=("layer",),
+    ),
+    Metric(
+        name="training_checkpoints_committed_total",
+        type="counter",
+        help="Checkpoints committed to shared storage.",
+    ),
+    Metric(
+        name="training_checkpoint_last_commit_step",
+        type="gauge",
+        help="Step of the newest checkpoint on shared storage: committed by this run, or "
+        "restored from (0 before either).",
+    ),
+    Metric(
+        name="training_checkpoint_last_commit_timestamp_seconds",
+        type="gauge",
+        help="Unix time of the newest checkpoint commit.",
+    ),
+    Metric(
+        name="training_checkpoint_interval_steps",
+        type="gauge",
+        help="checkpoint.interval: steps between shared checkpoints; absent when only the final "
+        "one is saved.",
+    ),
+    Metric(
+        name="training_checkpoint_save_blocking_seconds",
+        type="gauge",
+        help="The newest shared checkpoint's training stall (the slowest rank's staging).",
+    ),
+    Metric(
+        name="training_checkpoint_commit_seconds",
+        type="gauge",
+        help="The newest checkpoint's time from save start to commit.",
+    ),
+    Metric(
+        name="training_checkpoint_restore_seconds",
+        type="gauge",
+        help="The newest restore's duration (the slowest rank), by source (storage, memory, "
+        "local).",
+        labels=("source",),
+    ),
+    Metric(
+        name="training_checkpoint_restores_total",
+        type="counter",
+        help="Restores of the training state, by source (storage, memory, local).",
+        labels=("source",),
+    ),
+)
+
+_NODE_METRICS: tuple[Metric, ...] = (
+    Metric(
+        name="training_faults_total",
+        type="counter",
+        help="Faults seen by this node's ranks, by cause (the injected fault's kind, or 'hang' "
+        "for a hang the in-process watchdog detected).",
+        labels=("node", "cause"),
+        scope="node",
+    ),
+    Metric(
+        name="training_straggler_score",
+        type="gauge",
+        help="A rank's newest straggler score (its performance relative to the fastest rank: "
+        "1 is as fast, lower is slower).",
+        labels=("node", "rank"),
+        scope="node",
+    ),
+    Metric(
+        name="training_straggler_flagged",
+        type="gauge",
+        help="1 when the straggler detector flags the rank as a straggler, else 0.",
+        labels=("node", "rank"),
+        scope="node",
+    ),
+    Metric(
+        name="efa_transmitted_bytes_total",
+        type="counter",
+        help="Bytes sent by an EFA device of this node (sysfs hw_counters tx_bytes).",
+        labels=("node", "device"),
+        scope="node",
+    ),
+    Metric(
+        name="efa_received_bytes_total",
+        type="counter",
+        help="Bytes received by an EFA device of this node (sysfs hw_counters rx_bytes).",
+        labels=("node", "device"),
+        scope="node",
+    ),
+    Metric(
+        name="efa_rdma_read_bytes_total",
+        type="counter",
+        help="Bytes read by RDMA through an EFA device (sysfs hw_counters rdma_read_bytes).",
+        labels=("node", "device"),
+        scope="node",
+    ),
+    Metric(
+        name="efa_rdma_write_bytes_total",
+        type="counter",
+        help="Bytes written by RDMA through an EFA device (sysfs hw_counters rdma_write_bytes).",
+        labels=("node", "device"),
+        scope="node",
+    ),
+)
+
+METRICS: dict[str, Metric] = {m.name: m for m in (*_JOB_METRICS, *_NODE_METRICS)}
+
+STRAGGLER_EVENT = "straggler"
+"""The ``events.jsonl`` kind a straggler detector writes, one line per rank it scores::
+
+    {"time": ..., "rank": r, "kind": "straggler", "step": s, "score": 0.71, "flagged": true}
+
+``score`` is the rank's performance relative to the fastest (1 = as fast); ``flagged`` whether
+the detector calls it a straggler. The exporter serves the newest line of each rank."""
