@@ -6,6 +6,10 @@ time over this rank's median time, 1.0 for the fastest rank, 0.5 for a rank twic
 
 - On a GPU, ``Detector`` times the CUDA kernels of the ``step`` section with CUPTI (NVRx leaves
   NCCL kernels out, so a rank's score is its own compute, not its wait for a peer).
+- NVRx 0.4.1's CUPTI extension links ``libcupti.so.12`` (``ldd nvrx_cupti_module*.so``); a CUDA 13
+  image (torch 2.13's wheels) may lack it. Then the GPU falls back to the CPU's way, with the
+  optimizer section bracketed by ``torch.cuda.synchronize`` (its kernels run asynchronously),
+  and the reports say ``source: section:optimizer``.
 - On a CPU there are no kernels, and a step's wall time is the same on every rank (each waits
   in the collectives for the slowest). So the ``optimizer`` section is timed: AdamW's update of
   the rank's own shards, with no collective inside. ``Detector.initialize`` loads NVRx's CUPTI
@@ -21,6 +25,7 @@ collective; the loop stops them there with a final checkpoint (``training.traine
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import socket
@@ -36,6 +41,8 @@ import torch.distributed as dist
 from training.config import StragglerConfig
 from training.hooks import NodeEviction, StepHooks
 from training.runlog.metrics import EventLog
+
+log = logging.getLogger(__name__)
 
 NODE_NAME_ENV = "NODE_NAME"
 """Set by the Job from the downward API (``spec.nodeName``), as for ``training.startup_check``."""
@@ -99,8 +106,10 @@ class _CpuSections:
     """Wall time of each ``timing`` section entry, summarised per report as NVRx's ``Detector``
     does (``Detector._get_section_summaries``) and scored by NVRx's ``ReportGenerator``."""
 
-    def __init__(self, *, node: str) -> None:
+    def __init__(self, *, node: str, cuda: bool = False) -> None:
         from nvidia_resiliency_ext.straggler.reporting import ReportGenerator
+
+        self._cuda = cuda
 
         self._reporter = ReportGenerator(
             scores_to_compute=["relative_perf_scores"], gather_on_rank0=True, node_name=node
@@ -112,8 +121,12 @@ class _CpuSections:
         if name != LOCAL_SECTION:
             yield
             return
+        if self._cuda:
+            torch.cuda.synchronize()
         started = time.perf_counter_ns()
         yield
+        if self._cuda:
+            torch.cuda.synchronize()
         self._elapsed_ms.append((time.perf_counter_ns() - started) * 1e-6)
 
     def report(self) -> tuple[dict[int, float], dict[int, str]]:
@@ -176,6 +189,16 @@ class _GpuKernels:
             self._detector.shutdown()
 
 
+def _timer_for(device: torch.device, *, node: str) -> _CpuSections | _GpuKernels:
+    if device.type != "cuda":
+        return _CpuSections(node=node)
+    try:
+        return _GpuKernels(node=node)
+    except ImportError as err:  # NVRx's CUPTI extension cannot load (see the module docstring)
+        log.warning("straggler: CUPTI timings unavailable (%s); timing the optimizer section", err)
+        return _CpuSections(node=node, cuda=True)
+
+
 class StragglerHooks(StepHooks):
     """Times steps, reports scores every ``report_every`` steps, applies the policy."""
 
@@ -192,9 +215,9 @@ class StragglerHooks(StepHooks):
         self.rank = rank
         self.node = node or node_name()
         self.events = events
-        self.source = "gpu_kernels" if device.type == "cuda" else f"section:{LOCAL_SECTION}"
-        self._timer = (
-            _GpuKernels(node=self.node) if device.type == "cuda" else _CpuSections(node=self.node)
+        self._timer = _timer_for(device, node=self.node)
+        self.source = (
+            "gpu_kernels" if isinstance(self._timer, _GpuKernels) else f"section:{LOCAL_SECTION}"
         )
         self.policy = EvictionPolicy(threshold=config.threshold, reports=config.reports)
         self._eviction: NodeEviction | None = None

@@ -161,3 +161,18 @@ def test_one_rank_reports_with_nvrx_and_writes_the_event(one_rank_group, tmp_pat
     assert record["nodes"] == {"node-a": 1.0}
     assert record["source"] == "section:optimizer"
     assert hooks.eviction() is None
+
+
+def test_a_gpu_without_nvrx_cupti_falls_back_to_the_synchronized_optimizer_section(
+    one_rank_group,
+) -> None:
+    """NVRx 0.4.1's CUPTI extension links libcupti.so.12, absent here as it may be in the CUDA 13
+    image: ``Detector.initialize`` raises ImportError, and the hook must not fail the run. (The
+    CUPTI path itself needs a GPU and is not run here.)"""
+    from nvidia_resiliency_ext.straggler import Detector
+
+    from training.resilience.straggler import _CpuSections, _timer_for
+
+    timer = _timer_for(torch.device("cuda"), node="node-a")
+    assert isinstance(timer, _CpuSections) and timer._cuda
+    assert not Detector.initialized
