@@ -176,3 +176,14 @@ def test_a_gpu_without_nvrx_cupti_falls_back_to_the_synchronized_optimizer_secti
     timer = _timer_for(torch.device("cuda"), node="node-a")
     assert isinstance(timer, _CpuSections) and timer._cuda
     assert not Detector.initialized
+
+
+def test_eviction_under_ft_launcher_is_refused_with_the_reason() -> None:
+    for mode in ("injob", "nested"):
+        with pytest.raises(ConfigError) as err:
+            apply_overrides(JobConfig(), {"straggler.evict": "true", "resilience.restart": mode})
+        assert err.value.field_path == "straggler.evict"
+        assert "ft_launcher" in str(err.value)
+    for mode in ("none", "inprocess"):
+        overrides = {"straggler.evict": "true", "resilience.restart": mode}
+        assert apply_overrides(JobConfig(), overrides).straggler.evict
