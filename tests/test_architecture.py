@@ -86,6 +86,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.checkpoint.nvrx_async",
         "training.checkpoint.local",
         "training.resilience.inject",
+        "training.resilience.straggler",
     ),
     ("training.checkpoint.manager",),
     ("training.trainer",),

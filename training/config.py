@@ -342,6 +342,40 @@ class ObserveConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class StragglerConfig:
+    """Straggler detection (training/resilience/straggler.py): every ``report_every`` steps each
+    rank's relative performance score (NVRx's straggler module: the best rank's median time over
+    this rank's, 1.0 = as fast as the fastest) goes to events.jsonl, TensorBoard and the report,
+    with the rank's node. With ``evict`` on, a node whose slowest rank scores below
+    ``threshold`` in ``reports`` reports in a row is stopped with a final checkpoint and its
+    ranks exit ``exits.NODE_UNFIT`` (the Job replaces the pod, on a spare when there is one)."""
+
+    enabled: bool = True
+    """Time the step and report scores (off: no timing, no extra collective)."""
+    report_every: int = 20
+    """Steps per report; each report is one all-reduce and one gather (plus one broadcast)."""
+    threshold: float = 0.5
+    """A rank scoring below this (2x slower than the fastest rank at 0.5) counts as slow."""
+    reports: int = 3
+    """Reports in a row a node must stay slow before it is evicted (M)."""
+    evict: bool = False
+    """The policy: stop a node that stays slow and exit ``NODE_UNFIT`` on its ranks."""
+
+    def __post_init__(self) -> None:
+        s = "straggler"
+        _require(
+            self.report_every >= 2, s, "report_every", f"must be >= 2, got {self.report_every}"
+        )
+        _require(
+            0.0 < self.threshold < 1.0,
+            s,
+            "threshold",
+            f"must be between 0 and 1 (exclusive), got {self.threshold}",
+        )
+        _require(self.reports >= 1, s, "reports", f"must be >= 1, got {self.reports}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class JobConfig:
     """The whole run: one section per component."""
 
@@ -359,9 +393,20 @@ class JobConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     resilience: ResilienceConfig = field(default_factory=ResilienceConfig)
     observe: ObserveConfig = field(default_factory=ObserveConfig)
+    straggler: StragglerConfig = field(default_factory=StragglerConfig)
 
     def __post_init__(self) -> None:
         _require(bool(self.run_dir), "job", "run_dir", "must not be empty")
+        # Under ft_launcher an evicted node's workers would just be restarted on the same node
+        # (the launcher restarts any failed worker group); its pod must end instead, which
+        # needs the pod supervisor to act on the verdict naming its node (docs/stragglers.md).
+        _require(
+            not (self.straggler.evict and self.resilience.restart in ("injob", "nested")),
+            "straggler",
+            "evict",
+            "works with --restart none or inprocess for now (under ft_launcher the evicted "
+            "node's workers would be restarted in place); drop --straggler.evict or the restart",
+        )
         _require(
             self.model.max_seq_len >= self.data.seq_len,
             "model",
@@ -379,7 +424,17 @@ class JobConfig:
         return self.checkpoint.dir or f"{self.run_dir}/checkpoints"
 
 
-SECTIONS = ("model", "data", "train", "optim", "parallel", "checkpoint", "resilience", "observe")
+SECTIONS = (
+    "model",
+    "data",
+    "train",
+    "optim",
+    "parallel",
+    "checkpoint",
+    "resilience",
+    "straggler",
+    "observe",
+)
 TOP_LEVEL = ("recipe", "run_dir", "faults")
 
 

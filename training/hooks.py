@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass
 
 
 def liveness_report_interval_s(timeout_s: float) -> float:
@@ -30,6 +31,17 @@ class Throttle:
         return True
 
 
+@dataclass(frozen=True, kw_only=True)
+class NodeEviction:
+    """A hook's decision that the run stops now, with a final checkpoint, because ``node`` does
+    not keep up. Every rank reaches the same decision at the same step (the hook decides from
+    numbers all ranks share); ``this_node`` says whether it is the deciding rank's own."""
+
+    node: str
+    cause: str
+    this_node: bool
+
+
 class StepHooks:
     """Called by the loop and the checkpoint manager; subclasses override what they need."""
 
@@ -45,6 +57,15 @@ class StepHooks:
     def section(self, name: str) -> AbstractContextManager[None]:
         """Around checkpoint load and save staging."""
         return nullcontext()
+
+    def timing(self, name: str) -> AbstractContextManager[None]:
+        """Around parts of a step whose time says how fast this rank is: ``step`` (the whole
+        step, peers' waits included) and ``optimizer`` (the optimizer's update: rank-local)."""
+        return nullcontext()
+
+    def eviction(self) -> NodeEviction | None:
+        """After ``after_step``: a node to evict now, or None."""
+        return None
 
 
 class HookChain(StepHooks):
@@ -71,3 +92,13 @@ class HookChain(StepHooks):
             for hook in self.hooks:
                 stack.enter_context(hook.section(name))
             yield
+
+    @contextmanager
+    def timing(self, name: str) -> Iterator[None]:
+        with ExitStack() as stack:
+            for hook in self.hooks:
+                stack.enter_context(hook.timing(name))
+            yield
+
+    def eviction(self) -> NodeEviction | None:
+        return next((e for hook in self.hooks if (e := hook.eviction()) is not None), None)

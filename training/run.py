@@ -21,6 +21,7 @@ from training.resilience.inject import FaultInjector
 from training.runlog.metrics import EventLog
 from training.runlog.phases import MODEL_BUILT, PROCESS_GROUP_UP, emit_phase
 from training.runlog.tensorboard import start_tailer
+from training.runlog.verdict import current_run_id, write_verdict
 from training.trainer import Trainer, TrainResult
 
 COLD_RESTARTS_ENV = "TRAINING_COLD_RESTARTS"
@@ -121,8 +122,17 @@ def run_training(
             events=events,
             checkpoint_root=Path(config.checkpoint_dir),
         )
+        stragglers = None
+        if config.straggler.enabled:
+            from training.resilience.straggler import StragglerHooks
+
+            stragglers = StragglerHooks(
+                config=config.straggler, rank=env.rank, device=env.device, events=events
+            )
         # The layer's hooks first: a heartbeat or section is recorded before a fault fires.
-        step_hooks = HookChain([*([hooks] if hooks is not None else []), faults])
+        step_hooks = HookChain(
+            [*([hooks] if hooks is not None else []), faults, *([stragglers] if stragglers else [])]
+        )
         checkpoints = CheckpointManager.for_job(
             config=config,
             rank=env.rank,
@@ -149,10 +159,23 @@ def run_training(
         # (only a save scheduled before then waits for it, in its checkpoint_save section).
         with step_hooks.section("checkpoint_start"):
             checkpoints.start()
-        result = trainer.fit(checkpoints=checkpoints)
+        try:
+            result = trainer.fit(checkpoints=checkpoints)
+        finally:
+            if stragglers is not None:
+                stragglers.close()
         checkpoints.close()
         _LEFTOVERS.remove(checkpoints)
         completed = True
+        if result.eviction is not None and result.eviction.this_node:
+            # For the pod's supervisor and the local launcher: this node's pod exits NODE_UNFIT.
+            write_verdict(
+                run_dir=run_dir,
+                code=result.exit_code,
+                cause=result.eviction.cause,
+                run_id=current_run_id(),
+                node=result.eviction.node,
+            )
         if env.rank == 0 and not result.preempted:
             events.emit("run_end", step=result.final_step, status="completed", cause=None)
         return result

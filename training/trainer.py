@@ -25,11 +25,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from training import exits
 from training.checkpoint.manager import CheckpointManager
 from training.checkpoint.memory import SNAPSHOTS
 from training.config import JobConfig
 from training.data import BatchLayout, ResumableSampler, TokenShards
-from training.hooks import HookChain, StepHooks
+from training.hooks import HookChain, NodeEviction, StepHooks
 from training.model import Transformer, flops_per_token
 from training.parallel import (
     DistEnv,
@@ -65,6 +66,16 @@ class TrainResult:
     final_step: int
     final_loss: float | None
     preempted: bool
+    eviction: NodeEviction | None = None
+    """Set when the run stopped because a node was evicted (straggler policy)."""
+
+    @property
+    def exit_code(self) -> int:
+        """The rank's exit code: ``NODE_UNFIT`` on an evicted node (the Job replaces its pod),
+        ``PREEMPTED`` for any other stop after a final checkpoint, ``OK`` when the run is done."""
+        if self.eviction is not None and self.eviction.this_node:
+            return exits.NODE_UNFIT
+        return exits.PREEMPTED if self.preempted else exits.OK
 
 
 class Trainer:
@@ -191,7 +202,8 @@ class Trainer:
         if self.config.optim.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
         SNAPSHOTS.before_update()  # a memory snapshot's copies on a GPU read the old state
-        self.optimizer.step()
+        with self.hooks.timing("optimizer"):
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss_sum
 
@@ -250,9 +262,9 @@ class Trainer:
                 next_step = self.step + 1
                 self.hooks.before_step(next_step)
                 started = time.perf_counter()
-                loss, stop_now = self.reduce_step_stats(
-                    self.train_step(), stop_requested=stop.requested
-                )
+                with self.hooks.timing("step"):
+                    local_loss = self.train_step()
+                loss, stop_now = self.reduce_step_stats(local_loss, stop_requested=stop.requested)
                 self.step = next_step
                 elapsed = time.perf_counter() - started
                 if self.step == start_step + 1:
@@ -269,12 +281,23 @@ class Trainer:
                         world_size=self.env.world_size,
                     )
                 self.hooks.after_step(self.step)
+                eviction = self.hooks.eviction()  # decided on every rank at this same step
                 if self.step == start_step + 1:
                     # Out of the step section (it calibrates the hang timeout): the save
                     # plan and the staging buffer (collective).
                     with self.hooks.section("checkpoint_start"):
                         checkpoints.prepare(self)  # the optimizer state exists from here on
                 checkpoints.poll()
+                if eviction is not None:
+                    stop.saving()
+                    with self.hooks.section("checkpoint_save"):
+                        checkpoints.save(self, step=self.step, blocking=True)
+                    self.events.emit(
+                        "run_end", step=self.step, status="evicted", cause=eviction.cause
+                    )
+                    return TrainResult(
+                        final_step=self.step, final_loss=loss, preempted=True, eviction=eviction
+                    )
                 if stop_now:
                     stop.saving()
                     with self.hooks.section("checkpoint_save"):

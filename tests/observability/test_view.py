@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from training.observe.catalog import METRICS
+from training.observe.catalog import METRICS, STRAGGLER_EVENT
 from training.observe.view import RunView, restart_cause
 from training.runlog.files import EVENTS_FILE, METRICS_FILE, append_jsonl
 
@@ -143,8 +143,20 @@ def test_each_node_serves_its_own_ranks_and_only_node_0_the_job(tmp_path: Path) 
     _event(tmp_path, "run_start", t=0.0, world_size=4)
     _step(tmp_path, 1, t=1.0)
     _event(tmp_path, "fault", t=1.5, rank=3, fault="sigkill", step=2)
-    _event(tmp_path, "straggler", t=1.6, rank=2, step=2, score=0.6, flagged=True)
-    _event(tmp_path, "straggler", t=1.7, rank=2, step=3, score=0.95, flagged=False)
+
+    # The detector's reports (rank 0 writes every rank's score): node 1 serves ranks 2 and 3.
+    def report(t: float, step: int, score_2: float) -> None:
+        scores = [
+            {"rank": 0, "node": "a", "score": 1.0},
+            {"rank": 2, "node": "b", "score": score_2},
+            {"rank": 3, "node": "b", "score": None},
+        ]
+        _event(tmp_path, STRAGGLER_EVENT, t=t, rank=0, step=step, threshold=0.5, scores=scores)
+
+    report(1.6, 2, 0.3)
+    node1_slow = _values(_view(tmp_path, node=1, reporter=False))
+    assert node1_slow[("training_straggler_flagged", (("node", "1"), ("rank", "2")))] == 1
+    report(1.7, 3, 0.95)
     node0 = _values(_view(tmp_path, node=0, reporter=True))
     node1 = _values(_view(tmp_path, node=1, reporter=False))
     assert not any(name.startswith("training_faults") for name, _ in node0)
@@ -152,6 +164,9 @@ def test_each_node_serves_its_own_ranks_and_only_node_0_the_job(tmp_path: Path) 
     # The newest score of each rank.
     assert node1[("training_straggler_score", (("node", "1"), ("rank", "2")))] == 0.95
     assert node1[("training_straggler_flagged", (("node", "1"), ("rank", "2")))] == 0
+    # Another node's rank and a rank that timed nothing are not served here.
+    served = {dict(labels)["rank"] for name, labels in node1 if name == "training_straggler_score"}
+    assert served == {"2"}
     assert ("training_steps_total", ()) in node0
     assert all(METRICS[name].scope == "node" for name, _ in node1), (
         "a non-reporting node served a job-level figure"

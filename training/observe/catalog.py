@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from training.runlog.files import STRAGGLER_REPORT_EVENT
+
 METRICS_PORT = 9464
 """The exporter's TCP port in a trainer pod (the container port named ``METRICS_PORT_NAME``)."""
 METRICS_PORT_NAME = "metrics"
@@ -227,10 +229,7 @@ _NODE_METRICS: tuple[Metric, ...] = (
 
 METRICS: dict[str, Metric] = {m.name: m for m in (*_JOB_METRICS, *_NODE_METRICS)}
 
-STRAGGLER_EVENT = "straggler"
-"""The ``events.jsonl`` kind a straggler detector writes, one line per rank it scores::
-
-    {"time": ..., "rank": r, "kind": "straggler", "step": s, "score": 0.71, "flagged": true}
-
-``score`` is the rank's performance relative to the fastest (1 = as fast); ``flagged`` whether
-the detector calls it a straggler. The exporter serves the newest line of each rank."""
+STRAGGLER_EVENT = STRAGGLER_REPORT_EVENT
+"""The straggler detector's report (its shape: ``training.runlog.files.STRAGGLER_REPORT_EVENT``):
+the exporter serves the newest score of each of its node's ranks, flagged when below the
+report's threshold."""

@@ -259,6 +259,14 @@ class RunView:
                 ev.restores[source] = ev.restores.get(source, 0) + 1
             if source == "storage" and isinstance(e.get("step"), int):
                 ev.restored_steps.add(e["step"])
+        if kind == STRAGGLER_EVENT:  # rank 0 writes every rank's score
+            threshold = _num(e.get("threshold"))
+            for entry in e.get("scores") or []:
+                rank, score = entry.get("rank"), _num(entry.get("score"))
+                if self._own_rank(rank) and rank >= 0 and score is not None:
+                    flagged = threshold is not None and score < threshold
+                    ev.stragglers[rank] = (score, flagged)
+            return
         if not self._own_rank(e.get("rank")):
             return
         if kind == "fault":
@@ -266,10 +274,6 @@ class RunView:
             ev.faults[cause] = ev.faults.get(cause, 0) + 1
         elif kind == "hang_detected":
             ev.faults["hang"] = ev.faults.get("hang", 0) + 1
-        elif kind == STRAGGLER_EVENT and isinstance(e.get("rank"), int):
-            score = _num(e.get("score"))
-            if score is not None:
-                ev.stragglers[e["rank"]] = (score, bool(e.get("flagged")))
 
     def _refresh_summary(self) -> None:
         now = self._clock()

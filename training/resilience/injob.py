@@ -303,4 +303,4 @@ def run_injob(config: JobConfig) -> int:
             hooks.close()
     finally:
         client.shutdown_workload_monitoring()
-    return exits.PREEMPTED if result.preempted else exits.OK
+    return result.exit_code

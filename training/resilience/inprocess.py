@@ -309,4 +309,4 @@ def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
             monitor.shutdown_workload_monitoring()
     if result is None:  # an inactive (spare) rank
         return exits.OK
-    return exits.PREEMPTED if result.preempted else exits.OK
+    return result.exit_code

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from training import exits
 from training.config import JobConfig
 
 
@@ -19,4 +18,4 @@ def run_with_restart_layer(config: JobConfig) -> int:
     from training.run import run_training
 
     result = run_training(config)
-    return exits.PREEMPTED if result.preempted else exits.OK
+    return result.exit_code

@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import Counter
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +205,12 @@ class RunSummary:
     startup_phases: tuple[PhaseMark, ...] = ()
     """Phases of the first attempt's start: offsets from the run start, or from the first phase
     when it came earlier (in-job workers log their start and imports before run_start)."""
+    straggler_reports: int = 0
+    """``straggler_report`` events (training/resilience/straggler.py)."""
+    straggler_lowest: dict[str, float] = field(default_factory=dict)
+    """Each node's lowest score over those reports (1.0: as fast as the fastest rank)."""
+    evicted_nodes: tuple[str, ...] = ()
+    """Nodes the straggler policy evicted (``straggler_eviction``), in order."""
 
     @property
     def phase_totals_s(self) -> dict[str, float]:
@@ -464,6 +470,12 @@ def summarize(*, run_dir: Path) -> RunSummary:
         if e["kind"] == "attempt_start" and isinstance(e.get("attempt"), int)
     }
     final = last[max(last)] if last else None
+    straggler_reports = [e for e in events if e["kind"] == "straggler_report"]
+    lowest: dict[str, float] = {}
+    for e in straggler_reports:
+        for node, score in (e.get("nodes") or {}).items():
+            if (v := _num(score)) is not None:
+                lowest[str(node)] = min(v, lowest.get(str(node), v))
     return RunSummary(
         run_dir=str(run_dir),
         status=str(run_end["status"]) if run_end and run_end.get("status") else None,
@@ -487,5 +499,10 @@ def summarize(*, run_dir: Path) -> RunSummary:
         start_time=t0,
         startup_phases=_phase_marks(
             startup, origin=min([t0, *(float(e["time"]) for e in startup)])
+        ),
+        straggler_reports=len(straggler_reports),
+        straggler_lowest=dict(sorted(lowest.items())),
+        evicted_nodes=tuple(
+            str(e.get("node")) for e in events if e["kind"] == "straggler_eviction"
         ),
     )

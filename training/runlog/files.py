@@ -15,6 +15,17 @@ EVENTS_FILE = "events.jsonl"
 """Run events of every rank and the launcher: faults, restarts and their phases, checkpoints."""
 SUMMARY_FILE = "summary.json"
 TIMELINE_FILE = "timeline.png"
+STRAGGLER_REPORT_EVENT = "straggler_report"
+"""The ``events.jsonl`` kind of a straggler report (written by rank 0 for every rank,
+``training/resilience/straggler.py``)::
+
+    {"kind": "straggler_report", "rank": 0, "step": 40, "threshold": 0.5,
+     "scores": [{"rank": 0, "node": "node-a", "score": 1.0}, {"rank": 1, "node": "node-b",
+     "score": 0.13}], "nodes": {...}, "slow_streaks": {...}}
+
+``score`` is a rank's performance relative to the fastest (1 = as fast), None when the rank
+timed nothing since the last report; below ``threshold`` the rank counts as slow."""
+STRAGGLER_EVICTION_EVENT = "straggler_eviction"
 VERDICT_FILE = "verdict.json"
 """Why a rank ended the run, read by the launcher and the pod supervisor to choose the exit code."""
 

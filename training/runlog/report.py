@@ -121,6 +121,17 @@ def format_summary(summary: RunSummary) -> str:
         ("MFU (median)", f"{s.mfu_median:.1%}" if s.mfu_median is not None else "-"),
         ("final loss", f"{s.final_loss:.4f}" if s.final_loss is not None else "-"),
     ]
+    if s.straggler_reports:
+        slowest = min(s.straggler_lowest.items(), key=lambda kv: kv[1], default=None)
+        rows.append(
+            (
+                "straggler reports",
+                f"{s.straggler_reports}"
+                + (f" (lowest: {slowest[0]} {slowest[1]:.2f})" if slowest else ""),
+            )
+        )
+        if s.evicted_nodes:
+            rows.append(("evicted nodes", ", ".join(s.evicted_nodes)))
     if s.skipped_lines:
         rows.append(("skipped lines", f"{s.skipped_lines} (truncated/invalid JSON)"))
     lines = text_table(rows)

@@ -19,6 +19,9 @@ Scalars (global step in brackets):
 - ``restart/{downtime_s,recompute_s,lost_s}`` and ``restart_phase/<phase>_s`` [the restart's
   number, 1-based, as in the report]: one per incident, once the first step after it is done
   (``training.runlog.accounting`` defines them); ``startup_phase/<phase>_s`` [0].
+- ``straggler/rank_<rank>`` and ``straggler/node/<node>`` [the report's step]: each rank's and
+  each node's relative performance score (``straggler_report``, training/resilience/straggler.py);
+  ``straggler/evicted`` [the step]: 1 for each eviction.
 - ``run/ettr`` [the last step]: when the tailer closes.
 
 Optional: without the ``tensorboard`` package (``pip install '.[tensorboard]'``) the tailer prints
@@ -206,6 +209,7 @@ class Tailer:
         self._write = _SlowestRank(tag="checkpoint/write_s")
         self._snapshot = _SlowestRank(tag="checkpoint/memory_snapshot_s")
         self._restart_seen_at: float | None = None  # monotonic time of the last restart event
+        self._stragglers: list[Scalar] = []  # written as read: one rank reports them
         self._summary: RunSummary | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -257,6 +261,21 @@ class Tailer:
             self._snapshot.add(step=step, value=v, walltime=t)
         elif kind == "checkpoint_committed" and (v := _num(e.get("write_s"))) is not None:
             self._write.add(step=step, value=v, walltime=t)
+        elif kind == "straggler_report":
+            self._stragglers += [
+                Scalar(tag=f"straggler/rank_{r['rank']}", value=v, step=step, walltime=t)
+                for r in e.get("scores") or []
+                if (v := _num(r.get("score"))) is not None
+            ]
+            self._stragglers += [
+                Scalar(tag=f"straggler/node/{node}", value=v, step=step, walltime=t)
+                for node, score in (e.get("nodes") or {}).items()
+                if (v := _num(score)) is not None
+            ]
+        elif kind == "straggler_eviction":
+            self._stragglers.append(
+                Scalar(tag="straggler/evicted", value=1.0, step=step, walltime=t)
+            )
 
     def _restart_scalars(self, *, final: bool) -> list[Scalar]:
         """Restarts (and the start-up) not written yet that have settled; everything if final.
@@ -322,6 +341,8 @@ class Tailer:
             scalars += self._write.drain(settle_s=settle)
             scalars += self._snapshot.drain(settle_s=settle)
             scalars += self._restart_scalars(final=final)
+            scalars += self._stragglers
+            self._stragglers = []
             if final and self._summary is not None and self._summary.final_step is not None:
                 s = self._summary
                 t = s.start_time + s.wall_s

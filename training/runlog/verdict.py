@@ -26,23 +26,31 @@ class Verdict:
     code: int
     cause: str
     run_id: str
+    node: str = ""
+    """The node the verdict is about (a straggler's eviction), or "" for the whole run."""
 
 
 def current_run_id() -> str:
     return os.environ.get(RUN_ID_ENV, "")
 
 
-def write_verdict(*, run_dir: Path, code: int, cause: str, run_id: str) -> None:
-    """Atomically record the verdict of the run with rendezvous id `run_id`."""
+def write_verdict(*, run_dir: Path, code: int, cause: str, run_id: str, node: str = "") -> None:
+    """Atomically record the verdict of the run with rendezvous id `run_id` (about `node`)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / VERDICT_FILE, {"code": code, "cause": cause, "run_id": run_id})
+    record = {"code": code, "cause": cause, "run_id": run_id, "node": node}
+    write_json_atomic(run_dir / VERDICT_FILE, record)
 
 
 def read_verdict(*, run_dir: Path, run_id: str) -> Verdict | None:
     """The verdict of run `run_id`, if one was written (a verdict of an earlier job is ignored)."""
     try:
         data = json.loads((run_dir / VERDICT_FILE).read_text())
-        verdict = Verdict(code=int(data["code"]), cause=str(data["cause"]), run_id=data["run_id"])
+        verdict = Verdict(
+            code=int(data["code"]),
+            cause=str(data["cause"]),
+            run_id=data["run_id"],
+            node=str(data.get("node", "")),
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return verdict if verdict.run_id == run_id else None

@@ -426,3 +426,26 @@ def test_startup_phases_before_run_start_count_from_the_first(tmp_path: Path) ->
         ("first_step", 12.0, 2.9, 1),
     ]
     assert s.wall_s == pytest.approx(3.0)  # the wall clock still starts at run_start
+
+
+def test_straggler_reports_and_evictions_in_the_summary(one_restart: Path) -> None:
+    """The report shows each node's lowest relative score and the nodes the policy evicted."""
+    events = (one_restart / "events.jsonl").read_text()
+    extra = [
+        _ev(T0 + 5, "straggler_report", step=5, nodes={"node-a": 1.0, "node-b": 0.41}),
+        _ev(T0 + 9, "straggler_report", step=10, nodes={"node-a": 0.93, "node-b": 0.12}),
+        _ev(T0 + 9, "straggler_eviction", step=10, node="node-b", ranks=[1], score=0.12),
+    ]
+    (one_restart / "events.jsonl").write_text(events + "".join(json.dumps(e) + "\n" for e in extra))
+    summary = summarize(run_dir=one_restart)
+    assert summary.straggler_reports == 2
+    assert summary.straggler_lowest == {"node-a": 0.93, "node-b": 0.12}
+    assert summary.evicted_nodes == ("node-b",)
+    text = format_summary(summary)
+    assert "lowest: node-b 0.12" in text and "evicted nodes" in text
+    assert json.loads(json.dumps(summary.to_json()))["evicted_nodes"] == ["node-b"]
+
+
+def test_no_straggler_rows_without_reports(one_restart: Path) -> None:
+    text = format_summary(summarize(run_dir=one_restart))
+    assert "straggler reports" not in text and "evicted nodes" not in text

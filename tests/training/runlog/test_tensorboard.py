@@ -272,3 +272,29 @@ def test_cli(run_dir: Path, tmp_path: Path) -> None:
     assert "wrote 139 scalars" in ok.stdout
     assert list((run_dir / tb.TB_SUBDIR).glob("events.out.tfevents.*"))
     assert tb.main([str(tmp_path / "nope")]) == 2
+
+
+def test_straggler_scores_become_scalars(run_dir: Path) -> None:
+    rows = [
+        _ev(
+            T0 + 8,
+            "straggler_report",
+            step=5,
+            scores=[
+                {"rank": 0, "node": "node-a", "score": 1.0},
+                {"rank": 1, "node": "node-b", "score": 0.25},
+                {"rank": 2, "node": "node-b", "score": None},  # nothing timed
+            ],
+            nodes={"node-a": 1.0, "node-b": 0.25},
+        ),
+        _ev(T0 + 9, "straggler_eviction", step=5, node="node-b", ranks=[1]),
+    ]
+    with (run_dir / "events.jsonl").open("a") as f:
+        f.write(_lines(rows))
+    sink: list[tuple[str, float, int]] = []
+    tb.Tailer(run_dir=run_dir, writer_factory=_recording(sink)).close()
+    assert _by_tag(sink, "straggler/rank_0") == [(5, 1.0)]
+    assert _by_tag(sink, "straggler/rank_1") == [(5, 0.25)]
+    assert _by_tag(sink, "straggler/rank_2") == []
+    assert _by_tag(sink, "straggler/node/node-b") == [(5, 0.25)]
+    assert _by_tag(sink, "straggler/evicted") == [(5, 1.0)]

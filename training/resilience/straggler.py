@@ -1,0 +1,284 @@
+"""Straggler detection and the eviction policy: a step hook (``StragglerHooks``).
+
+Every ``straggler.report_every`` steps each rank's relative performance score comes from
+NVRx 0.4.1's straggler module (``nvidia_resiliency_ext.straggler``): the fastest rank's median
+time over this rank's median time, 1.0 for the fastest rank, 0.5 for a rank twice as slow.
+
+- On a GPU, ``Detector`` times the CUDA kernels of the ``step`` section with CUPTI (NVRx leaves
+  NCCL kernels out, so a rank's score is its own compute, not its wait for a peer).
+- NVRx 0.4.1's CUPTI extension links ``libcupti.so.12`` (``ldd nvrx_cupti_module*.so``); a CUDA 13
+  image (torch 2.13's wheels) may lack it. Then the GPU falls back to the CPU's way, with the
+  optimizer section bracketed by ``torch.cuda.synchronize`` (its kernels run asynchronously),
+  and the reports say ``source: section:optimizer``.
+- On a CPU there are no kernels, and a step's wall time is the same on every rank (each waits
+  in the collectives for the slowest). So the ``optimizer`` section is timed: AdamW's update of
+  the rank's own shards, with no collective inside. ``Detector.initialize`` loads NVRx's CUPTI
+  extension unconditionally (``libcupti`` is missing on a CPU machine), so here the section
+  times go straight to NVRx's ``ReportGenerator``, the scoring that ``Detector`` calls.
+
+Rank 0 gets every rank's score (``gather_on_rank0``), broadcasts them with each rank's node
+(``NODE_NAME``, the pod's ``spec.nodeName`` on EKS; the hostname otherwise), and writes the
+``straggler_report`` event. Every rank then feeds the same numbers to the same
+``EvictionPolicy``, so all ranks reach the same decision at the same step without another
+collective; the loop stops them there with a final checkpoint (``training.trainer``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from training.config import StragglerConfig
+from training.hooks import NodeEviction, StepHooks
+from training.runlog.files import STRAGGLER_EVICTION_EVENT, STRAGGLER_REPORT_EVENT
+from training.runlog.metrics import EventLog
+
+log = logging.getLogger(__name__)
+
+NODE_NAME_ENV = "NODE_NAME"
+"""Set by the Job from the downward API (``spec.nodeName``), as for ``training.startup_check``."""
+
+STEP_SECTION = "step"
+"""GPU: the section whose CUDA kernels are timed."""
+LOCAL_SECTION = "optimizer"
+"""CPU: the section whose wall time is timed (rank-local work, no collective inside)."""
+
+REPORT_EVENT = STRAGGLER_REPORT_EVENT
+EVICTION_EVENT = STRAGGLER_EVICTION_EVENT
+
+
+def node_name() -> str:
+    return os.environ.get(NODE_NAME_ENV) or socket.gethostname()
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankScore:
+    rank: int
+    node: str
+    score: float
+    """Relative performance (0..1]; NaN when the rank timed nothing since the last report."""
+
+
+def node_scores(scores: list[RankScore]) -> dict[str, float]:
+    """Each node's score: its slowest rank's (a node is as slow as its slowest GPU)."""
+    out: dict[str, float] = {}
+    for s in scores:
+        if math.isnan(s.score):
+            continue
+        out[s.node] = min(out.get(s.node, math.inf), s.score)
+    return out
+
+
+class EvictionPolicy:
+    """Which node to evict, from one report's node scores at a time. Pure: no I/O, no clock.
+
+    A node is slow in a report when its score is below ``threshold``; it is evicted when it has
+    been slow in ``reports`` reports in a row. Relative scores compare with the fastest rank, so
+    when more than half of the nodes look slow the fastest one is the odd one out (or the whole
+    job slowed down): then no node is evicted. At most one node per report, the slowest."""
+
+    def __init__(self, *, threshold: float, reports: int) -> None:
+        self.threshold = threshold
+        self.reports = reports
+        self.streaks: dict[str, int] = {}
+
+    def observe(self, scores: Mapping[str, float]) -> str | None:
+        slow = {node for node, score in scores.items() if score < self.threshold}
+        self.streaks = {node: self.streaks.get(node, 0) + 1 for node in sorted(slow)}
+        if 2 * len(slow) > len(scores):
+            return None
+        due = [node for node, streak in self.streaks.items() if streak >= self.reports]
+        if not due:
+            return None
+        return min(due, key=lambda node: (scores[node], node))
+
+
+class _CpuSections:
+    """Wall time of each ``timing`` section entry, summarised per report as NVRx's ``Detector``
+    does (``Detector._get_section_summaries``) and scored by NVRx's ``ReportGenerator``."""
+
+    def __init__(self, *, node: str, cuda: bool = False) -> None:
+        from nvidia_resiliency_ext.straggler.reporting import ReportGenerator
+
+        self._cuda = cuda
+
+        self._reporter = ReportGenerator(
+            scores_to_compute=["relative_perf_scores"], gather_on_rank0=True, node_name=node
+        )
+        self._elapsed_ms: list[float] = []
+
+    @contextmanager
+    def timing(self, name: str) -> Iterator[None]:
+        if name != LOCAL_SECTION:
+            yield
+            return
+        if self._cuda:
+            torch.cuda.synchronize()
+        started = time.perf_counter_ns()
+        yield
+        if self._cuda:
+            torch.cuda.synchronize()
+        self._elapsed_ms.append((time.perf_counter_ns() - started) * 1e-6)
+
+    def report(self) -> tuple[dict[int, float], dict[int, str]]:
+        """Collective on every rank; rank 0 gets rank -> score and rank -> node, the others
+        empty dicts."""
+        from nvidia_resiliency_ext.straggler.statistics import Statistic
+
+        summaries: dict[str, Any] = {}
+        if self._elapsed_ms:
+            t = torch.tensor(self._elapsed_ms, dtype=torch.float64)
+            summaries[LOCAL_SECTION] = {
+                Statistic.MIN: t.min().item(),
+                Statistic.MAX: t.max().item(),
+                Statistic.MED: t.median().item(),
+                Statistic.AVG: t.mean().item(),
+                Statistic.STD: t.std().item() if len(t) > 1 else float("nan"),
+                Statistic.NUM: len(t),
+            }
+        self._elapsed_ms.clear()
+        report = self._reporter.generate_report(summaries, {})
+        if report is None:
+            return {}, {}
+        scores = report.section_relative_perf_scores.get(LOCAL_SECTION, {})
+        return dict(scores), dict(report.rank_to_node)
+
+    def close(self) -> None:
+        pass
+
+
+class _GpuKernels:
+    """NVRx's ``Detector``: CUPTI kernel timings of the ``step`` section (GPU only)."""
+
+    def __init__(self, *, node: str) -> None:
+        from nvidia_resiliency_ext.straggler import Detector
+
+        self._detector = Detector
+        if Detector.initialized:  # an in-process restart's earlier attempt left it set up
+            Detector.shutdown()
+        Detector.initialize(
+            scores_to_compute=["relative_perf_scores"],
+            gather_on_rank0=True,
+            profiling_interval=1,
+            report_time_interval=math.inf,  # reports come every N steps, from the hook
+            node_name=node,
+        )
+
+    def timing(self, name: str) -> Any:
+        if name != STEP_SECTION:
+            return nullcontext()
+        return self._detector.detection_section(STEP_SECTION, profile_cuda=True)
+
+    def report(self) -> tuple[dict[int, float], dict[int, str]]:
+        report = self._detector.generate_report()
+        if report is None:
+            return {}, {}
+        return dict(report.gpu_relative_perf_scores), dict(report.rank_to_node)
+
+    def close(self) -> None:
+        if self._detector.initialized:
+            self._detector.shutdown()
+
+
+def _timer_for(device: torch.device, *, node: str) -> _CpuSections | _GpuKernels:
+    if device.type != "cuda":
+        return _CpuSections(node=node)
+    try:
+        return _GpuKernels(node=node)
+    except ImportError as err:  # NVRx's CUPTI extension cannot load (see the module docstring)
+        log.warning("straggler: CUPTI timings unavailable (%s); timing the optimizer section", err)
+        return _CpuSections(node=node, cuda=True)
+
+
+class StragglerHooks(StepHooks):
+    """Times steps, reports scores every ``report_every`` steps, applies the policy."""
+
+    def __init__(
+        self,
+        *,
+        config: StragglerConfig,
+        rank: int,
+        device: torch.device,
+        events: EventLog,
+        node: str | None = None,
+    ) -> None:
+        self.config = config
+        self.rank = rank
+        self.node = node or node_name()
+        self.events = events
+        self._timer = _timer_for(device, node=self.node)
+        self.source = (
+            "gpu_kernels" if isinstance(self._timer, _GpuKernels) else f"section:{LOCAL_SECTION}"
+        )
+        self.policy = EvictionPolicy(threshold=config.threshold, reports=config.reports)
+        self._eviction: NodeEviction | None = None
+
+    def timing(self, name: str) -> Any:
+        return self._timer.timing(name)
+
+    def after_step(self, step: int) -> None:
+        if step % self.config.report_every != 0 or self._eviction is not None:
+            return
+        gathered = self._timer.report()
+        # Rank 0 holds every rank's score and node; every rank needs them to decide.
+        payload: list[Any] = [gathered if self.rank == 0 else None]
+        dist.broadcast_object_list(payload, src=0)
+        by_rank, nodes = payload[0]
+        scores = [
+            RankScore(rank=r, node=nodes.get(r, "?"), score=float(by_rank.get(r, math.nan)))
+            for r in range(dist.get_world_size())
+        ]
+        per_node = node_scores(scores)
+        evict = self.policy.observe(per_node)
+        if self.rank == 0:
+            self.events.emit(
+                REPORT_EVENT,
+                step=step,
+                source=self.source,
+                threshold=self.config.threshold,
+                scores=[
+                    {
+                        "rank": s.rank,
+                        "node": s.node,
+                        "score": None if math.isnan(s.score) else round(s.score, 4),
+                    }
+                    for s in scores
+                ],
+                nodes={node: round(score, 4) for node, score in sorted(per_node.items())},
+                slow_streaks=dict(self.policy.streaks),
+            )
+        if evict is None or not self.config.evict:
+            return
+        ranks = [s.rank for s in scores if s.node == evict]
+        cause = (
+            f"straggler: node {evict} (ranks {ranks}) scored below {self.config.threshold} "
+            f"in {self.config.reports} reports in a row (last {per_node[evict]:.2f}, "
+            f"{self.source}); stopping it with a final checkpoint"
+        )
+        if self.rank == 0:
+            self.events.emit(
+                EVICTION_EVENT,
+                step=step,
+                node=evict,
+                ranks=ranks,
+                score=round(per_node[evict], 4),
+                reports=self.config.reports,
+                threshold=self.config.threshold,
+            )
+        self._eviction = NodeEviction(node=evict, cause=cause, this_node=evict == self.node)
+
+    def eviction(self) -> NodeEviction | None:
+        return self._eviction
+
+    def close(self) -> None:
+        self._timer.close()
