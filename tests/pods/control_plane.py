@@ -74,10 +74,20 @@ SCALE = 1 / 30
 """Emulated seconds per production second: 1 s here is 30 s on EKS."""
 
 
+KUBELET_HOUSEKEEPING_S = 2.0
+"""How soon a kubelet back on the network acts on a pod that is gone from the API server: its
+housekeeping period (kubernetes pkg/kubelet/kubelet.go, `housekeepingPeriod`)."""
+KUBELET_MIN_GRACE_S = 2.0
+"""SIGTERM to SIGKILL for a pod force-deleted with grace 0: the runtime's floor (pkg/kubelet/
+kuberuntime, `minimumGracePeriodInSeconds`)."""
+
+
 @dataclass
 class _Loss:
     node: Node
     pod: str
+    process: subprocess.Popen
+    """The lost pod's container main process."""
     at: float
     """time.time() of the loss."""
     reported: bool = False
@@ -167,15 +177,31 @@ class ControlPlane:
         for _ in range(2):
             self.cluster.signal_netns(node.netns, signal.SIGSTOP)
         with self._lock:
-            self.losses.append(_Loss(node=node, pod=pod.name, at=time.time()))
+            self.losses.append(_Loss(node=node, pod=pod.name, process=pod.process, at=time.time()))
         self._event(f"pod {index}: {node.name} lost (network cut, processes frozen)")
         return node
 
-    def thaw(self, node: Node, *, network: bool) -> list[int]:
-        """The lost node's processes run again (SIGCONT); `network` restores its link too."""
-        if network:
-            self.cluster.set_link(node, up=True)
-        return self.cluster.signal_netns(node.netns, signal.SIGCONT)
+    def node_returns(self) -> int | None:
+        """The lost node comes back (a partition heals, a hung kernel resumes): its link up,
+        its processes running again (SIGCONT). Its kubelet finds the pod gone from the API
+        server (PodGC force-deleted it) and stops it at its next housekeeping: SIGTERM to the
+        container's main process, SIGKILL of what is left after the minimum grace. Until then
+        the old pod runs beside its replacement. Returns its main process's exit status."""
+        with self._lock:
+            (loss,) = self.losses
+        self.cluster.set_link(loss.node, up=True)
+        self.cluster.signal_netns(loss.node.netns, signal.SIGCONT)
+        self._event(f"{loss.node.name} back: {loss.pod}'s processes run again")
+        time.sleep(KUBELET_HOUSEKEEPING_S)
+        self._event(f"kubelet on {loss.node.name}: SIGTERM to the deleted pod")
+        with contextlib.suppress(ProcessLookupError):
+            loss.process.send_signal(signal.SIGTERM)
+        try:
+            loss.process.wait(timeout=KUBELET_MIN_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self._event(f"kubelet on {loss.node.name}: SIGKILL")
+        self.cluster.kill_netns(loss.node.netns)
+        return loss.process.wait()
 
     def failed_pods(self) -> dict[str, tuple[str, tuple[str, ...]]]:
         """Pods PodGC has just made Failed: pod name -> (its node, its True conditions)."""

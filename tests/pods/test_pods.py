@@ -485,3 +485,68 @@ def _proc_state(pid: int) -> str:
     except OSError:
         return "-"
     return stat.rsplit(")", 1)[1].split()[0]
+
+
+def test_a_lost_node_that_comes_back_mid_run_does_not_corrupt_it(
+    tmp_path: Path, reference: dict
+) -> None:
+    """The harsher end of a node loss: the lost node comes back (network and processes) while
+    its replacement trains. Until its kubelet stops the deleted pod (2 s housekeeping, then
+    SIGTERM, SIGKILL 2 s later: control_plane.node_returns) the old launcher and ranks run
+    beside the new ones, sharing /fsx and the rendezvous store. What they may do there is
+    shown (printed), and what must hold is checked: the Job completes, every committed
+    checkpoint verifies, and the final state is the fault-free one, bit for bit."""
+    from training.checkpoint import layout
+
+    state: dict = {}
+
+    def plane(pods: emulator.Cluster, spare_objects: list[dict]) -> ControlPlane:
+        state["plane"] = ControlPlane(
+            pods,
+            nodes=2,
+            spares=1,
+            spare_command=_spare_command(spare_objects),
+            times=EKS.scaled(SCALE),
+            root=tmp_path,
+        )
+        return state["plane"]
+
+    def come_back() -> None:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if any(m["time"] - m["step_time_s"] > state["time"] for m in _metrics(tmp_path, job)):
+                state["returned_at"] = time.time()
+                state["old_exit"] = state["plane"].node_returns()
+                return
+            time.sleep(0.05)
+
+    def lose(_: emulator.Cluster) -> None:
+        state["time"] = time.time()
+        state["node"] = state["plane"].lose(1)
+        state["thread"] = threading.Thread(target=come_back, daemon=True)
+        state["thread"].start()
+
+    _, job, _ = _objects(TWO_NODES, restart="injob", train_args=[*FAST])
+    result, job = _run(
+        tmp_path,
+        TWO_NODES,
+        restart="injob",
+        env=TWO_PODS,
+        when_step=(6, lose),
+        control_plane=plane,
+        after=lambda _: state["thread"].join(timeout=60),
+    )
+    log = _logs(tmp_path)
+    assert result.status == "Complete", f"{result}\n{log}"
+    assert "returned_at" in state, "the lost node never came back during the run"
+    root = tmp_path / "fsx" / "checkpoints" / job["metadata"]["name"]
+    for step in layout.committed_steps(root):
+        assert layout.verify(layout.step_dir(root, step)) is None, step
+    _assert_identical(_final_state(tmp_path, job), reference)
+    old_log = (tmp_path / f"{job['metadata']['name']}-1-0.log").read_text(errors="replace")
+    tail = "\n".join(old_log.splitlines()[-12:])
+    print(
+        f"\n[node back] old pod's main process exit status {state['old_exit']}; "
+        f"committed steps {layout.committed_steps(root)}"
+        f"\n{state['plane'].timeline(since=state['time'])}\n--- old pod log tail\n{tail}"
+    )
