@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -34,8 +35,16 @@ from manifests import render
 if TYPE_CHECKING:
     from control_plane import ControlPlane
 
-BRIDGE = "fsdpbr0"
-SUBNET = "10.231.7"
+RUN = os.getpid()
+"""Every bridge, link and namespace this process makes carries its pid, so two runs of the pod
+tests on one machine (a CI run beside a developer's) neither share nor tear down each other's;
+a crashed run's leftovers are removed by the next run once that pid is gone."""
+BRIDGE = f"fbr{RUN}"
+NETNS = f"fsdp{RUN}-"
+"""The prefix of this run's network namespaces."""
+SUBNET = f"10.{200 + RUN % 50}.{RUN // 50 % 250}"
+"""A /24 of its own per pid (two live runs collide only when their pids agree modulo 12,500)."""
+_OWNED = re.compile(r"^(?:fbr|fv|fsdp)(\d+)")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -114,7 +123,7 @@ class Cluster:
     def _add_netns(self, name: str, ip: str) -> str:
         _sh("ip", "netns", "add", name)
         self.netns.append(name)
-        host_if, pod_if = f"fsdpv{len(self.netns)}h", f"fsdpv{len(self.netns)}p"
+        host_if, pod_if = f"fv{RUN}x{len(self.netns)}h", f"fv{RUN}x{len(self.netns)}p"
         _sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", pod_if)
         _sh("ip", "link", "set", host_if, "master", BRIDGE, "up")
         _sh("ip", "link", "set", pod_if, "netns", name)
@@ -126,7 +135,7 @@ class Cluster:
     def add_node(self) -> Node:
         """A new node (a fresh network namespace and IP), as a new instance joining."""
         k = len(self.nodes)
-        name, ip = f"fsdp-n{k}", f"{SUBNET}.{100 + k}"
+        name, ip = f"{NETNS}n{k}", f"{SUBNET}.{100 + k}"
         node = Node(name=f"node-{k}", netns=name, ip=ip, host_if=self._add_netns(name, ip))
         self.nodes.append(node)
         return node
@@ -201,9 +210,9 @@ class Cluster:
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         ip = f"{SUBNET}.2"
         self.hosts[f"{render.RDZV_STORE}.{self.namespace}"] = ip
-        self._add_netns("fsdp-store", ip)
+        self._add_netns(f"{NETNS}store", ip)
         self.store = self._run_in(
-            netns="fsdp-store",
+            netns=f"{NETNS}store",
             hostname="store",
             mounts={},
             argv=[*container["command"], *container["args"]],
@@ -226,7 +235,7 @@ class Cluster:
         name = f"{job}-{index}"
         self.hosts[f"{name}.{job}"] = ip
         self.hosts[name] = ip
-        self._add_netns(f"fsdp-pod{index}", ip)
+        self._add_netns(f"{NETNS}pod{index}", ip)
         return ip
 
     def _container_env(
@@ -257,7 +266,7 @@ class Cluster:
             self.hosts[name] = self.hosts[f"{name}.{job['metadata']['name']}"] = on.ip
             self._write_hosts()
         ip = self.hosts[name]
-        netns = on.netns if on is not None else f"fsdp-pod{index}"
+        netns = on.netns if on is not None else f"{NETNS}pod{index}"
         spec = job["spec"]["template"]["spec"]
         # Set by the Job controller and the runtime in every container of the pod.
         pod_env = {"JOB_COMPLETION_INDEX": str(index), "HOSTNAME": name}
@@ -310,7 +319,7 @@ class Cluster:
 
     def pids(self, index: int) -> list[int]:
         """Every process in pod `index` (its network namespace)."""
-        return self.netns_pids(f"fsdp-pod{index}")
+        return self.netns_pids(f"{NETNS}pod{index}")
 
     def netns_pids(self, netns: str) -> list[int]:
         out = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout
@@ -318,7 +327,7 @@ class Cluster:
 
     def kill_pod(self, index: int) -> None:
         """The node under pod `index` dies: every process in it is SIGKILLed at once."""
-        self.kill_netns(f"fsdp-pod{index}")
+        self.kill_netns(f"{NETNS}pod{index}")
 
     def kill_netns(self, netns: str) -> None:
         for pid in self.netns_pids(netns):
@@ -355,15 +364,16 @@ class Cluster:
 @contextlib.contextmanager
 def cluster(root: Path) -> Iterator[Cluster]:
     """Set up the bridge; tear down every namespace, link and process it made."""
-    # Whatever a crashed earlier run left behind.
+    # Whatever a crashed earlier run left behind: names whose run (pid) is gone.
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     for line in links.splitlines():
         name = line.split(": ")[1].split("@")[0]
-        if name.startswith(("fsdpv", BRIDGE)):
+        if _stale(name):
             subprocess.run(["ip", "link", "del", name], capture_output=True)
-    for name in (
-        [f"fsdp-pod{i}" for i in range(8)] + [f"fsdp-n{i}" for i in range(16)] + ["fsdp-store"]
-    ):
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for name in [line.split()[0] for line in listed.splitlines() if line.strip()]:
+        if not _stale(name):
+            continue
         pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
         for pid in pids.stdout.split():
             with contextlib.suppress(ProcessLookupError):
@@ -378,6 +388,20 @@ def cluster(root: Path) -> Iterator[Cluster]:
         yield c
     finally:
         c.teardown()
+
+
+def _stale(name: str) -> bool:
+    """A link or namespace made by a pod-test run that no longer exists."""
+    match = _OWNED.match(name)
+    if match is None or int(match.group(1)) == RUN:
+        return match is not None
+    try:
+        os.kill(int(match.group(1)), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def new_job_uid() -> str:

@@ -402,7 +402,7 @@ def _spare_command(spare_objects: list[dict]) -> list[str]:
     return container["command"]
 
 
-def _node_loss_run(tmp_path: Path, *, spares: int, after=None):
+def _node_loss_run(tmp_path: Path, *, restart: str, spares: int, after=None):
     """The 2-node Job on the emulated control plane with `spares` spare nodes; pod 1's node is
     lost at step 6. Returns the Job's result, the Job, the control plane and the fault time."""
     state: dict = {}
@@ -425,7 +425,7 @@ def _node_loss_run(tmp_path: Path, *, spares: int, after=None):
     result, job = _run(
         tmp_path,
         TWO_NODES,
-        restart="injob",
+        restart=restart,
         env=TWO_PODS,
         when_step=(6, lose),
         control_plane=plane,
@@ -434,9 +434,13 @@ def _node_loss_run(tmp_path: Path, *, spares: int, after=None):
     return result, job, state
 
 
-@pytest.mark.parametrize("spares", [1, 0], ids=["with-spare", "no-spare"])
+@pytest.mark.parametrize(
+    ("restart", "spares"),
+    [("injob", 1), ("injob", 0), ("nested", 1)],
+    ids=["injob-with-spare", "injob-no-spare", "nested-with-spare"],
+)
 def test_a_lost_node_is_replaced_and_the_run_ends_identical(
-    tmp_path: Path, reference: dict, spares: int
+    tmp_path: Path, reference: dict, restart: str, spares: int
 ) -> None:
     """Pod 1's node stops answering at step 6: its network cut, its processes frozen. The
     surviving launcher restarts its worker when the step section times out and waits in the
@@ -452,7 +456,7 @@ def test_a_lost_node_is_replaced_and_the_run_ends_identical(
         frozen["pids"] = pods.netns_pids(state["node"].netns)
         frozen["states"] = {_proc_state(pid) for pid in frozen["pids"]}
 
-    result, job, state = _node_loss_run(tmp_path, spares=spares, after=look)
+    result, job, state = _node_loss_run(tmp_path, restart=restart, spares=spares, after=look)
     log = _logs(tmp_path)
     assert result.status == "Complete", f"{result}\n{log}"
     # The lost pod: failed by the control plane (no exit code), replaced on another node.
@@ -470,7 +474,7 @@ def test_a_lost_node_is_replaced_and_the_run_ends_identical(
     )
     joins = control.boot_and_pull_s - control.terminate_s - control.podgc_s
     print(
-        f"\n[node loss] spares={spares}: fault -> first step {recovery:.1f} s "
+        f"\n[node loss] {restart} spares={spares}: fault -> first step {recovery:.1f} s "
         f"(control plane scaled x{SCALE:.4f}: pod Failed after {failed_after:.1f} s"
         f"{'' if spares else f', the new node joins {joins:.1f} s later'})"
         f"\n{plane.timeline(since=state['time'])}"
