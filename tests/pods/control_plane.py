@@ -18,7 +18,9 @@ its documentation or source, with the production durations scaled down by `SCALE
 - the scheduler places a pod on a free node, else preempts a spare's placeholder (priority
   below the trainers', grace 0: it is killed and the node is free at once; kubernetes.io,
   "Pod Priority and Preemption"), else leaves it Pending until the repaired node has booted,
-  joined and pulled the image.
+  joined and pulled the image;
+- the spares' Deployment replaces a preempted placeholder; the new one stays Pending until the
+  repaired node joins and then lands there: the group is back at N + K spares.
 The lost pod's processes are never killed by any of this: its node cannot be reached. They stay
 frozen, cut off, until the test thaws them.
 """
@@ -119,6 +121,8 @@ class ControlPlane:
         """time.time() at which a repaired (new) node has joined with the image pulled."""
         self.pods: dict[int, Pod] = {}
         self.losses: list[_Loss] = []
+        self.preempted = 0
+        """Placeholders preempted and not yet back: the Deployment's Pending replicas."""
         self.events: list[tuple[float, str]] = []
         self._lock = threading.Lock()
 
@@ -143,6 +147,7 @@ class ControlPlane:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(placeholder.pid, signal.SIGKILL)
                 placeholder.wait()
+                self.preempted += 1
                 self._event(f"pod {index}: preempted the spare on {node.name}")
                 return node
             due = [t for t in self.joins if t <= now]
@@ -203,12 +208,24 @@ class ControlPlane:
         self.cluster.kill_netns(loss.node.netns)
         return loss.process.wait()
 
+    def spare_nodes(self) -> list[str]:
+        """The nodes a placeholder holds now."""
+        with self._lock:
+            return [node.name for node, _ in self.spares]
+
     def failed_pods(self) -> dict[str, tuple[str, tuple[str, ...]]]:
-        """Pods PodGC has just made Failed: pod name -> (its node, its True conditions)."""
+        """Pods PodGC has just made Failed: pod name -> (its node, its True conditions). Also
+        lands the spares' Pending placeholders on repaired nodes that have joined."""
         t = self.times
         out: dict[str, tuple[str, tuple[str, ...]]] = {}
         with self._lock:
             now = time.time()
+            for at in [at for at in self.joins if at <= now and self.preempted > 0]:
+                self.joins.remove(at)
+                self.preempted -= 1
+                node = self.cluster.add_node()
+                self._hold(node)
+                self._event(f"{node.name} joined: the spares' placeholder lands on it")
             for loss in self.losses:
                 if loss.reported:
                     continue

@@ -1,7 +1,8 @@
 """The EKS Job's exact trainer command, run in emulated pods (see tests/pods/emulator.py).
 
 Run: sudo .venv/bin/pytest tests/pods -s   (root: network and mount namespaces; CI is root;
-about 8 minutes on 2 cores; `-s` prints each fault's measured recovery time)
+about 20 minutes on 2 cores, the node-loss tests 3-4 minutes each; `-s` prints each fault's
+measured recovery time and the emulated control plane's timeline)
 
 Emulated, because they cannot exist here: the API server and Job controller (emulator.run_job
 follows their documented behaviour), the GPU and EFA. Only CPU sizes change, through values the
@@ -449,12 +450,20 @@ def test_a_lost_node_is_replaced_and_the_run_ends_identical(
     (its placeholder preempted) or, without one, on the repaired node once it has booted and
     pulled the image; it joins with a new IP, every rank restores the newest checkpoint, and
     the run ends bit-identical to the fault-free one. The frozen pod is never killed by the
-    control plane: it is still frozen when the Job completes."""
+    control plane: it is still frozen when the Job completes. The repaired node then takes
+    the used spare's place (the spares' Deployment lands its Pending placeholder there)."""
     frozen: dict = {}
 
     def look(state: dict, pods: emulator.Cluster) -> None:
         frozen["pids"] = pods.netns_pids(state["node"].netns)
         frozen["states"] = {_proc_state(pid) for pid in frozen["pids"]}
+        # The repaired node joins and takes the preempted spare's place: N + K again.
+        plane = state["plane"]
+        deadline = time.monotonic() + 60
+        while spares and len(plane.spare_nodes()) < spares and time.monotonic() < deadline:
+            plane.failed_pods()
+            time.sleep(0.1)
+        frozen["spares"] = plane.spare_nodes()
 
     result, job, state = _node_loss_run(tmp_path, restart=restart, spares=spares, after=look)
     log = _logs(tmp_path)
@@ -464,6 +473,9 @@ def test_a_lost_node_is_replaced_and_the_run_ends_identical(
     lost_node, new_node = result.nodes[1]
     assert lost_node == state["node"].name and new_node != lost_node
     assert frozen["pids"] and frozen["states"] == {"T"}, frozen
+    # With a spare: the one used is gone from the pool, the repaired node holds its place.
+    assert len(frozen["spares"]) == spares, frozen
+    assert not set(result.nodes[1]) & set(frozen["spares"]), frozen
     _assert_identical(_final_state(tmp_path, job), reference)
     assert {m["step"] for m in _metrics(tmp_path, job)} == set(range(1, STEPS + 1))
     plane = state["plane"]
