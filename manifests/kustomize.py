@@ -31,6 +31,7 @@ from manifests.render import (
     STORE_IMAGE_NAME,
     job_objects,
     shared_objects,
+    spare_objects,
     to_yaml,
 )
 
@@ -42,7 +43,7 @@ def kustomize_tree() -> dict[str, Any]:
         image=IMAGE_NAME,
         store_image=STORE_IMAGE_NAME,
         **PLACEHOLDER_FSX,
-    ) + job_objects(overlay=BASE_OVERLAY, namespace=DEFAULT_NAMESPACE, image=IMAGE_NAME)
+    ) + _overlay_objects(BASE_OVERLAY)
     files: dict[str, Any] = {}
     resources = []
     for obj in base_objects:
@@ -76,10 +77,10 @@ def kustomize_tree() -> dict[str, Any]:
             for key, field in pv_fields.items()
         ],
     }
-    base_job = job_objects(overlay=BASE_OVERLAY, namespace=DEFAULT_NAMESPACE, image=IMAGE_NAME)
+    base_job = _overlay_objects(BASE_OVERLAY)
     for overlay in OVERLAYS:
         patches = []
-        new = job_objects(overlay=overlay, namespace=DEFAULT_NAMESPACE, image=IMAGE_NAME)
+        new = _overlay_objects(overlay)
         for old_obj, new_obj in zip(base_job, new, strict=True):
             ops = jsonpatch.make_patch(old_obj, new_obj).patch
             if ops:
@@ -94,6 +95,13 @@ def kustomize_tree() -> dict[str, Any]:
             **({"patches": patches} if patches else {}),
         }
     return files
+
+
+def _overlay_objects(overlay: str) -> list[dict]:
+    """What an overlay patches: its Job and Service, and its spares (their count)."""
+    return job_objects(overlay=overlay, namespace=DEFAULT_NAMESPACE, image=IMAGE_NAME) + (
+        spare_objects(overlay=overlay, namespace=DEFAULT_NAMESPACE, image=IMAGE_NAME)
+    )
 
 
 def _header(rel: str) -> str:

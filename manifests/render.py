@@ -7,6 +7,8 @@ Three users, one source (`sizes.py` + the builders below):
 - kubectl users run `kubectl apply -k manifests/overlays/<name>`; those YAML files are
   generated from the same builders by `python -m manifests.kustomize write` (placeholders for
   the image and FSx ids), and a test fails when they drift.
+`spare_objects(...)` (an overlay's hot spares) is in the kustomize overlays; the launcher and
+the CDK app do not apply it yet (docs/node-loss.md).
 
 Pure Python + PyYAML: no kubectl, no cluster, no AWS.
 """
@@ -72,6 +74,26 @@ before the size left the claim, so a stack first deployed with the default keeps
 it is. Never change it: every deployed claim carries it. The real size is in FSx and in the
 ConfigMap (FSX_STORAGE_CAPACITY); the FSx CSI driver ignores a static volume's capacity (its
 static-provisioning example: aws-fsx-csi-driver, examples/kubernetes/static_provisioning)."""
+SPARES = "fsdp-spares"
+"""The hot spares' Deployment: placeholder pods that hold spare GPU nodes (spare_objects)."""
+SPARE = "spare"
+"""The spares' component label (and their container's name)."""
+SPARE_PRIORITY_CLASS = "fsdp-spare"
+SPARE_PRIORITY = -100
+"""Below every pod without a class (0, the trainers'): the scheduler preempts a spare to place
+a trainer pod that fits nowhere else (kubernetes.io/docs: "Pod Priority and Preemption"). A
+negative value is what the cluster autoscaler's over-provisioning placeholders use (its FAQ,
+"How can I configure overprovisioning with Cluster Autoscaler?")."""
+SPARE_COMMAND = ("sleep", "infinity")
+"""What a spare runs in the trainer's image: nothing, so the image is pulled and the node is
+held. As PID 1 it ignores SIGTERM, so its grace period is 0: a preempted spare frees its node
+at once."""
+NODE_LOSS_TOLERATION_SECONDS = 30
+"""How long a trainer pod stays bound to a node that turned NotReady or unreachable before the
+taint eviction controller deletes it (the DefaultTolerationSeconds admission plugin would give
+300). Deleted, the pod carries the DisruptionTarget condition, so its failure is Ignored by the
+pod failure policy, and a node that comes back kills it at once instead of rejoining a run that
+went on without it (docs/node-loss.md)."""
 TTL_SECONDS_AFTER_FINISHED = 86400  # a finished Job (and its logs) stays a day, then goes
 SCRATCH = "/scratch"
 NODE_SCRATCH = "/mnt/k8s-disks/0/eks-fsdp-resilient"
@@ -506,7 +528,20 @@ def _job(*, size: OverlaySize, namespace: str, image: str, command: list[str]) -
         "terminationGracePeriodSeconds": size.grace_seconds,
         # One pod per node follows from requesting every GPU; the selector picks the node type.
         "nodeSelector": {"node.kubernetes.io/instance-type": node.name},
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "tolerations": [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            # The node lifecycle controller's taints for a node that stopped answering
+            # (unreachable: Ready=Unknown) or reports itself not ready (not-ready: Ready=False).
+            *(
+                {
+                    "key": f"node.kubernetes.io/{key}",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": NODE_LOSS_TOLERATION_SECONDS,
+                }
+                for key in ("unreachable", "not-ready")
+            ),
+        ],
         "initContainers": [prepare],
         "containers": [container],
         "volumes": [
@@ -529,7 +564,11 @@ def _job(*, size: OverlaySize, namespace: str, image: str, command: list[str]) -
             "backoffLimit": size.backoff_limit,
             "ttlSecondsAfterFinished": TTL_SECONDS_AFTER_FINISHED,
             # A replacement pod starts only once the old one is gone: no two pods share a
-            # hostname (rank), and the old one finishes its final checkpoint first.
+            # hostname (rank), and the old one finishes its final checkpoint first. It is also
+            # the only value the API allows with a podFailurePolicy (JobSpec.podReplacementPolicy;
+            # kubernetes pkg/apis/batch/validation validatePodReplacementPolicy), so a pod on a
+            # lost node is replaced once it is Failed, not when it starts terminating
+            # (docs/node-loss.md: what makes it Failed, and how soon).
             "podReplacementPolicy": "Failed",
             "podFailurePolicy": {
                 # Rules apply in order, the first match wins; no match counts the failure
@@ -569,6 +608,89 @@ def _job(*, size: OverlaySize, namespace: str, image: str, command: list[str]) -
     }
 
 
+# --- hot spares: placeholder pods that hold spare nodes ---------------------------------------
+
+
+def spare_objects(*, overlay: str, namespace: str, image: str) -> list[dict]:
+    """The PriorityClass and the Deployment of `overlay`'s hot spares: `spares` placeholder
+    pods, each holding one whole GPU node (the trainer pod's own requests, node selector and
+    tolerations, copied from the Job) with the trainer's image pulled, running `sleep`.
+
+    A replacement trainer pod that fits on no free node preempts one (its class is below the
+    trainers'), and the node is free the moment the placeholder is killed (grace 0); the
+    Deployment's new placeholder then waits, Pending, for the node that repair brings back,
+    and pulls the image there. Nothing else lands on a spare: the GPU nodes' NoSchedule taint
+    keeps off every pod that does not tolerate it, and the placeholder holds every GPU, EFA
+    interface and huge page of the node, so only a pod that may preempt it (priority above
+    SPARE_PRIORITY: the training and preflight Jobs) can take its place. A spare never
+    preempts anything itself (preemptionPolicy Never)."""
+    size = size_of(overlay)
+    job = next(
+        o
+        for o in job_objects(overlay=overlay, namespace=namespace, image=image)
+        if o["kind"] == "Job"
+    )
+    pod = job["spec"]["template"]["spec"]
+    (trainer,) = [c for c in pod["containers"] if c["name"] == CONTAINER]
+    labels = _labels(SPARE)
+    return [
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": SPARE_PRIORITY_CLASS, "labels": labels},
+            "value": SPARE_PRIORITY,
+            "globalDefault": False,
+            "preemptionPolicy": "Never",
+            "description": "Hot spare placeholders: any training pod preempts them.",
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": SPARES, "namespace": namespace, "labels": labels},
+            "spec": {
+                "replicas": size.spares,
+                # A new image rolls one spare at a time and never needs a node more than the
+                # group holds.
+                "strategy": {
+                    "type": "RollingUpdate",
+                    "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+                },
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "serviceAccountName": SERVICE_ACCOUNT,
+                        "priorityClassName": SPARE_PRIORITY_CLASS,
+                        "terminationGracePeriodSeconds": 0,
+                        "enableServiceLinks": False,
+                        "nodeSelector": dict(pod["nodeSelector"]),
+                        "tolerations": [dict(t) for t in pod["tolerations"]],
+                        # One spare per node, stated, though every GPU request already says it.
+                        "affinity": {
+                            "podAntiAffinity": {
+                                "requiredDuringSchedulingIgnoredDuringExecution": [
+                                    {
+                                        "labelSelector": {"matchLabels": labels},
+                                        "topologyKey": "kubernetes.io/hostname",
+                                    }
+                                ]
+                            }
+                        },
+                        "containers": [
+                            {
+                                "name": SPARE,
+                                "image": image,
+                                "command": list(SPARE_COMMAND),
+                                "resources": {k: dict(v) for k, v in trainer["resources"].items()},
+                            }
+                        ],
+                    },
+                },
+            },
+        },
+    ]
+
+
 # --- the committed kustomize tree, generated from the builders above ---------------------------
 
 MANIFESTS_DIR = Path(__file__).resolve().parent
@@ -580,6 +702,7 @@ def placeholder_objects(*, overlay: str) -> list[dict]:
     return [
         *shared_objects(namespace=DEFAULT_NAMESPACE, image=PLACEHOLDER_IMAGE, **PLACEHOLDER_FSX),
         *job_objects(overlay=overlay, namespace=DEFAULT_NAMESPACE, image=PLACEHOLDER_IMAGE),
+        *spare_objects(overlay=overlay, namespace=DEFAULT_NAMESPACE, image=PLACEHOLDER_IMAGE),
     ]
 
 

@@ -574,7 +574,7 @@ def test_snapshot(overlay, snapshot):
 def test_render_cli_show(capsys):
     assert kustomize.main(["show", "smoke"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
-    assert [d["kind"] for d in docs][-2:] == ["Service", "Job"]
+    assert [d["kind"] for d in docs][-4:] == ["Service", "Job", "PriorityClass", "Deployment"]
 
 
 def test_the_pods_shell_scripts_pass_shellcheck():
@@ -587,3 +587,78 @@ def test_the_pods_shell_scripts_pass_shellcheck():
     job = render.job_objects(overlay="smoke", namespace="ns", image="img")[1]
     (init,) = job["spec"]["template"]["spec"]["initContainers"]
     assert init["command"] == ["bash", "-c", (ROOT / "scripts" / "prepare-data.sh").read_text()]
+
+
+# --- hot spares and node loss (docs/node-loss.md) -----------------------------------------------
+
+
+def _spares(overlay: str) -> tuple[dict, dict]:
+    objs = render.spare_objects(overlay=overlay, namespace="ns", image="img:1")
+    (pclass,) = [o for o in objs if o["kind"] == "PriorityClass"]
+    (deployment,) = [o for o in objs if o["kind"] == "Deployment"]
+    return pclass, deployment
+
+
+@pytest.mark.parametrize("overlay", render.OVERLAYS)
+def test_spares_hold_whole_nodes_that_a_trainer_pod_preempts(overlay):
+    """One placeholder per spare node: the trainer's image and its exact requests, selector and
+    tolerations (so it takes the node a replacement needs), a class below every trainer pod
+    (priority 0: no class) that never preempts, and no grace period (SIGTERM is ignored by
+    `sleep` as PID 1; a preempted spare frees its node at once)."""
+    size = SIZES[overlay]
+    pclass, deployment = _spares(overlay)
+    job = _job(render.job_objects(overlay=overlay, namespace="ns", image="img:1"))
+    job_pod = job["spec"]["template"]["spec"]
+    (trainer,) = job_pod["containers"]
+    pod = deployment["spec"]["template"]["spec"]
+    (spare,) = pod["containers"]
+
+    assert deployment["spec"]["replicas"] == size.spares
+    assert size.node_count == size.nodes + size.spares
+    assert pclass["value"] < 0 and "priorityClassName" not in job_pod
+    assert pclass["preemptionPolicy"] == "Never" and pclass["globalDefault"] is False
+    assert pod["priorityClassName"] == pclass["metadata"]["name"]
+    assert pod["terminationGracePeriodSeconds"] == 0
+    assert spare["image"] == trainer["image"]
+    assert spare["command"] == ["sleep", "infinity"]
+    assert spare["resources"] == trainer["resources"]
+    assert pod["nodeSelector"] == job_pod["nodeSelector"]
+    assert pod["tolerations"] == job_pod["tolerations"]
+    (term,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    # The trainer's NetworkPolicy peer label is not the spares': they never reach the store.
+    assert deployment["metadata"]["labels"]["app.kubernetes.io/component"] == render.SPARE
+
+
+def test_spare_counts_per_overlay():
+    """smoke keeps none; the multi-node overlays keep one (manifests/sizes.py says why)."""
+    assert {o: SIZES[o].spares for o in render.OVERLAYS} == {"smoke": 0, "2node": 1, "16node": 1}
+
+
+def test_a_negative_spare_count_is_refused_naming_the_field():
+    from manifests.sizes import OverlaySize
+
+    with pytest.raises(ValueError, match="overlay x: spares must be >= 0"):
+        OverlaySize(name="x", nodes=2, recipe="p5_8b", spares=-1)
+
+
+@pytest.mark.parametrize("overlay", render.OVERLAYS)
+def test_trainer_pods_leave_a_lost_node_after_30_s_not_300(overlay):
+    """Their own NoExecute tolerations for the node lifecycle controller's taints replace the
+    300 s ones the DefaultTolerationSeconds admission plugin would add; the Job keeps
+    podReplacementPolicy Failed, the only value allowed with a podFailurePolicy, and the
+    DisruptionTarget rule that keeps a taint eviction off backoffLimit."""
+    job = _job(render.job_objects(overlay=overlay, namespace="ns", image="i"))
+    tolerations = {t["key"]: t for t in job["spec"]["template"]["spec"]["tolerations"]}
+    for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"):
+        assert tolerations[key] == {
+            "key": key,
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": render.NODE_LOSS_TOLERATION_SECONDS,
+        }
+    assert render.NODE_LOSS_TOLERATION_SECONDS < 300
+    assert job["spec"]["podReplacementPolicy"] == "Failed" and job["spec"]["podFailurePolicy"]
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]} in rules

@@ -124,9 +124,9 @@ def test_spare_count_comes_from_the_product_row_when_it_has_one(
 
     import planner.spares as sp
 
-    # Today no row has a spares field (issue #28 adds it): the recommendation is used.
-    assert sp.product_spares(nodes=16) is None
-    got = sp.spares_in_force(nodes=16, given=None, recommended=3)
+    # The product's rows (manifests/sizes.py) carry the count; a size without a row does not.
+    assert sp.product_spares(nodes=16) == (1, "manifests.sizes:16node")
+    got = sp.spares_in_force(nodes=64, given=None, recommended=3)
     assert (got.count, got.origin) == (3, "recommended")
     rows = {"16node": SimpleNamespace(nodes=16, spares=2), "2node": SimpleNamespace(nodes=2)}
     monkeypatch.setattr(sp, "SIZES", rows)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -27,11 +28,23 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from manifests import render
 
-BRIDGE = "fsdpbr0"
-SUBNET = "10.231.7"
+if TYPE_CHECKING:
+    from control_plane import ControlPlane
+
+RUN = os.getpid()
+"""Every bridge, link and namespace this process makes carries its pid, so two runs of the pod
+tests on one machine (a CI run beside a developer's) neither share nor tear down each other's;
+a crashed run's leftovers are removed by the next run once that pid is gone."""
+BRIDGE = f"fbr{RUN}"
+NETNS = f"fsdp{RUN}-"
+"""The prefix of this run's network namespaces."""
+SUBNET = f"10.{200 + RUN % 50}.{RUN // 50 % 250}"
+"""A /24 of its own per pid (two live runs collide only when their pids agree modulo 12,500)."""
+_OWNED = re.compile(r"^(?:fbr|fv|fsdp)(\d+)")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -67,6 +80,8 @@ class Pod:
     termination_log: Path
     """The file bound at the container's terminationMessagePath."""
     message_policy: str
+    netns: str
+    """The network namespace the pod runs in: its node's."""
 
     def wait(self, timeout: float) -> int:
         return self.process.wait(timeout=timeout)
@@ -83,6 +98,17 @@ class Pod:
         return tail.encode()[-2048:].decode(errors="replace")
 
 
+@dataclass(frozen=True)
+class Node:
+    """An emulated node: a network namespace with its own IP on the bridge."""
+
+    name: str
+    netns: str
+    ip: str
+    host_if: str
+    """The bridge side of its veth: down is a node whose network is cut."""
+
+
 @dataclass
 class Cluster:
     """One bridge, the rendezvous store's namespace, and a namespace per pod slot."""
@@ -92,17 +118,39 @@ class Cluster:
     netns: list[str] = field(default_factory=list)
     hosts: dict[str, str] = field(default_factory=dict)
     store: subprocess.Popen | None = None
+    nodes: list[Node] = field(default_factory=list)
 
-    def _add_netns(self, name: str, ip: str) -> None:
+    def _add_netns(self, name: str, ip: str) -> str:
         _sh("ip", "netns", "add", name)
         self.netns.append(name)
-        host_if, pod_if = f"fsdpv{len(self.netns)}h", f"fsdpv{len(self.netns)}p"
+        host_if, pod_if = f"fv{RUN}x{len(self.netns)}h", f"fv{RUN}x{len(self.netns)}p"
         _sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", pod_if)
         _sh("ip", "link", "set", host_if, "master", BRIDGE, "up")
         _sh("ip", "link", "set", pod_if, "netns", name)
         _sh("ip", "netns", "exec", name, "ip", "addr", "add", f"{ip}/24", "dev", pod_if)
         _sh("ip", "netns", "exec", name, "ip", "link", "set", pod_if, "up")
         _sh("ip", "netns", "exec", name, "ip", "link", "set", "lo", "up")
+        return host_if
+
+    def add_node(self) -> Node:
+        """A new node (a fresh network namespace and IP), as a new instance joining."""
+        k = len(self.nodes)
+        name, ip = f"{NETNS}n{k}", f"{SUBNET}.{100 + k}"
+        node = Node(name=f"node-{k}", netns=name, ip=ip, host_if=self._add_netns(name, ip))
+        self.nodes.append(node)
+        return node
+
+    def run_on_node(self, node: Node, *, argv: list[str], log: Path) -> subprocess.Popen:
+        """A container with no volumes and no environment of its own on `node` (a spare's
+        placeholder)."""
+        return self._run_in(
+            netns=node.netns,
+            hostname=node.name,
+            mounts={},
+            argv=argv,
+            env=self._base_env(),
+            log=log,
+        )
 
     def _write_hosts(self) -> Path:
         path = self.root / "hosts"
@@ -162,9 +210,9 @@ class Cluster:
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         ip = f"{SUBNET}.2"
         self.hosts[f"{render.RDZV_STORE}.{self.namespace}"] = ip
-        self._add_netns("fsdp-store", ip)
+        self._add_netns(f"{NETNS}store", ip)
         self.store = self._run_in(
-            netns="fsdp-store",
+            netns=f"{NETNS}store",
             hostname="store",
             mounts={},
             argv=[*container["command"], *container["args"]],
@@ -187,7 +235,7 @@ class Cluster:
         name = f"{job}-{index}"
         self.hosts[f"{name}.{job}"] = ip
         self.hosts[name] = ip
-        self._add_netns(f"fsdp-pod{index}", ip)
+        self._add_netns(f"{NETNS}pod{index}", ip)
         return ip
 
     def _container_env(
@@ -208,17 +256,23 @@ class Cluster:
         job_uid: str,
         env_overrides: dict[str, str],
         attempt: int,
+        on: Node | None = None,
     ) -> Pod:
         """The Job's pod for completion index `index`, as the kubelet runs it: each init
-        container to completion, then the trainer container."""
+        container to completion, then the trainer container. `on`: the node the scheduler
+        chose (default: the index's own slot, `add_pod_slot`); the pod's DNS names follow it."""
         name = f"{job['metadata']['name']}-{index}"
+        if on is not None:
+            self.hosts[name] = self.hosts[f"{name}.{job['metadata']['name']}"] = on.ip
+            self._write_hosts()
         ip = self.hosts[name]
+        netns = on.netns if on is not None else f"{NETNS}pod{index}"
         spec = job["spec"]["template"]["spec"]
         # Set by the Job controller and the runtime in every container of the pod.
         pod_env = {"JOB_COMPLETION_INDEX": str(index), "HOSTNAME": name}
         # The scheduler's choice: every pod start lands on a node of its own (a cluster with
         # a spare node; on a full one a replacement can meet the same node again).
-        node = node_name(index=index, attempt=attempt)
+        node = on.name if on is not None else node_name(index=index, attempt=attempt)
         downward = {"POD_IP": ip, "JOB_UID": job_uid, "NODE_NAME": node}
         scratch = self.root / f"scratch-{index}-{attempt}"
         scratch.mkdir(parents=True, exist_ok=True)
@@ -238,7 +292,7 @@ class Cluster:
             }
             argv = [expand(a, env) for a in (*container["command"], *container.get("args", []))]
             return self._run_in(
-                netns=f"fsdp-pod{index}",
+                netns=netns,
                 hostname=name,
                 mounts={**mounts, **(extra_mounts or {})},
                 argv=argv,
@@ -260,20 +314,38 @@ class Cluster:
             node=node,
             termination_log=termination_log,
             message_policy=container.get("terminationMessagePolicy", "File"),
+            netns=netns,
         )
 
     def pids(self, index: int) -> list[int]:
         """Every process in pod `index` (its network namespace)."""
-        out = subprocess.run(
-            ["ip", "netns", "pids", f"fsdp-pod{index}"], capture_output=True, text=True
-        ).stdout
+        return self.netns_pids(f"{NETNS}pod{index}")
+
+    def netns_pids(self, netns: str) -> list[int]:
+        out = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout
         return [int(pid) for pid in out.split()]
 
     def kill_pod(self, index: int) -> None:
         """The node under pod `index` dies: every process in it is SIGKILLed at once."""
-        for pid in self.pids(index):
+        self.kill_netns(f"{NETNS}pod{index}")
+
+    def kill_netns(self, netns: str) -> None:
+        for pid in self.netns_pids(netns):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+    def signal_netns(self, netns: str, sig: int) -> list[int]:
+        """Send `sig` to every process in `netns`; the pids it reached."""
+        reached = []
+        for pid in self.netns_pids(netns):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+                reached.append(pid)
+        return reached
+
+    def set_link(self, node: Node, *, up: bool) -> None:
+        """Cut (or restore) `node`'s network: the bridge side of its veth down (up)."""
+        _sh("ip", "link", "set", node.host_if, "up" if up else "down")
 
     def teardown(self) -> None:
         if self.store is not None:
@@ -292,13 +364,16 @@ class Cluster:
 @contextlib.contextmanager
 def cluster(root: Path) -> Iterator[Cluster]:
     """Set up the bridge; tear down every namespace, link and process it made."""
-    # Whatever a crashed earlier run left behind.
+    # Whatever a crashed earlier run left behind: names whose run (pid) is gone.
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     for line in links.splitlines():
         name = line.split(": ")[1].split("@")[0]
-        if name.startswith(("fsdpv", BRIDGE)):
+        if _stale(name):
             subprocess.run(["ip", "link", "del", name], capture_output=True)
-    for name in [f"fsdp-pod{i}" for i in range(8)] + ["fsdp-store"]:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for name in [line.split()[0] for line in listed.splitlines() if line.strip()]:
+        if not _stale(name):
+            continue
         pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
         for pid in pids.stdout.split():
             with contextlib.suppress(ProcessLookupError):
@@ -315,6 +390,20 @@ def cluster(root: Path) -> Iterator[Cluster]:
         c.teardown()
 
 
+def _stale(name: str) -> bool:
+    """A link or namespace made by a pod-test run that no longer exists."""
+    match = _OWNED.match(name)
+    if match is None or int(match.group(1)) == RUN:
+        return match is not None
+    try:
+        os.kill(int(match.group(1)), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def new_job_uid() -> str:
     return str(uuid.uuid4())
 
@@ -324,9 +413,10 @@ class JobResult:
     status: str
     """"Complete", "Failed", or "Deleted" (every pod was sent SIGTERM: a drain or a delete)."""
     reason: str
-    exit_codes: dict[int, list[int]]
+    exit_codes: dict[int, list[int | None]]
     """Completion index -> exit code of each pod it ran, in order (a signal N reads 128 + N,
-    as the kubelet reports it)."""
+    as the kubelet reports it; None: the control plane failed the pod, whose container never
+    reported an exit, e.g. on a lost node)."""
     messages: dict[int, list[str]] = field(default_factory=dict)
     """Completion index -> each pod's termination message, in order."""
     nodes: dict[int, list[str]] = field(default_factory=dict)
@@ -337,14 +427,23 @@ def node_name(*, index: int, attempt: int) -> str:
     return f"node-{index}-{attempt}"
 
 
-def pod_failure_action(job: dict, *, container: str, exit_code: int) -> str:
-    """The Job's podFailurePolicy for a container that exited `exit_code` (Kubernetes docs,
-    Job: "Pod failure policy"; the API's PodFailurePolicy: rules are evaluated in order, the
-    first match wins, no match means the default handling, Count). Only onExitCodes rules can
-    match here: the emulated pods carry no conditions such as DisruptionTarget."""
+def pod_failure_action(
+    job: dict, *, container: str, exit_code: int | None, conditions: tuple[str, ...] = ()
+) -> str:
+    """The Job's podFailurePolicy for a failed pod (Kubernetes docs, Job: "Pod failure
+    policy"; the API's PodFailurePolicy: rules are evaluated in order, the first match wins,
+    no match means the default handling, Count). `exit_code`: the container's, None when it
+    never terminated (its node was lost: onExitCodes rules match terminated containers only);
+    `conditions`: the pod's True conditions (DisruptionTarget, set by the taint eviction
+    controller and PodGC)."""
     for rule in job["spec"].get("podFailurePolicy", {}).get("rules", []):
+        if "onPodConditions" in rule:
+            wanted = {c["type"] for c in rule["onPodConditions"]}
+            if wanted & set(conditions):
+                return rule["action"]
+            continue
         on = rule.get("onExitCodes")
-        if on is None or on.get("containerName", container) != container:
+        if on is None or exit_code is None or on.get("containerName", container) != container:
             continue
         listed = exit_code in on["values"]
         if listed == (on["operator"] == "In"):
@@ -379,6 +478,7 @@ def run_job(
     timeout_s: float,
     on_start: Callable[[int, int, Pod], None] | None = None,
     delete: threading.Event | None = None,
+    control_plane: ControlPlane | None = None,
 ) -> JobResult:
     """The Job controller's documented behaviour for an Indexed Job with restartPolicy Never:
     a failed pod's exit code goes through the pod failure policy (`pod_failure_action`):
@@ -388,7 +488,10 @@ def run_job(
     every index succeeded.
     `on_start(index, attempt, pod)` lets a test watch a pod; setting `delete` terminates every
     pod as the kubelet does for a drain or `kubectl delete job` (SIGTERM to the container's
-    main process, SIGKILL after terminationGracePeriodSeconds) and ends the Job "Deleted"."""
+    main process, SIGKILL after terminationGracePeriodSeconds) and ends the Job "Deleted".
+    `control_plane` (tests/pods/control_plane.py) places pods on nodes and fails the pods of
+    lost nodes, by the node lifecycle, taint eviction and PodGC rules; without it each index
+    has a node slot of its own."""
     spec = job["spec"]
     grace_s = spec["template"]["spec"]["terminationGracePeriodSeconds"]
     (container,) = spec["template"]["spec"]["containers"]
@@ -397,10 +500,19 @@ def run_job(
     messages: dict[int, list[str]] = {i: [] for i in range(spec["completions"])}
     nodes: dict[int, list[str]] = {i: [] for i in range(spec["completions"])}
     running: dict[int, Pod] = {}
-    for index in range(spec["completions"]):
-        c.add_pod_slot(job=job["metadata"]["name"], index=index)
+    pending: dict[int, tuple[int, float]] = {}
+    """Index -> (attempt, when its node is ready): created, not yet placed."""
+    if control_plane is None:
+        for index in range(spec["completions"]):
+            c.add_pod_slot(job=job["metadata"]["name"], index=index)
 
     def start(index: int, attempt: int) -> None:
+        on = None
+        if control_plane is not None:
+            on = control_plane.place(index)
+            if on is None:  # no free node yet: Pending until one joins
+                pending[index] = (attempt, control_plane.node_ready_at())
+                return
         running[index] = c.start_pod(
             job=job,
             config_map=config_map,
@@ -408,14 +520,17 @@ def run_job(
             job_uid=job_uid,
             env_overrides=env_overrides,
             attempt=attempt,
+            on=on,
         )
         nodes[index].append(running[index].node)
+        if control_plane is not None:
+            control_plane.bound(index, running[index])
         if on_start:
             on_start(index, attempt, running[index])
 
-    def ended(index: int, pod: Pod, code: int) -> None:
+    def ended(index: int, pod: Pod, code: int | None) -> None:
         codes[index].append(code)
-        messages[index].append(pod.termination_message(code))
+        messages[index].append("" if code is None else pod.termination_message(code))
 
     def result(status: str, reason: str) -> JobResult:
         return JobResult(
@@ -424,7 +539,7 @@ def run_job(
 
     def stop_all() -> None:  # the controller deletes the Job's other pods
         for other in running.values():
-            c.kill_pod(other.index)
+            c.kill_netns(other.netns)
             other.process.wait()
 
     def fail(reason: str) -> JobResult:
@@ -439,7 +554,7 @@ def run_job(
             try:
                 code = pod.process.wait(timeout=max(end - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
-                c.kill_pod(index)
+                c.kill_netns(pod.netns)
                 code = pod.process.wait()
             ended(index, pod, container_exit_code(code))
         running.clear()
@@ -448,22 +563,34 @@ def run_job(
     for index in range(spec["completions"]):
         start(index, 0)
     deadline = time.monotonic() + timeout_s
-    while running:
+    while running or pending:
         if delete is not None and delete.is_set():
             return terminate()
         if time.monotonic() > deadline:
             return fail("emulator timeout")
+        for index, (attempt, ready_at) in list(pending.items()):
+            if time.monotonic() >= ready_at:
+                del pending[index]
+                start(index, attempt)
+        lost = control_plane.failed_pods() if control_plane is not None else {}
         for index, pod in list(running.items()):
-            returncode = pod.process.poll()
-            if returncode is None:
-                continue
-            code = container_exit_code(returncode)
+            if pod.name in lost and lost[pod.name][0] == pod.node:
+                # Failed by the control plane (PodGC); its processes stay as they are on the
+                # node nobody can reach. No exit code: the pod's conditions decide.
+                code, conditions = None, lost[pod.name][1]
+            else:
+                returncode = pod.process.poll()
+                if returncode is None:
+                    continue
+                code, conditions = container_exit_code(returncode), ()
+                c.kill_netns(pod.netns)  # the container's other processes end with it
             ended(index, pod, code)
             del running[index]
-            c.kill_pod(index)  # the container's other processes end with its main process
             if code == 0:
                 continue
-            action = pod_failure_action(job, container=container["name"], exit_code=code)
+            action = pod_failure_action(
+                job, container=container["name"], exit_code=code, conditions=conditions
+            )
             if action == "FailJob":
                 return fail(f"PodFailurePolicy: exit {code}")
             if action == "Count":

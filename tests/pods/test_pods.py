@@ -1,7 +1,8 @@
 """The EKS Job's exact trainer command, run in emulated pods (see tests/pods/emulator.py).
 
 Run: sudo .venv/bin/pytest tests/pods -s   (root: network and mount namespaces; CI is root;
-about 8 minutes on 2 cores; `-s` prints each fault's measured recovery time)
+about 20 minutes on 2 cores, the node-loss tests 3-4 minutes each; `-s` prints each fault's
+measured recovery time and the emulated control plane's timeline)
 
 Emulated, because they cannot exist here: the API server and Job controller (emulator.run_job
 follows their documented behaviour), the GPU and EFA. Only CPU sizes change, through values the
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import emulator
 import pytest
+from control_plane import EKS, SCALE, ControlPlane
 from support import TINY_MODEL, assert_identical, final_state
 
 from manifests import render, sizes
@@ -135,11 +137,15 @@ def _run(
     mutate_job: Callable[[dict], None] | None = None,
     timeout_s: float = 300,
     expect_lustre: bool = False,
+    control_plane: Callable[[emulator.Cluster, list[dict]], ControlPlane] | None = None,
+    after: Callable[[emulator.Cluster], None] | None = None,
 ):
     """One emulated Job on a fresh cluster under `root`; `when_step=(k, act)` calls act(cluster)
     once rank 0 has logged step k. The emulated /fsx is a bind mount of a local directory, not
     Lustre: the pods' start-up check is told to expect that directory's file system type
-    (FSX_FSTYPE, found by findmnt) unless `expect_lustre` keeps the Job's own `lustre`."""
+    (FSX_FSTYPE, found by findmnt) unless `expect_lustre` keeps the Job's own `lustre`.
+    `control_plane(cluster, spare_objects)` builds the emulated control plane that places the
+    pods on nodes; `after(cluster)` runs once the Job has ended, before the teardown."""
     with emulator.cluster(root) as pods:
         if not (root / "fsx" / "data" / "stdlib" / "meta.json").exists():
             _prepare_data(root)
@@ -151,6 +157,10 @@ def _run(
         if mutate_job is not None:
             mutate_job(job)
         pods.start_store(shared=shared)
+        plane = None
+        if control_plane is not None:
+            spares = render.spare_objects(overlay=overlay, namespace="training", image="img")
+            plane = control_plane(pods, spares)
         watcher = None
         if when_step is not None:
             step, act = when_step
@@ -173,9 +183,12 @@ def _run(
             env_overrides=env,
             timeout_s=timeout_s,
             delete=delete,
+            control_plane=plane,
         )
         if watcher is not None:
             watcher.join(timeout=5)
+        if after is not None:
+            after(pods)
     return result, job
 
 
@@ -379,3 +392,177 @@ def test_a_bad_node_is_replaced_and_named(tmp_path: Path) -> None:
     assert first.startswith(f"startup_check: node {bad} does not fit"), first
     assert f"did not finish in 3 s on node {bad}" in first
     assert any(e["kind"] == "run_end" for e in _events(tmp_path, job))
+
+
+# --- a node lost the way nodes are lost (docs/node-loss.md) --------------------------------------
+
+
+def _spare_command(spare_objects: list[dict]) -> list[str]:
+    (deployment,) = [o for o in spare_objects if o["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container["command"]
+
+
+def _node_loss_run(tmp_path: Path, *, restart: str, spares: int, after=None):
+    """The 2-node Job on the emulated control plane with `spares` spare nodes; pod 1's node is
+    lost at step 6. Returns the Job's result, the Job, the control plane and the fault time."""
+    state: dict = {}
+
+    def plane(pods: emulator.Cluster, spare_objects: list[dict]) -> ControlPlane:
+        state["plane"] = ControlPlane(
+            pods,
+            nodes=2,
+            spares=spares,
+            spare_command=_spare_command(spare_objects),
+            times=EKS.scaled(SCALE),
+            root=tmp_path,
+        )
+        return state["plane"]
+
+    def lose(_: emulator.Cluster) -> None:
+        state["time"] = time.time()
+        state["node"] = state["plane"].lose(1)
+
+    result, job = _run(
+        tmp_path,
+        TWO_NODES,
+        restart=restart,
+        env=TWO_PODS,
+        when_step=(6, lose),
+        control_plane=plane,
+        after=(lambda pods: after(state, pods)) if after is not None else None,
+    )
+    return result, job, state
+
+
+@pytest.mark.parametrize(
+    ("restart", "spares"),
+    [("injob", 1), ("injob", 0), ("nested", 1)],
+    ids=["injob-with-spare", "injob-no-spare", "nested-with-spare"],
+)
+def test_a_lost_node_is_replaced_and_the_run_ends_identical(
+    tmp_path: Path, reference: dict, restart: str, spares: int
+) -> None:
+    """Pod 1's node stops answering at step 6: its network cut, its processes frozen. The
+    surviving launcher restarts its worker when the step section times out and waits in the
+    rendezvous; the control plane's rules (control_plane.py, durations scaled by SCALE) fail
+    the lost pod only once its Node object is gone; the Job's replacement lands on the spare
+    (its placeholder preempted) or, without one, on the repaired node once it has booted and
+    pulled the image; it joins with a new IP, every rank restores the newest checkpoint, and
+    the run ends bit-identical to the fault-free one. The frozen pod is never killed by the
+    control plane: it is still frozen when the Job completes. The repaired node then takes
+    the used spare's place (the spares' Deployment lands its Pending placeholder there)."""
+    frozen: dict = {}
+
+    def look(state: dict, pods: emulator.Cluster) -> None:
+        frozen["pids"] = pods.netns_pids(state["node"].netns)
+        frozen["states"] = {_proc_state(pid) for pid in frozen["pids"]}
+        # The repaired node joins and takes the preempted spare's place: N + K again.
+        plane = state["plane"]
+        deadline = time.monotonic() + 60
+        while spares and len(plane.spare_nodes()) < spares and time.monotonic() < deadline:
+            plane.failed_pods()
+            time.sleep(0.1)
+        frozen["spares"] = plane.spare_nodes()
+
+    result, job, state = _node_loss_run(tmp_path, restart=restart, spares=spares, after=look)
+    log = _logs(tmp_path)
+    assert result.status == "Complete", f"{result}\n{log}"
+    # The lost pod: failed by the control plane (no exit code), replaced on another node.
+    assert result.exit_codes == {0: [0], 1: [None, 0]}, result.exit_codes
+    lost_node, new_node = result.nodes[1]
+    assert lost_node == state["node"].name and new_node != lost_node
+    assert frozen["pids"] and frozen["states"] == {"T"}, frozen
+    # With a spare: the one used is gone from the pool, the repaired node holds its place.
+    assert len(frozen["spares"]) == spares, frozen
+    assert not set(result.nodes[1]) & set(frozen["spares"]), frozen
+    _assert_identical(_final_state(tmp_path, job), reference)
+    assert {m["step"] for m in _metrics(tmp_path, job)} == set(range(1, STEPS + 1))
+    plane = state["plane"]
+    recovery = _recovery_s(tmp_path, job, fault_time=state["time"])
+    control = EKS.scaled(SCALE)
+    failed_after = (
+        control.monitor_grace_s + control.repair_wait_s + control.terminate_s + control.podgc_s
+    )
+    joins = control.boot_and_pull_s - control.terminate_s - control.podgc_s
+    print(
+        f"\n[node loss] {restart} spares={spares}: fault -> first step {recovery:.1f} s "
+        f"(control plane scaled x{SCALE:.4f}: pod Failed after {failed_after:.1f} s"
+        f"{'' if spares else f', the new node joins {joins:.1f} s later'})"
+        f"\n{plane.timeline(since=state['time'])}"
+    )
+    assert recovery > failed_after  # nothing resumed before Kubernetes replaced the pod
+
+
+def _proc_state(pid: int) -> str:
+    """A process's state letter from /proc (T: stopped); '-' once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "-"
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def test_a_lost_node_that_comes_back_mid_run_does_not_corrupt_it(
+    tmp_path: Path, reference: dict
+) -> None:
+    """The harsher end of a node loss: the lost node comes back (network and processes) while
+    its replacement trains. Until its kubelet stops the deleted pod (2 s housekeeping, then
+    SIGTERM, SIGKILL 2 s later: control_plane.node_returns) the old launcher and ranks run
+    beside the new ones, sharing /fsx and the rendezvous store. What they may do there is
+    shown (printed), and what must hold is checked: the Job completes, every committed
+    checkpoint verifies, and the final state is the fault-free one, bit for bit."""
+    from training.checkpoint import layout
+
+    state: dict = {}
+
+    def plane(pods: emulator.Cluster, spare_objects: list[dict]) -> ControlPlane:
+        state["plane"] = ControlPlane(
+            pods,
+            nodes=2,
+            spares=1,
+            spare_command=_spare_command(spare_objects),
+            times=EKS.scaled(SCALE),
+            root=tmp_path,
+        )
+        return state["plane"]
+
+    def come_back() -> None:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if any(m["time"] - m["step_time_s"] > state["time"] for m in _metrics(tmp_path, job)):
+                state["returned_at"] = time.time()
+                state["old_exit"] = state["plane"].node_returns()
+                return
+            time.sleep(0.05)
+
+    def lose(_: emulator.Cluster) -> None:
+        state["time"] = time.time()
+        state["node"] = state["plane"].lose(1)
+        state["thread"] = threading.Thread(target=come_back, daemon=True)
+        state["thread"].start()
+
+    _, job, _ = _objects(TWO_NODES, restart="injob", train_args=[*FAST])
+    result, job = _run(
+        tmp_path,
+        TWO_NODES,
+        restart="injob",
+        env=TWO_PODS,
+        when_step=(6, lose),
+        control_plane=plane,
+        after=lambda _: state["thread"].join(timeout=60),
+    )
+    log = _logs(tmp_path)
+    assert result.status == "Complete", f"{result}\n{log}"
+    assert "returned_at" in state, "the lost node never came back during the run"
+    root = tmp_path / "fsx" / "checkpoints" / job["metadata"]["name"]
+    for step in layout.committed_steps(root):
+        assert layout.verify(layout.step_dir(root, step)) is None, step
+    _assert_identical(_final_state(tmp_path, job), reference)
+    old_log = (tmp_path / f"{job['metadata']['name']}-1-0.log").read_text(errors="replace")
+    tail = "\n".join(old_log.splitlines()[-12:])
+    print(
+        f"\n[node back] old pod's main process exit status {state['old_exit']}; "
+        f"committed steps {layout.committed_steps(root)}"
+        f"\n{state['plane'].timeline(since=state['time'])}\n--- old pod log tail\n{tail}"
+    )

@@ -1,0 +1,253 @@
+"""The control plane's rules for nodes, emulated: scheduling onto nodes and hot spares, and what
+happens to a pod whose node stops answering (docs/node-loss.md has the timeline and sources).
+
+Emulated because no API server, scheduler or EKS repair service can run here. Each rule follows
+its documentation or source, with the production durations scaled down by `SCALE`:
+- the node lifecycle controller marks a silent node `Ready=Unknown` and taints it
+  `node.kubernetes.io/unreachable:NoExecute` after the node-monitor grace period;
+- the taint eviction controller deletes a pod that tolerates the taint for `tolerationSeconds`
+  (the Job's own, `render.NODE_LOSS_TOLERATION_SECONDS`) once that has passed: the pod gets
+  `DisruptionTarget` and stays Terminating, since no kubelet confirms anything;
+- EKS node auto repair replaces the node after its wait for the `Ready` condition (the value
+  this product asks infra to set, `NodeRepairConfigOverrides`; the default is 30 min):
+  the instance is terminated, a new one launched;
+- once the Node object is gone, PodGC marks the pod `Failed` (`DisruptionTarget`,
+  `DeletionByPodGC`) after its 40 s quarantine and 20 s loop, and force-deletes it;
+- only then does the Job controller replace it (`podReplacementPolicy: Failed`, the only value
+  allowed with a `podFailurePolicy`: emulator.run_job);
+- the scheduler places a pod on a free node, else preempts a spare's placeholder (priority
+  below the trainers', grace 0: it is killed and the node is free at once; kubernetes.io,
+  "Pod Priority and Preemption"), else leaves it Pending until the repaired node has booted,
+  joined and pulled the image;
+- the spares' Deployment replaces a preempted placeholder; the new one stays Pending until the
+  repaired node joins and then lands there: the group is back at N + K spares.
+The lost pod's processes are never killed by any of this: its node cannot be reached. They stay
+frozen, cut off, until the test thaws them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+from emulator import Cluster, Node, Pod
+
+from manifests import render
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeLossTimes:
+    """How long each step of a node loss takes, in seconds."""
+
+    monitor_grace_s: float
+    """Node-monitor grace period: 50 s (kube-controller-manager, 1.32+; 40 s before)."""
+    toleration_s: float
+    """The trainer pod's tolerationSeconds for the unreachable/not-ready taints."""
+    repair_wait_s: float
+    """EKS node auto repair's wait on a bad `Ready` condition: 60 s, the 1-minute
+    `MinRepairWaitTimeMins` override asked of infra (default 30 min: node-repair.html)."""
+    terminate_s: float
+    """From the repair's action to the Node object's deletion: an estimate (EC2 terminates
+    the instance; the node is deregistered). Only a real cluster can measure it."""
+    podgc_s: float
+    """PodGC: 40 s quarantine + up to 20 s until its next loop (pkg/controller/podgc)."""
+    boot_and_pull_s: float
+    """A new p5 boots, joins and pulls the 15-20 GB image: an estimate of 10 min."""
+
+    def scaled(self, factor: float) -> NodeLossTimes:
+        return replace(self, **{f.name: getattr(self, f.name) * factor for f in fields(self)})
+
+
+EKS = NodeLossTimes(
+    monitor_grace_s=50,
+    toleration_s=render.NODE_LOSS_TOLERATION_SECONDS,
+    repair_wait_s=60,
+    terminate_s=60,
+    podgc_s=60,
+    boot_and_pull_s=600,
+)
+SCALE = 1 / 30
+"""Emulated seconds per production second: 1 s here is 30 s on EKS."""
+
+
+KUBELET_HOUSEKEEPING_S = 2.0
+"""How soon a kubelet back on the network acts on a pod that is gone from the API server: its
+housekeeping period (kubernetes pkg/kubelet/kubelet.go, `housekeepingPeriod`)."""
+KUBELET_MIN_GRACE_S = 2.0
+"""SIGTERM to SIGKILL for a pod force-deleted with grace 0: the runtime's floor (pkg/kubelet/
+kuberuntime, `minimumGracePeriodInSeconds`)."""
+
+
+@dataclass
+class _Loss:
+    node: Node
+    pod: str
+    process: subprocess.Popen
+    """The lost pod's container main process."""
+    at: float
+    """time.time() of the loss."""
+    reported: bool = False
+
+
+class ControlPlane:
+    """`nodes` free nodes for the Job's pods and `spares` nodes held by placeholders running
+    the spare Deployment's exact command (`render.spare_objects`)."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        *,
+        nodes: int,
+        spares: int,
+        spare_command: list[str],
+        times: NodeLossTimes,
+        root: Path,
+    ) -> None:
+        self.cluster = cluster
+        self.times = times
+        self.root = root
+        self.free = [cluster.add_node() for _ in range(nodes)]
+        self.spare_command = spare_command
+        self.spares: list[tuple[Node, subprocess.Popen]] = []
+        for _ in range(spares):
+            self._hold(cluster.add_node())
+        self.joins: list[float] = []
+        """time.time() at which a repaired (new) node has joined with the image pulled."""
+        self.pods: dict[int, Pod] = {}
+        self.losses: list[_Loss] = []
+        self.preempted = 0
+        """Placeholders preempted and not yet back: the Deployment's Pending replicas."""
+        self.events: list[tuple[float, str]] = []
+        self._lock = threading.Lock()
+
+    def _event(self, what: str, at: float | None = None) -> None:
+        self.events.append((time.time() if at is None else at, what))
+
+    def _hold(self, node: Node) -> None:
+        log = self.root / f"spare-{node.name}.log"
+        self.spares.append((node, self.cluster.run_on_node(node, argv=self.spare_command, log=log)))
+
+    # --- the scheduler ------------------------------------------------------------------------
+
+    def place(self, index: int) -> Node | None:
+        """A node for the pod of `index`, or None: Pending (`node_ready_at` says until when)."""
+        with self._lock:
+            now = time.time()
+            if self.free:
+                return self.free.pop(0)
+            if self.spares:
+                node, placeholder = self.spares.pop(0)
+                # Preemption: the victim is deleted with its grace period (0 s: SIGKILL).
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(placeholder.pid, signal.SIGKILL)
+                placeholder.wait()
+                self.preempted += 1
+                self._event(f"pod {index}: preempted the spare on {node.name}")
+                return node
+            due = [t for t in self.joins if t <= now]
+            if due:
+                self.joins.remove(due[0])
+                node = self.cluster.add_node()
+                self._event(f"pod {index}: {node.name} joined (booted, image pulled)")
+                return node
+            return None
+
+    def node_ready_at(self) -> float:
+        """When a Pending pod is next worth placing (time.monotonic())."""
+        with self._lock:
+            wait = min(self.joins, default=time.time() + 0.5) - time.time()
+        return time.monotonic() + max(wait, 0.0)
+
+    def bound(self, index: int, pod: Pod) -> None:
+        with self._lock:
+            self.pods[index] = pod
+
+    # --- a node lost, and the controllers that notice -----------------------------------------
+
+    def lose(self, index: int) -> Node:
+        """The node under pod `index` stops answering: its network is cut (its veth to the
+        bridge down) and every process on it frozen (SIGSTOP), as a hung kernel or a power
+        loss leaves them: no exit, no FIN, nothing."""
+        with self._lock:
+            pod = self.pods[index]
+        (node,) = [n for n in self.cluster.nodes if n.netns == pod.netns]
+        self.cluster.set_link(node, up=False)
+        # Twice: a process forked while the first pass ran is stopped by the second.
+        for _ in range(2):
+            self.cluster.signal_netns(node.netns, signal.SIGSTOP)
+        with self._lock:
+            self.losses.append(_Loss(node=node, pod=pod.name, process=pod.process, at=time.time()))
+        self._event(f"pod {index}: {node.name} lost (network cut, processes frozen)")
+        return node
+
+    def node_returns(self) -> int | None:
+        """The lost node comes back (a partition heals, a hung kernel resumes): its link up,
+        its processes running again (SIGCONT). Its kubelet finds the pod gone from the API
+        server (PodGC force-deleted it) and stops it at its next housekeeping: SIGTERM to the
+        container's main process, SIGKILL of what is left after the minimum grace. Until then
+        the old pod runs beside its replacement. Returns its main process's exit status."""
+        with self._lock:
+            (loss,) = self.losses
+        self.cluster.set_link(loss.node, up=True)
+        self.cluster.signal_netns(loss.node.netns, signal.SIGCONT)
+        self._event(f"{loss.node.name} back: {loss.pod}'s processes run again")
+        time.sleep(KUBELET_HOUSEKEEPING_S)
+        self._event(f"kubelet on {loss.node.name}: SIGTERM to the deleted pod")
+        with contextlib.suppress(ProcessLookupError):
+            loss.process.send_signal(signal.SIGTERM)
+        try:
+            loss.process.wait(timeout=KUBELET_MIN_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self._event(f"kubelet on {loss.node.name}: SIGKILL")
+        self.cluster.kill_netns(loss.node.netns)
+        return loss.process.wait()
+
+    def spare_nodes(self) -> list[str]:
+        """The nodes a placeholder holds now."""
+        with self._lock:
+            return [node.name for node, _ in self.spares]
+
+    def failed_pods(self) -> dict[str, tuple[str, tuple[str, ...]]]:
+        """Pods PodGC has just made Failed: pod name -> (its node, its True conditions). Also
+        lands the spares' Pending placeholders on repaired nodes that have joined."""
+        t = self.times
+        out: dict[str, tuple[str, tuple[str, ...]]] = {}
+        with self._lock:
+            now = time.time()
+            for at in [at for at in self.joins if at <= now and self.preempted > 0]:
+                self.joins.remove(at)
+                self.preempted -= 1
+                node = self.cluster.add_node()
+                self._hold(node)
+                self._event(f"{node.name} joined: the spares' placeholder lands on it")
+            for loss in self.losses:
+                if loss.reported:
+                    continue
+                unknown = loss.at + t.monitor_grace_s
+                evicted = unknown + t.toleration_s
+                repair = unknown + t.repair_wait_s
+                deleted = repair + t.terminate_s
+                failed = deleted + t.podgc_s
+                if now < failed:
+                    continue
+                loss.reported = True
+                self.joins.append(repair + t.boot_and_pull_s)
+                for at, what in (
+                    (unknown, f"{loss.node.name} Ready=Unknown, tainted unreachable:NoExecute"),
+                    (evicted, f"{loss.pod} deleted by taint eviction: Terminating"),
+                    (repair, f"repair replaces {loss.node.name}: a new instance boots"),
+                    (deleted, f"Node {loss.node.name} deleted"),
+                    (failed, f"{loss.pod} Failed by PodGC (DisruptionTarget), force-deleted"),
+                ):
+                    self._event(what, at)
+                out[loss.pod] = (loss.node.name, ("DisruptionTarget",))
+        return out
+
+    def timeline(self, *, since: float) -> str:
+        return "\n".join(f"  {at - since:+7.2f} s  {what}" for at, what in sorted(self.events))
