@@ -116,10 +116,12 @@ def resolve_target(ns: argparse.Namespace) -> Target:
 
 @dataclass(frozen=True, kw_only=True)
 class Cluster:
-    """The two API groups we use, over one ApiClient (built from a kubeconfig or given)."""
+    """The API groups we use, over one ApiClient (built from a kubeconfig or given)."""
 
     core: Any
     batch: Any
+    apps: Any
+    scheduling: Any
 
     @classmethod
     def connect(cls, *, kubeconfig: str | None, context: str | None, fix: str) -> Cluster:
@@ -138,7 +140,12 @@ class Cluster:
     def from_api_client(cls, api_client: Any) -> Cluster:
         from kubernetes import client
 
-        return cls(core=client.CoreV1Api(api_client), batch=client.BatchV1Api(api_client))
+        return cls(
+            core=client.CoreV1Api(api_client),
+            batch=client.BatchV1Api(api_client),
+            apps=client.AppsV1Api(api_client),
+            scheduling=client.SchedulingV1Api(api_client),
+        )
 
 
 def _call(fn: Callable[..., Any], *args: Any, fix: str, **kwargs: Any) -> Any:
@@ -184,18 +191,21 @@ def apply(cluster: Cluster, objects: Sequence[dict], *, fix: str) -> list[str]:
     """Server-side apply each object, in order; returns 'Kind/name' of each applied object."""
     from kubernetes.client.exceptions import ApiException
 
-    patchers = {
+    namespaced = {
         "Service": cluster.core.patch_namespaced_service,
         "Job": cluster.batch.patch_namespaced_job,
+        "Deployment": cluster.apps.patch_namespaced_deployment,
     }
+    cluster_scoped = {"PriorityClass": cluster.scheduling.patch_priority_class}
     applied = []
     for obj in objects:
-        kind, name, namespace = obj["kind"], obj["metadata"]["name"], obj["metadata"]["namespace"]
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        namespace = obj["metadata"].get("namespace")
+        where = (name, namespace) if kind in namespaced else (name,)
         try:
             _call(
-                patchers[kind],
-                name,
-                namespace,
+                namespaced.get(kind) or cluster_scoped[kind],
+                *where,
                 obj,
                 fix=fix,
                 field_manager=render.PROJECT,
@@ -392,19 +402,26 @@ def submit(
     out: TextIO,
 ) -> list[str]:
     preflight(cluster, target)
-    objects = render.job_objects(
-        overlay=target.overlay,
-        namespace=target.namespace,
-        image=target.image,
-        restart=restart,
-        train_args=list(train_args) or None,
-    )
+    # The overlay's hot spares first (placeholders holding whole GPU nodes, which a replacement
+    # trainer pod preempts; none for an overlay without spares), then the Job's Service and Job.
+    objects = [
+        *render.spare_objects(
+            overlay=target.overlay, namespace=target.namespace, image=target.image
+        ),
+        *render.job_objects(
+            overlay=target.overlay,
+            namespace=target.namespace,
+            image=target.image,
+            restart=restart,
+            train_args=list(train_args) or None,
+        ),
+    ]
     applied = apply(cluster, objects, fix=target.fix)
     size = render.size_of(target.overlay)
     out.write(
         f"applied {', '.join(applied)} in {target.namespace} (server-side, field manager "
         f"{render.PROJECT}): {size.nodes} node(s) x {size.nproc_per_node} GPUs = "
-        f"world size {size.world_size}, recipe {size.recipe}\n"
+        f"world size {size.world_size}, recipe {size.recipe}; {size.spares} hot spare(s)\n"
     )
     return applied
 

@@ -32,6 +32,8 @@ NS = "training"
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/eks-fsdp-resilient:abc123"
 JOB = "/apis/batch/v1/namespaces/training/jobs"
 SVC = "/api/v1/namespaces/training/services"
+SPARES = f"/apis/apps/v1/namespaces/training/deployments/{render.SPARES}"
+SPARE_CLASS = f"/apis/scheduling.k8s.io/v1/priorityclasses/{render.SPARE_PRIORITY_CLASS}"
 
 
 @dataclass
@@ -140,8 +142,11 @@ def _healthy(fake: FakeApiServer) -> None:
     fake.route("GET", f"/api/v1/namespaces/{NS}", (200, {"metadata": {"name": NS}}))
     pvc = f"/api/v1/namespaces/{NS}/persistentvolumeclaims/{render.PVC_NAME}"
     fake.route("GET", pvc, (200, {"metadata": {"name": render.PVC_NAME}}))
-    fake.route("PATCH", f"{SVC}/fsdp-smoke", lambda r: (200, r.body))
-    fake.route("PATCH", f"{JOB}/fsdp-smoke", lambda r: (200, r.body))
+    for overlay in render.OVERLAYS:
+        fake.route("PATCH", f"{SVC}/fsdp-{overlay}", lambda r: (200, r.body))
+        fake.route("PATCH", f"{JOB}/fsdp-{overlay}", lambda r: (200, r.body))
+    fake.route("PATCH", SPARES, lambda r: (200, r.body))
+    fake.route("PATCH", SPARE_CLASS, lambda r: (200, r.body))
 
 
 def _run(fake, outputs, *argv: str) -> tuple[int, str]:
@@ -155,19 +160,24 @@ def _run(fake, outputs, *argv: str) -> tuple[int, str]:
     return code, out.getvalue()
 
 
-def test_submit_server_side_applies_service_then_job(fake, outputs):
+def test_submit_server_side_applies_spares_service_then_job(fake, outputs):
     _healthy(fake)
     code, text = _run(fake, outputs, "submit", "--overlay", "smoke", "--train.steps=5")
     assert code == 0
     assert fake.calls() == [
         ("GET", f"/api/v1/namespaces/{NS}"),
         ("GET", f"/api/v1/namespaces/{NS}/persistentvolumeclaims/{render.PVC_NAME}"),
+        ("PATCH", SPARE_CLASS),
+        ("PATCH", SPARES),
         ("PATCH", f"{SVC}/fsdp-smoke"),
         ("PATCH", f"{JOB}/fsdp-smoke"),
     ]
-    expected = render.job_objects(
-        overlay="smoke", namespace=NS, image=IMAGE, train_args=["--train.steps=5"]
-    )
+    expected = [
+        *render.spare_objects(overlay="smoke", namespace=NS, image=IMAGE),
+        *render.job_objects(
+            overlay="smoke", namespace=NS, image=IMAGE, train_args=["--train.steps=5"]
+        ),
+    ]
     for req, obj in zip(fake.requests[2:], expected, strict=True):
         assert req.content_type == "application/apply-patch+yaml"
         assert req.query["fieldManager"] == [render.PROJECT]
@@ -190,7 +200,20 @@ def test_submit_never_touches_the_stack_objects(fake, outputs):
     _healthy(fake)
     _run(fake, outputs, "submit", "--overlay", "smoke")
     writes = [r for r in fake.requests if r.method != "GET"]
-    assert {r.body["kind"] for r in writes} == {"Service", "Job"}
+    assert {r.body["kind"] for r in writes} == {"PriorityClass", "Deployment", "Service", "Job"}
+
+
+def test_submit_keeps_the_overlays_hot_spares(fake, outputs):
+    """The 2-node overlay's spare placeholders go out with its Job (the count from
+    manifests/sizes.py, the one owner); the smoke overlay scales them to none."""
+    _healthy(fake)
+    _run(fake, outputs, "submit", "--overlay", "2node")
+    (deployment,) = [r.body for r in fake.requests if r.path == SPARES]
+    assert deployment["spec"]["replicas"] == render.size_of("2node").spares >= 1
+    fake.requests.clear()
+    _run(fake, outputs, "submit", "--overlay", "smoke")
+    (deployment,) = [r.body for r in fake.requests if r.path == SPARES]
+    assert deployment["spec"]["replicas"] == 0
 
 
 def test_missing_namespace_is_one_clear_message(fake, outputs, capsys):
