@@ -109,8 +109,12 @@ deploy: setup ## Deploy the stacks (needs AWS credentials); writes cdk-outputs.j
 	$(CDK) deploy --all --no-notices --outputs-file cdk-outputs.json $(KEPT_CONTEXT) $(ARGS)
 	$(PY) -m infra.first_deploy keep cdk.out --stack $(STACK) --state-dir $(STATE_DIR)
 
-gpu-nodes: ## Set the GPU node count, kept for later deploys: make gpu-nodes NODES=2
-	@[[ "$(NODES)" =~ ^[0-9]+$$ ]] || { echo "NODES: give the GPU node count, e.g. make gpu-nodes NODES=2" >&2; exit 2; }
+# An overlay's GPU nodes: its training nodes plus its hot spares (manifests/sizes.py, the one owner).
+OVERLAY_NODE_COUNT = $(shell $(PY) -c "from manifests.sizes import SIZES; s = SIZES.get('$(OVERLAY)'); print(s.node_count if s else '')" 2>/dev/null)
+
+gpu-nodes: $(VENV)/.stamp ## Set the GPU node count, kept for later deploys: make gpu-nodes OVERLAY=2node (nodes + spares) or NODES=2
+	$(eval NODES := $(or $(NODES),$(OVERLAY_NODE_COUNT)))
+	@[[ "$(NODES)" =~ ^[0-9]+$$ ]] || { echo "NODES: give the GPU node count (make gpu-nodes NODES=2) or a known overlay (make gpu-nodes OVERLAY=2node: its nodes + hot spares)" >&2; exit 2; }
 	$(MAKE) --no-print-directory deploy ARGS='-c gpuNodesDesired=$(NODES) $(ARGS)'
 	echo $(NODES) > $(GPU_NODES_FILE)
 

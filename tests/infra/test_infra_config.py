@@ -185,3 +185,15 @@ def test_a_started_capacity_block_takes_nodes() -> None:
         capacityBlockActive="true",
     )
     assert (config.gpu.desired_size, config.gpu.capacity_block_active) == (2, True)
+
+
+def test_the_gpu_node_group_can_hold_every_overlay_with_its_spares() -> None:
+    """`make gpu-nodes OVERLAY=<largest>` asks for its nodes plus its hot spares
+    (manifests/sizes.py); cdk.json's gpuNodesMax must allow it, or that deploy fails synth."""
+    from manifests.sizes import SIZES
+
+    largest = max(size.node_count for size in SIZES.values())
+    assert DEFAULTS["gpuNodesMax"] >= largest, (
+        f"cdk.json gpuNodesMax {DEFAULTS['gpuNodesMax']} < {largest} (the largest overlay's "
+        "nodes + spares): raise it"
+    )

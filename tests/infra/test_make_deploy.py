@@ -38,3 +38,15 @@ def test_gpu_nodes_refuses_a_count_that_is_not_a_number() -> None:
     )
     assert proc.returncode != 0
     assert "NODES: give the GPU node count" in proc.stderr
+
+
+def test_gpu_nodes_of_an_overlay_are_its_nodes_and_hot_spares() -> None:
+    """`make gpu-nodes OVERLAY=2node` asks for the overlay's training nodes plus its spares
+    (manifests/sizes.py's node_count); NODES, when given, wins."""
+    from manifests.sizes import SIZES
+
+    size = SIZES["2node"]
+    assert size.spares >= 1
+    out = _dry_run("gpu-nodes", "OVERLAY=2node", "GPU_NODES_FILE=/dev/null")
+    assert f"-c gpuNodesDesired={size.nodes + size.spares} " in out
+    assert "-c gpuNodesDesired=5 " in _dry_run("gpu-nodes", "OVERLAY=2node", "NODES=5")
