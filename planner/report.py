@@ -95,7 +95,7 @@ def _answer(inputs: Inputs, p: SizePlan, r: RateResult) -> list[str]:
     rng = f" ({_pct(lo)}-{_pct(hi)} over NCCL/rendezvous start-up)" if spread >= 0.001 else ""
     sp = r.spares
     origin = {
-        "recommended": "recommended; manifests.sizes has no spares for this size yet",
+        "recommended": "recommended; no overlay in manifests/sizes.py has this many nodes",
         "--hot-spares": "given with --hot-spares",
     }.get(sp.in_force.origin, f"the product's count, {sp.in_force.origin}")
     gpu_usd = inputs.model.params.get("gpu_hour_usd", 0.0)

@@ -10,7 +10,8 @@ time's distribution (the loss system is insensitive to it: Sevastyanov 1957; any
 e.g. Kleinrock, "Queueing Systems" vol. 1, sec. 3.7).
 
 The spare count the product deploys has one owner: a ``spares`` field of the size rows in
-``manifests/sizes.py`` (issue #28). Until that field exists, :func:`spares_in_force` returns the
+``manifests/sizes.py``, which the node group (`make gpu-nodes OVERLAY=...`) and the Job's spare
+placeholders read too. For a size that no overlay has, :func:`spares_in_force` returns the
 planner's recommendation and says so.
 """
 
