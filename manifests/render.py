@@ -24,6 +24,7 @@ from training import exits
 from training.launch.command import Rendezvous, launcher_command
 from training.observe.catalog import METRICS_PORT, METRICS_PORT_NAME
 from training.overrides import build_config
+from training.runlog.verdict import NODE_NAME_ENV
 
 PROJECT = "eks-fsdp-resilient"
 """Part-of label and the server-side apply field manager."""
@@ -468,8 +469,8 @@ def _env(*, size: OverlaySize) -> list[dict]:
         "JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']",
         # What the other nodes dial for the process groups (ft_launcher's --local-addr).
         "POD_IP": "status.podIP",
-        # Named in the start-up check's messages when this node does not fit.
-        "NODE_NAME": "spec.nodeName",
+        # Named in the start-up check's messages, the straggler reports and a node's verdict.
+        NODE_NAME_ENV: "spec.nodeName",
     }
     return [
         *({"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in downward.items()),

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from training import exits
+from training.runlog.verdict import NODE_NAME_ENV
 
 # Minimum NVIDIA driver major per CUDA major (CUDA release notes, "CUDA Toolkit and Minimum
 # Required Driver Version"): 12.x needs >= 525, 13.x needs >= 580.
@@ -437,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         expect = "cuda" if torch.cuda.is_available() else "cpu"
-    node = os.environ.get("NODE_NAME") or socket.gethostname()
+    node = os.environ.get(NODE_NAME_ENV) or socket.gethostname()
     report = gather(
         expect_device=expect,
         nproc_per_node=os.environ.get("NPROC_PER_NODE", "1"),

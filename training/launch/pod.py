@@ -37,7 +37,7 @@ from training.observe.launch import (
     stop_exporter,
 )
 from training.overrides import build_config
-from training.runlog.verdict import read_verdict
+from training.runlog.verdict import NODE_NAME_ENV, Verdict, read_verdict
 
 
 def _flag(command: Sequence[str], name: str) -> str:
@@ -129,10 +129,20 @@ def _supervise(command: Sequence[str], config: JobConfig) -> int:
     verdict = read_verdict(run_dir=Path(config.run_dir), run_id=_flag(command, "rdzv-id"))
     if verdict is not None:
         print(f"error: {verdict.cause}", file=sys.stderr, flush=True)
-        return verdict.code
+        return verdict_code(verdict, node=os.environ.get(NODE_NAME_ENV, ""))
     if stopping:
         return exits.PREEMPTED
     return exits.FAILED if code > 0 else 128 - code
+
+
+def verdict_code(verdict: Verdict, *, node: str) -> int:
+    """This pod's exit code for a run's verdict. A verdict about one node (a straggler's
+    eviction) is that node's pod's own code (NODE_UNFIT: the Job replaces it, on a spare when
+    there is one); every other pod was stopped with the final checkpoint for its sake, as by a
+    drain (PREEMPTED), and must not claim the node's fault."""
+    if verdict.node and verdict.node != node:
+        return exits.PREEMPTED
+    return verdict.code
 
 
 def main(argv: Sequence[str] | None = None) -> int:

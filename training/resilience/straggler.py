@@ -42,11 +42,10 @@ from training.config import StragglerConfig
 from training.hooks import NodeEviction, StepHooks
 from training.runlog.files import STRAGGLER_EVICTION_EVENT, STRAGGLER_REPORT_EVENT
 from training.runlog.metrics import EventLog
+from training.runlog.verdict import NODE_NAME_ENV
 
 log = logging.getLogger(__name__)
 
-NODE_NAME_ENV = "NODE_NAME"
-"""Set by the Job from the downward API (``spec.nodeName``), as for ``training.startup_check``."""
 
 STEP_SECTION = "step"
 """GPU: the section whose CUDA kernels are timed."""

@@ -19,6 +19,9 @@ from training.runlog.files import VERDICT_FILE
 
 RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
 """Set by torchrun and ft_launcher for their workers: the rendezvous id (unique per job)."""
+NODE_NAME_ENV = "NODE_NAME"
+"""The pod's node (the Job sets it from the downward API's ``spec.nodeName``, manifests/
+render.py): named by the start-up check, the straggler reports and a node's verdict."""
 
 
 @dataclass(frozen=True, kw_only=True)
