@@ -19,6 +19,7 @@ import argparse
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -28,6 +29,10 @@ from prometheus_client.registry import Collector
 
 from training.observe.catalog import JOB_LABEL, METRICS
 from training.observe.view import RunView
+
+FINAL_RESPONSE_GRACE_S = 1.0
+"""How long the exporter keeps running after the final scrape's samples are made, so that the
+response reaches the scraper (seen: a refused connection when the process left at once)."""
 
 
 class RunCollector(Collector):
@@ -42,9 +47,6 @@ class RunCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             samples = self.view.samples()
-        with self._scraped:
-            self.scrapes += 1
-            self._scraped.notify_all()
         families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
         for sample in samples:
             spec = METRICS[sample.name]
@@ -55,6 +57,11 @@ class RunCollector(Collector):
                 family = families[sample.name] = cls(sample.name, spec.help, labels=names)
             family.add_metric([sample.labels[name] for name in names], sample.value)
         yield from families.values()
+        # Counted once the registry has every family, not before: the final scrape's wait
+        # must not end while its samples are still being made.
+        with self._scraped:
+            self.scrapes += 1
+            self._scraped.notify_all()
 
     def wait_for_next_scrape(self, *, timeout_s: float) -> None:
         """Return after the next scrape, or `timeout_s`; at once when nothing ever scraped
@@ -63,7 +70,10 @@ class RunCollector(Collector):
             if self.scrapes == 0:
                 return
             seen = self.scrapes
-            self._scraped.wait_for(lambda: self.scrapes > seen, timeout=timeout_s)
+            if self._scraped.wait_for(lambda: self.scrapes > seen, timeout=timeout_s):
+                # The scrape's response is written by the server's (daemon) handler thread
+                # after collect() returns; leave it time to go out before the process ends.
+                time.sleep(FINAL_RESPONSE_GRACE_S)
 
 
 def build_parser() -> argparse.ArgumentParser:
