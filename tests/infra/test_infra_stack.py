@@ -197,7 +197,10 @@ def test_gpu_nodegroup(default_assertions: Template) -> None:
             "Labels": {"vpc.amazonaws.com/efa.present": "true"},
             "NodeRepairConfig": {"Enabled": True},  # paced: test_node_auto_repair_is_paced
             # No p5 starts unless asked: -c gpuNodesDesired=N is the one command that asks.
-            "ScalingConfig": Match.exact({"DesiredSize": 0, "MaxSize": 16, "MinSize": 0}),
+            # Room for the largest overlay with its hot spares (cdk.json gpuNodesMax).
+            "ScalingConfig": Match.exact(
+                {"DesiredSize": 0, "MaxSize": CDK_JSON_CONTEXT["gpuNodesMax"], "MinSize": 0}
+            ),
             # One subnet, the private subnet in the GPU AZ (a cluster placement group is
             # single-AZ).
             "Subnets": [{"Ref": subnet_id}],
