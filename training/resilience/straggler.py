@@ -8,8 +8,9 @@ time over this rank's median time, 1.0 for the fastest rank, 0.5 for a rank twic
   NCCL kernels out, so a rank's score is its own compute, not its wait for a peer).
 - NVRx 0.4.1's CUPTI extension links ``libcupti.so.12`` (``ldd nvrx_cupti_module*.so``); a CUDA 13
   image (torch 2.13's wheels) may lack it. Then the GPU falls back to the CPU's way, with the
-  optimizer section bracketed by ``torch.cuda.synchronize`` (its kernels run asynchronously),
-  and the reports say ``source: section:optimizer``.
+  optimizer section timed by CUDA events (its kernels run asynchronously; the events are read
+  at the report, so no step synchronizes the host), and the reports say
+  ``source: section:optimizer``.
 - On a CPU there are no kernels, and a step's wall time is the same on every rank (each waits
   in the collectives for the slowest). So the ``optimizer`` section is timed: AdamW's update of
   the rank's own shards, with no collective inside. ``Detector.initialize`` loads NVRx's CUPTI
@@ -115,6 +116,7 @@ class _CpuSections:
             scores_to_compute=["relative_perf_scores"], gather_on_rank0=True, node_name=node
         )
         self._elapsed_ms: list[float] = []
+        self._events: list[tuple[Any, Any]] = []
 
     @contextmanager
     def timing(self, name: str) -> Iterator[None]:
@@ -122,11 +124,17 @@ class _CpuSections:
             yield
             return
         if self._cuda:
-            torch.cuda.synchronize()
+            # CUDA events on the compute stream: the section's GPU time, read at the next
+            # report, with no host synchronization on the step path.
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self._events.append((start, end))
+            return
         started = time.perf_counter_ns()
         yield
-        if self._cuda:
-            torch.cuda.synchronize()
         self._elapsed_ms.append((time.perf_counter_ns() - started) * 1e-6)
 
     def report(self) -> tuple[dict[int, float], dict[int, str]]:
@@ -134,6 +142,10 @@ class _CpuSections:
         empty dicts."""
         from nvidia_resiliency_ext.straggler.statistics import Statistic
 
+        for start, end in self._events:
+            end.synchronize()
+            self._elapsed_ms.append(start.elapsed_time(end))
+        self._events.clear()
         summaries: dict[str, Any] = {}
         if self._elapsed_ms:
             t = torch.tensor(self._elapsed_ms, dtype=torch.float64)

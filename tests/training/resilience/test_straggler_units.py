@@ -163,7 +163,7 @@ def test_one_rank_reports_with_nvrx_and_writes_the_event(one_rank_group, tmp_pat
     assert hooks.eviction() is None
 
 
-def test_a_gpu_without_nvrx_cupti_falls_back_to_the_synchronized_optimizer_section(
+def test_a_gpu_without_nvrx_cupti_falls_back_to_the_event_timed_optimizer_section(
     one_rank_group,
 ) -> None:
     """NVRx 0.4.1's CUPTI extension links libcupti.so.12, absent here as it may be in the CUDA 13
