@@ -2,14 +2,14 @@
 
 Each pod gets its own network namespace (a veth on one bridge, its own IP), its own mount and
 UTS namespaces (hostname ``<job>-<index>``; ``/fsx`` one directory shared by all pods;
-``/scratch`` per pod; ``/etc/hosts`` naming every pod and the rendezvous Service), and runs the
-container's ``command`` + ``args`` with ``$(VAR)`` expanded from its ``env`` and the ConfigMap,
-as the kubelet does. The downward-API values (pod IP, the Job's uid) are what the API server
-would fill in. The rendezvous store runs like its Deployment: its exact command in a "system
-node" namespace. Emulated, because they cannot exist here: the API server, the scheduler, the
-GPU, EFA. Only CPU sizes change, through values the manifests read (``NPROC_PER_NODE``,
-``RECIPE``, and trainer overrides in the args). Needs root (``ip netns``, ``unshare``).
-"""
+``/scratch`` per node or per pod, as the pod spec's volume says; ``/etc/hosts`` naming every pod
+and the rendezvous Service), and runs the container's ``command`` + ``args`` with ``$(VAR)``
+expanded from its ``env`` and the ConfigMap, as the kubelet does. The downward-API values (pod
+IP, the Job's uid) are what the API server would fill in. The rendezvous store runs like its
+Deployment: its exact command in a "system node" namespace. Emulated, because they cannot exist
+here: the API server, the scheduler, the GPU, EFA. Only CPU sizes change, through values the
+manifests read (``NPROC_PER_NODE``, ``RECIPE``, and trainer overrides in the args). Needs root
+(``ip netns``, ``unshare``)."""
 
 from __future__ import annotations
 
@@ -274,7 +274,12 @@ class Cluster:
         # a spare node; on a full one a replacement can meet the same node again).
         node = on.name if on is not None else node_name(index=index, attempt=attempt)
         downward = {"POD_IP": ip, "JOB_UID": job_uid, "NODE_NAME": node}
-        scratch = self.root / f"scratch-{index}-{attempt}"
+        # /scratch as the pod spec declares it: a hostPath is the node's directory, shared by
+        # every pod the node runs and outliving each (kubernetes.io, "Volumes": hostPath); an
+        # emptyDir is the pod's own and goes with it.
+        (scratch_volume,) = [v for v in spec["volumes"] if v["name"] == "scratch"]
+        owner = f"node-{node}" if "hostPath" in scratch_volume else f"pod-{index}-{attempt}"
+        scratch = self.root / f"scratch-{owner}"
         scratch.mkdir(parents=True, exist_ok=True)
         log = self.root / f"{name}-{attempt}.log"
         (container,) = spec["containers"]
