@@ -121,6 +121,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ),
     ("infra.addons",),
     ("infra.stack", "infra"),
+    # cluster actions through the Kubernetes API (above the manifests that grant them)
+    ("training.cluster",),
     # launchers and command lines
     (
         "training.launch.local",
@@ -152,6 +154,7 @@ TORCH_FREE = (
     "training.runlog.report",
     "training.launch.command",
     "training.launch.pod",
+    "training.cluster",
     "training.observe.exporter",
     "manifests.render",
     "manifests.kustomize",

@@ -397,16 +397,6 @@ class JobConfig:
 
     def __post_init__(self) -> None:
         _require(bool(self.run_dir), "job", "run_dir", "must not be empty")
-        # Under ft_launcher an evicted node's workers would just be restarted on the same node
-        # (the launcher restarts any failed worker group); its pod must end instead, which
-        # needs the pod supervisor to act on the verdict naming its node (docs/stragglers.md).
-        _require(
-            not (self.straggler.evict and self.resilience.restart in ("injob", "nested")),
-            "straggler",
-            "evict",
-            "works with --restart none or inprocess for now (under ft_launcher the evicted "
-            "node's workers would be restarted in place); drop --straggler.evict or the restart",
-        )
         _require(
             self.model.max_seq_len >= self.data.seq_len,
             "model",

@@ -10,8 +10,17 @@ CMD is the node's launcher command, rendered by `manifests/render.py` from
   waiting for
 - the rendezvous host to resolve (the Service's DNS name appears shortly after the pod).
 Then the launcher runs as a child; SIGTERM and SIGINT (the kubelet's stop) are passed on to it,
-and its exit code is translated: a verdict left by a rank (`training.runlog.verdict`) wins, a
-stop on request is `exits.PREEMPTED`, anything else stays a retryable failure.
+and its exit code is translated (`pod_exit_code`): a verdict left by a rank
+(`training.runlog.verdict`) wins, a stop on request is `exits.PREEMPTED`, anything else stays a
+retryable failure.
+
+A node the straggler policy evicted: its ranks write a verdict naming it and, under
+`ft_launcher` (``injob``, ``nested``), ask their launcher to leave the node out of the next
+rendezvous (``WorkloadAction.ExcludeThisNode``), so that launcher exits (with 0) instead of
+restarting them, while the other nodes' launchers restart their workers and wait in the
+rendezvous for the replacement. This supervisor then cordons the node (`training.cluster`) and
+exits `exits.NODE_UNFIT`: the Job replaces the pod, and the scheduler puts the replacement on
+another node.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from training import exits
+from training.cluster import cordon
 from training.config import JobConfig
 from training.exits import ConfigError
 from training.launch.command import trainer_args_of
@@ -115,6 +125,7 @@ def _supervise(command: Sequence[str], config: JobConfig) -> int:
         # The check's own verdict decides between failing the Job and replacing this pod.
         return code if code in (exits.ENVIRONMENT, exits.NODE_UNFIT) else exits.ENVIRONMENT
     stopping: list[int] = []
+    started = time.time()
     child = subprocess.Popen(list(command))
 
     def forward(signum: int, _frame) -> None:
@@ -124,25 +135,73 @@ def _supervise(command: Sequence[str], config: JobConfig) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     code = child.wait()
-    if code == 0:
-        return exits.OK
+    node = os.environ.get(NODE_NAME_ENV, "")
     verdict = read_verdict(run_dir=Path(config.run_dir), run_id=_flag(command, "rdzv-id"))
-    if verdict is not None:
+    outcome = pod_exit_code(
+        launcher_code=code,
+        verdict=verdict,
+        node=node,
+        launcher_started=started,
+        in_job=config.resilience.restart in IN_JOB_MODES,
+        stopped=bool(stopping),
+    )
+    if evicted(verdict, node=node, launcher_started=started):
         print(f"error: {verdict.cause}", file=sys.stderr, flush=True)
-        return verdict_code(verdict, node=os.environ.get(NODE_NAME_ENV, ""))
-    if stopping:
-        return exits.PREEMPTED
-    return exits.FAILED if code > 0 else 128 - code
+        # Before the pod ends: the Job's replacement must not land on this node again.
+        cordon(node)
+    elif verdict is not None and not verdict.node and code != 0:
+        print(f"error: {verdict.cause}", file=sys.stderr, flush=True)
+    return outcome
 
 
-def verdict_code(verdict: Verdict, *, node: str) -> int:
-    """This pod's exit code for a run's verdict. A verdict about one node (a straggler's
-    eviction) is that node's pod's own code (NODE_UNFIT: the Job replaces it, on a spare when
-    there is one); every other pod was stopped with the final checkpoint for its sake, as by a
-    drain (PREEMPTED), and must not claim the node's fault."""
-    if verdict.node and verdict.node != node:
+IN_JOB_MODES = ("injob", "nested")
+"""Restart modes whose launcher (``ft_launcher``) keeps the other nodes' pods through an
+eviction: they restart their workers in-job and wait for the evicted node's replacement."""
+
+
+def evicted(verdict: Verdict | None, *, node: str, launcher_started: float) -> bool:
+    """True when `verdict` evicts this pod's node and was written while this pod's launcher ran
+    (a verdict left by an earlier pod on this node does not count)."""
+    return (
+        verdict is not None
+        and bool(verdict.node)
+        and verdict.node == node
+        and verdict.time >= launcher_started
+    )
+
+
+def pod_exit_code(
+    *,
+    launcher_code: int,
+    verdict: Verdict | None,
+    node: str,
+    launcher_started: float,
+    in_job: bool,
+    stopped: bool,
+) -> int:
+    """This pod's exit code from its launcher's and the run's verdict.
+
+    - A verdict evicting this node (`evicted`) is this pod's code whatever the launcher
+      returned (``ft_launcher`` exits 0 after leaving the rendezvous on request).
+    - A verdict about another node: with ``torchrun`` every pod stopped with the final
+      checkpoint for its sake, as by a drain (PREEMPTED, never the node's fault); under
+      ``ft_launcher`` (`in_job`) this pod's launcher went on in-job, so the verdict is not
+      about its end.
+    - A verdict about the whole run (no node) is every pod's code when the launcher failed.
+    """
+    if verdict is not None and verdict.node:
+        if evicted(verdict, node=node, launcher_started=launcher_started):
+            return verdict.code
+        if verdict.node != node and not in_job and launcher_code != 0:
+            return exits.PREEMPTED
+        verdict = None
+    if launcher_code == 0:
+        return exits.OK
+    if verdict is not None:
+        return verdict.code
+    if stopped:
         return exits.PREEMPTED
-    return verdict.code
+    return exits.FAILED if launcher_code > 0 else 128 - launcher_code
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -245,6 +245,31 @@ def stop_workload(client, *, run_dir: Path, code: int, cause: str) -> None:
     )
 
 
+def exclude_this_node(client, *, cause: str) -> None:
+    """Ask this node's ``ft_launcher`` to leave the node out of the next rendezvous (NVRx
+    0.4.1 ``WorkloadAction.ExcludeThisNode``): the request waits in the launcher's IPC
+    connector; when the worker group ends, the launcher's next rendezvous attempt meets it
+    (``_ft_rendezvous.py``, ``_handle_control_requests_from_rank`` in
+    ``_add_to_participants``), raises ``UnhealthyNodeException``, and the launcher leaves the
+    rendezvous without closing it (``launcher.py``, ``launch_agent``) and exits 0 instead of
+    restarting the workers. The other nodes' launchers restart theirs and wait in the open
+    rendezvous for the pod that replaces this one."""
+    from nvidia_resiliency_ext.fault_tolerance import WorkloadAction
+    from nvidia_resiliency_ext.fault_tolerance.data import WorkloadControlRequest
+
+    client.send_workload_control_request(
+        WorkloadControlRequest(WorkloadAction.ExcludeThisNode, description=cause[:200])
+    )
+
+
+def leave_if_evicted(client, result) -> None:
+    """After a run stopped for a straggler's eviction: the evicted node's ranks ask their
+    launcher to stop (:func:`exclude_this_node`); every other rank exits PREEMPTED, which
+    its launcher treats as a failed worker group and restarts in-job."""
+    if result.eviction is not None and result.eviction.this_node:
+        exclude_this_node(client, cause=result.eviction.cause)
+
+
 def check_attempt(config: JobConfig, *, client, events: EventLog) -> int | None:
     """Rank 0, before training: the exit code if this attempt must not run."""
     run_dir = Path(config.run_dir)
@@ -301,6 +326,7 @@ def run_injob(config: JobConfig) -> int:
             raise
         finally:
             hooks.close()
+        leave_if_evicted(client, result)
     finally:
         client.shutdown_workload_monitoring()
     return result.exit_code

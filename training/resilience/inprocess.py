@@ -170,7 +170,7 @@ def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
     """In-process restarts; with `nested`, inside ft_launcher (which respawns dead or frozen
     ranks and enforces the job-wide restart cap, see `training.resilience.injob`)."""
     from training.parallel import await_rank0_store
-    from training.resilience.injob import attempt_number, check_attempt
+    from training.resilience.injob import attempt_number, check_attempt, leave_if_evicted
     from training.resilience.nvrx import inprocess_wrapper, rank_monitor_client, report_hang
     from training.run import release_leftovers, run_training
 
@@ -304,6 +304,9 @@ def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
         )
         print(f"error: {cause}", file=sys.stderr, flush=True)
         return code
+    else:
+        if monitor is not None and result is not None:
+            leave_if_evicted(monitor, result)
     finally:
         if monitor is not None:
             monitor.shutdown_workload_monitoring()

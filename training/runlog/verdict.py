@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,8 @@ class Verdict:
     run_id: str
     node: str = ""
     """The node the verdict is about (a straggler's eviction), or "" for the whole run."""
+    time: float = 0.0
+    """When it was written (``time.time()`` of the writer, on the node it is about)."""
 
 
 def current_run_id() -> str:
@@ -40,7 +43,7 @@ def current_run_id() -> str:
 def write_verdict(*, run_dir: Path, code: int, cause: str, run_id: str, node: str = "") -> None:
     """Atomically record the verdict of the run with rendezvous id `run_id` (about `node`)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    record = {"code": code, "cause": cause, "run_id": run_id, "node": node}
+    record = {"code": code, "cause": cause, "run_id": run_id, "node": node, "time": time.time()}
     write_json_atomic(run_dir / VERDICT_FILE, record)
 
 
@@ -53,6 +56,7 @@ def read_verdict(*, run_dir: Path, run_id: str) -> Verdict | None:
             cause=str(data["cause"]),
             run_id=data["run_id"],
             node=str(data.get("node", "")),
+            time=float(data.get("time", 0.0)),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None

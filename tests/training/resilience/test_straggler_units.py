@@ -178,12 +178,9 @@ def test_a_gpu_without_nvrx_cupti_falls_back_to_the_event_timed_optimizer_sectio
     assert not Detector.initialized
 
 
-def test_eviction_under_ft_launcher_is_refused_with_the_reason() -> None:
-    for mode in ("injob", "nested"):
-        with pytest.raises(ConfigError) as err:
-            apply_overrides(JobConfig(), {"straggler.evict": "true", "resilience.restart": mode})
-        assert err.value.field_path == "straggler.evict"
-        assert "ft_launcher" in str(err.value)
-    for mode in ("none", "inprocess"):
+def test_eviction_is_accepted_in_every_restart_mode() -> None:
+    """Under ft_launcher (injob, nested) the evicted node's ranks ask their launcher to leave
+    the rendezvous (training/resilience/injob.py, ``exclude_this_node``)."""
+    for mode in ("none", "inprocess", "injob", "nested"):
         overrides = {"straggler.evict": "true", "resilience.restart": mode}
         assert apply_overrides(JobConfig(), overrides).straggler.evict

@@ -1,0 +1,67 @@
+"""Cluster actions a trainer pod takes on its own node, through the Kubernetes API.
+
+One action: :func:`cordon`, what ``kubectl cordon NODE`` does (kubernetes.io, "Safely Drain a
+Node" and the ``kubectl cordon`` reference): ``spec.unschedulable: true`` on the Node, so the
+scheduler places no new pod there (its ``NodeUnschedulable`` filter plugin,
+kubernetes.io "Scheduling Framework" / "Scheduler Configuration"). The pod supervisor
+(``training.launch.pod``) cordons a node the straggler policy evicted before its pod ends, so
+the Job's replacement lands elsewhere (a spare, when there is one).
+
+The client is the ``kubernetes`` package with its in-cluster configuration: the pod's
+ServiceAccount token and CA that the kubelet mounts at
+``/var/run/secrets/kubernetes.io/serviceaccount`` and the API server's address in
+``KUBERNETES_SERVICE_HOST``/``_PORT`` (kubernetes.io, "Accessing the Kubernetes API from a
+Pod"). The permission is the ``fsdp-trainer`` ServiceAccount's ``patch`` on nodes, narrowed by a
+ValidatingAdmissionPolicy to this one field on the caller's own node (``manifests/render.py``,
+``node_cordon_objects``).
+
+A cordon that fails (no API, no permission, a refusal) is a warning: the eviction goes on, and
+the replacement may then land on the same node. Torch-free; the client is imported only here.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Protocol
+
+CORDON_PATCH: dict[str, Any] = {"spec": {"unschedulable": True}}
+"""The whole request body: ``kubectl cordon`` sends the same field."""
+API_TIMEOUT_S = 10.0
+"""One request's connect + read timeout: a pod being evicted does not wait on a slow API."""
+
+
+class NodeApi(Protocol):
+    """The one call of ``kubernetes.client.CoreV1Api`` used here."""
+
+    def patch_node(self, name: str, body: Any, **kwargs: Any) -> Any: ...
+
+
+def in_cluster_node_api() -> NodeApi:
+    """``CoreV1Api`` with the pod's in-cluster configuration (raises ``ConfigException`` when
+    the pod has no token or no API server address)."""
+    from kubernetes import client, config
+
+    config.load_incluster_config()
+    return client.CoreV1Api()
+
+
+def cordon(node: str, *, api: NodeApi | None = None) -> bool:
+    """Mark `node` unschedulable. True when the API server accepted it; False (and a warning on
+    stderr) when it could not be done, which never stops the caller."""
+    if not node:
+        print("warning: cordon: this pod does not know its node (NODE_NAME)", file=sys.stderr)
+        return False
+    try:
+        (api or in_cluster_node_api()).patch_node(
+            node, CORDON_PATCH, _request_timeout=API_TIMEOUT_S
+        )
+    except Exception as err:  # any failure: the eviction goes on without the cordon
+        print(
+            f"warning: cordon: node {node} was not cordoned ({type(err).__name__}: "
+            f"{str(err)[:300]}); a replacement pod may land on it again",
+            file=sys.stderr,
+            flush=True,
+        )
+        return False
+    print(f"cordoned node {node} (spec.unschedulable=true)", file=sys.stderr, flush=True)
+    return True
