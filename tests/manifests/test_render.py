@@ -34,7 +34,24 @@ def _key(obj: dict) -> tuple[str, str]:
     return obj["kind"], obj["metadata"]["name"]
 
 
+KUSTOMIZE_UNKNOWN_CLUSTER_SCOPED = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+"""Cluster-scoped kinds newer than kustomize's built-in OpenAPI schema (kyaml's, Kubernetes
+1.21; admissionregistration v1 policies are 1.30): its namespace transformer stamps them with
+the namespace. The API server drops a namespace on a cluster-scoped object (apiserver
+``rest.BeforeCreate``), so the applied object is the renderer's."""
+
+
 def _kustomize(overlay: str) -> list[dict]:
+    docs = _kustomize_raw(overlay)
+    for doc in docs:
+        if doc["kind"] in KUSTOMIZE_UNKNOWN_CLUSTER_SCOPED:
+            assert doc["metadata"].pop("namespace", render.DEFAULT_NAMESPACE) == (
+                render.DEFAULT_NAMESPACE
+            )
+    return docs
+
+
+def _kustomize_raw(overlay: str) -> list[dict]:
     out = subprocess.run(
         [KUBECTL, "kustomize", str(ROOT / "overlays" / overlay)],
         capture_output=True,
@@ -204,6 +221,10 @@ def test_shared_objects_take_cdk_tokens_as_opaque_strings():
         "PodDisruptionBudget",
         "NetworkPolicy",
         "Service",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ]
     pv = objs[3]
     assert pv["spec"]["csi"] == {
@@ -662,3 +683,33 @@ def test_trainer_pods_leave_a_lost_node_after_30_s_not_300(overlay):
     assert job["spec"]["podReplacementPolicy"] == "Failed" and job["spec"]["podFailurePolicy"]
     rules = job["spec"]["podFailurePolicy"]["rules"]
     assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]} in rules
+
+
+def test_the_trainer_may_only_cordon_its_own_node():
+    """The one cluster permission (training/cluster.py): `patch` on nodes, no read, bound to the
+    trainer's ServiceAccount, narrowed by an admission policy to `spec.unschedulable` on the
+    caller's own node; only the trainer's pods carry a token."""
+    objs = {o["kind"]: o for o in render.node_cordon_objects(namespace="ns")}
+    assert objs["ClusterRole"]["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}
+    ]
+    assert objs["ClusterRoleBinding"]["subjects"] == [
+        {"kind": "ServiceAccount", "name": render.SERVICE_ACCOUNT, "namespace": "ns"}
+    ]
+    policy = objs["ValidatingAdmissionPolicy"]["spec"]
+    assert policy["failurePolicy"] == "Fail"
+    (condition,) = policy["matchConditions"]
+    assert f"'system:serviceaccount:ns:{render.SERVICE_ACCOUNT}'" in condition["expression"]
+    checks = " ".join(v["expression"] for v in policy["validations"])
+    assert render.NODE_NAME_EXTRA in checks and "object.spec.unschedulable" in checks
+    assert "object.spec.taints" in checks and "object.metadata.labels" in checks
+    binding = objs["ValidatingAdmissionPolicyBinding"]["spec"]
+    assert binding == {"policyName": render.NODE_CORDON, "validationActions": ["Deny"]}
+    shared = render.shared_objects(namespace="ns", image="i", **render.PLACEHOLDER_FSX)
+    (account,) = [o for o in shared if o["kind"] == "ServiceAccount"]
+    assert account["automountServiceAccountToken"] is False
+    _, job = render.job_objects(overlay="2node", namespace="ns", image="i")
+    assert job["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+    for o in [*shared, *render.spare_objects(overlay="2node", namespace="ns", image="i")]:
+        if o["kind"] == "Deployment":
+            assert "automountServiceAccountToken" not in o["spec"]["template"]["spec"]
