@@ -8,8 +8,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -201,3 +204,35 @@ def tail(path: Path, lines: int = 60) -> str:
 def events(run_dir: Path) -> list[dict]:
     path = run_dir / "events.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class DutyCycle:
+    """Stops `pids` for ``stop_s`` of every ``period_s`` until closed (then continues them): the
+    shape of a CPU quota (CFS bandwidth control stops a group's threads for the rest of its
+    period once its quota is spent: kernel docs, scheduler/sched-bwc) at a short period, with
+    no privilege or cgroup delegation needed (this machine's cgroup v2 has no cpu controller)."""
+
+    def __init__(self, pids: list[int], *, period_s: float = 0.010, stop_s: float = 0.009) -> None:
+        self.pids, self.period_s, self.stop_s = list(pids), period_s, stop_s
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _signal(self, sig: int) -> None:
+        for pid in list(self.pids):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                self.pids.remove(pid)
+
+    def _run(self) -> None:
+        while self.pids and not self._done.is_set():
+            self._signal(signal.SIGSTOP)
+            time.sleep(self.stop_s)
+            self._signal(signal.SIGCONT)
+            time.sleep(self.period_s - self.stop_s)
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join()
+        self._signal(signal.SIGCONT)

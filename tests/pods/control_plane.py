@@ -15,10 +15,12 @@ its documentation or source, with the production durations scaled down by `SCALE
   `DeletionByPodGC`) after its 40 s quarantine and 20 s loop, and force-deletes it;
 - only then does the Job controller replace it (`podReplacementPolicy: Failed`, the only value
   allowed with a `podFailurePolicy`: emulator.run_job);
-- the scheduler places a pod on a free node, else preempts a spare's placeholder (priority
-  below the trainers', grace 0: it is killed and the node is free at once; kubernetes.io,
-  "Pod Priority and Preemption"), else leaves it Pending until the repaired node has booted,
-  joined and pulled the image;
+- the scheduler places a pod on a free node that is not cordoned (`spec.unschedulable`: the
+  NodeUnschedulable filter plugin, kubernetes.io "Scheduler Configuration"; `kubectl cordon`
+  and "Safely Drain a Node"), a node whose pod ended being free again; else it preempts a
+  spare's placeholder (priority below the trainers', grace 0: it is killed and the node is
+  free at once; kubernetes.io, "Pod Priority and Preemption"), else leaves it Pending until
+  the repaired node has booted, joined and pulled the image;
 - the spares' Deployment replaces a preempted placeholder; the new one stays Pending until the
   repaired node joins and then lands there: the group is back at N + K spares.
 The lost pod's processes are never killed by any of this: its node cannot be reached. They stay
@@ -127,6 +129,9 @@ class ControlPlane:
         self.preempted = 0
         """Placeholders preempted and not yet back: the Deployment's Pending replicas."""
         self.events: list[tuple[float, str]] = []
+        self.cordoned: set[str] = set()
+        self.bound_at: dict[str, float] = {}
+        """Pod name -> time.time() the kubelet started its container (the latest start)."""
         self._lock = threading.Lock()
 
     def _event(self, what: str, at: float | None = None) -> None:
@@ -138,12 +143,26 @@ class ControlPlane:
 
     # --- the scheduler ------------------------------------------------------------------------
 
+    def cordon(self, node: str) -> None:
+        """`spec.unschedulable: true` on `node` (the API call, kube_api.py)."""
+        with self._lock:
+            self.cordoned.add(node)
+        self._event(f"{node} cordoned")
+
+    def released(self, pod: Pod) -> None:
+        """`pod` ended on its node (the kubelet reported its exit): the node is free again."""
+        with self._lock:
+            (node,) = [n for n in self.cluster.nodes if n.netns == pod.netns]
+            self.free.append(node)
+
     def place(self, index: int) -> Node | None:
         """A node for the pod of `index`, or None: Pending (`node_ready_at` says until when)."""
         with self._lock:
             now = time.time()
-            if self.free:
-                return self.free.pop(0)
+            schedulable = [n for n in self.free if n.name not in self.cordoned]
+            if schedulable:
+                self.free.remove(schedulable[0])
+                return schedulable[0]
             if self.spares:
                 node, placeholder = self.spares.pop(0)
                 # Preemption: the victim is deleted with its grace period (0 s: SIGKILL).
@@ -170,6 +189,7 @@ class ControlPlane:
     def bound(self, index: int, pod: Pod) -> None:
         with self._lock:
             self.pods[index] = pod
+            self.bound_at[pod.name] = time.time()
 
     # --- a node lost, and the controllers that notice -----------------------------------------
 

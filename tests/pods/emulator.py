@@ -34,6 +34,7 @@ from manifests import render
 
 if TYPE_CHECKING:
     from control_plane import ControlPlane
+    from kube_api import ApiEndpoint
 
 RUN = os.getpid()
 """Every bridge, link and namespace this process makes carries its pid, so two runs of the pod
@@ -119,6 +120,9 @@ class Cluster:
     hosts: dict[str, str] = field(default_factory=dict)
     store: subprocess.Popen | None = None
     nodes: list[Node] = field(default_factory=list)
+    api: ApiEndpoint | None = None
+    """The emulated API server (kube_api.py), if any: every container gets its address, and a
+    pod whose spec mounts a ServiceAccount token gets the token (the kubelet's rules)."""
 
     def _add_netns(self, name: str, ip: str) -> str:
         _sh("ip", "netns", "add", name)
@@ -286,6 +290,12 @@ class Cluster:
         termination_log = self.root / f"termination-{index}-{attempt}"
         termination_log.write_text("")
         mounts = {"/fsx": self.root / "fsx", "/scratch": scratch}
+        if self.api is not None:
+            pod_env.update(self.api.pod_env())
+            if spec.get("automountServiceAccountToken"):
+                from kube_api import SERVICE_ACCOUNT_DIR
+
+                mounts[SERVICE_ACCOUNT_DIR] = self.api.secrets
 
         def run(container: dict, extra_mounts: dict[str, Path] | None = None) -> subprocess.Popen:
             env = {
@@ -589,6 +599,8 @@ def run_job(
                     continue
                 code, conditions = container_exit_code(returncode), ()
                 c.kill_netns(pod.netns)  # the container's other processes end with it
+                if control_plane is not None:
+                    control_plane.released(pod)
             ended(index, pod, code)
             del running[index]
             if code == 0:
