@@ -16,6 +16,7 @@ bit for bit: model and optimizer, `torch.equal` per tensor.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -27,9 +28,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import emulator
+import kube_api
 import pytest
 from control_plane import EKS, SCALE, ControlPlane
-from support import TINY_MODEL, assert_identical, final_state
+from support import TINY_MODEL, DutyCycle, assert_identical, final_state
 
 from manifests import render, sizes
 from training import exits, startup_check
@@ -146,7 +148,7 @@ def _run(
     (FSX_FSTYPE, found by findmnt) unless `expect_lustre` keeps the Job's own `lustre`.
     `control_plane(cluster, spare_objects)` builds the emulated control plane that places the
     pods on nodes; `after(cluster)` runs once the Job has ended, before the teardown."""
-    with emulator.cluster(root) as pods:
+    with emulator.cluster(root) as pods, contextlib.ExitStack() as stack:
         if not (root / "fsx" / "data" / "stdlib" / "meta.json").exists():
             _prepare_data(root)
         if not expect_lustre:
@@ -161,6 +163,10 @@ def _run(
         if control_plane is not None:
             spares = render.spare_objects(overlay=overlay, namespace="training", image="img")
             plane = control_plane(pods, spares)
+            # The API a pod may call (a cordon), on the bridge's own address.
+            pods.api = stack.enter_context(
+                kube_api.serve(root, ip=f"{emulator.SUBNET}.1", on_cordon=plane.cordon)
+            )
         watcher = None
         if when_step is not None:
             step, act = when_step
@@ -565,4 +571,68 @@ def test_a_lost_node_that_comes_back_mid_run_does_not_corrupt_it(
         f"\n[node back] old pod's main process exit status {state['old_exit']}; "
         f"committed steps {layout.committed_steps(root)}"
         f"\n{state['plane'].timeline(since=state['time'])}\n--- old pod log tail\n{tail}"
+    )
+
+
+# --- a slow node (docs/stragglers.md) -------------------------------------------------------------
+
+
+def test_a_slow_node_is_cordoned_and_moved_to_a_spare(tmp_path: Path, reference: dict) -> None:
+    """Pod 1's node is slowed from step 1 (every process of the pod stopped 9 ms of every 10 ms,
+    the shape of a CPU quota: support.DutyCycle) in nested mode, the EKS default, with the
+    straggler policy on. Its node is named and evicted: every rank takes the final checkpoint;
+    pod 1's ranks ask their launcher to leave the rendezvous (NVRx ExcludeThisNode), its
+    supervisor cordons the node through the Kubernetes client (in-cluster config) and exits
+    NODE_UNFIT; pod 0 keeps its launcher, which restarts its worker in-job. The Job's
+    replacement skips the cordoned node (free again, but unschedulable) and lands on the spare;
+    the run resumes from the final checkpoint and ends bit-identical to the fault-free one.
+
+    Emulated: the API server (kube_api.py answers the one PATCH a cordon is; no RBAC or
+    admission policy) and the scheduler (control_plane.py: NodeUnschedulable, preemption)."""
+    state: dict = {}
+
+    def plane(pods: emulator.Cluster, spare_objects: list[dict]) -> ControlPlane:
+        state["plane"] = ControlPlane(
+            pods,
+            nodes=2,
+            spares=1,
+            spare_command=_spare_command(spare_objects),
+            times=EKS.scaled(SCALE),
+            root=tmp_path,
+        )
+        state["spare"] = state["plane"].spare_nodes()[0]
+        return state["plane"]
+
+    def slow_down(pods: emulator.Cluster) -> None:
+        state["throttle"] = DutyCycle(pods.netns_pids(state["plane"].pods[1].netns))
+
+    policy = ("--straggler.report_every=2", "--straggler.reports=2", "--straggler.evict=true")
+    try:
+        result, job = _run(
+            tmp_path,
+            TWO_NODES,
+            restart="nested",
+            env=TWO_PODS,
+            extra=policy,
+            when_step=(1, slow_down),
+            control_plane=plane,
+        )
+    finally:
+        if "throttle" in state:
+            state["throttle"].close()
+    log = _logs(tmp_path)
+    assert result.status == "Complete", f"{result}\n{log}"
+    assert result.exit_codes == {0: [0], 1: [exits.NODE_UNFIT, 0]}, f"{result}\n{log}"
+    slow_node, new_node = result.nodes[1]
+    assert state["plane"].cordoned == {slow_node}
+    assert new_node == state["spare"]
+    events = _events(tmp_path, job)
+    (eviction,) = [e for e in events if e["kind"] == "straggler_eviction"]
+    assert eviction["node"] == slow_node and eviction["ranks"] == [1]
+    loads = [e for e in events if e["kind"] == "checkpoint_load"]
+    assert loads and loads[-1]["step"] == eviction["step"], "resumed from the final checkpoint"
+    _assert_identical(_final_state(tmp_path, job), reference)
+    print(
+        f"\n[straggler] {slow_node} evicted at step {eviction['step']}, cordoned; "
+        f"replacement on {new_node}\n{state['plane'].timeline(since=state['plane'].events[0][0])}"
     )
