@@ -27,7 +27,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from bench import checkpoint, goodput, overhead, restart
+from bench import checkpoint, goodput, node_loss, overhead, restart
 from bench.common import REPO_ROOT, ensure_corpus, fmt, machine, table, write_result
 
 BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -35,6 +35,7 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "overhead": overhead.run,
     "restart": restart.run,
     "goodput": goodput.run,
+    "node_loss": node_loss.run,  # needs root: emulated pods (`--only node_loss`)
 }
 HEADLINES: dict[str, tuple[str, ...]] = {
     "checkpoint": (
@@ -55,6 +56,8 @@ HEADLINES: dict[str, tuple[str, ...]] = {
         "startup_baseline_s",
         "startup_nested_s",
     ),
+    # Its results are per case (bench/results/node_loss.json; `python -m bench.node_loss --table`).
+    "node_loss": (),
 }
 DEFAULT = ("checkpoint", "overhead", "goodput")
 

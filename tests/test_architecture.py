@@ -141,7 +141,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("planner.__main__",),
     # benchmarks: above everything they measure
     ("bench", "bench.common"),
-    ("bench.checkpoint", "bench.goodput", "bench.overhead", "bench.restart"),
+    (
+        "bench.checkpoint",
+        "bench.goodput",
+        "bench.node_loss",
+        "bench.overhead",
+        "bench.restart",
+    ),
     ("bench.exporter",),
     ("bench.run_all",),
 )
