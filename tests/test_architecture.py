@@ -45,6 +45,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "facts",
         "facts.checkpoint",
         "facts.fsx",
+        "facts.hardware",
         "facts.prices",
         "facts.recipes",
         "manifests",
