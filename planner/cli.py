@@ -17,6 +17,7 @@ from planner.plan import Inputs, plan
 from planner.report import format_report
 from planner.sanity import format_sanity
 from planner.sources import SOURCES
+from planner.tiers import TierConfig
 from training.tables import text_table
 
 PROG = "python -m planner"
@@ -155,6 +156,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="evaluate this trainer interval (--checkpoint.interval) instead of optimising it",
     )
     p.add_argument(
+        "--tiers",
+        choices=("on", "off"),
+        default="on",
+        help="on: restore from process memory, pod memory or a peer where the failure leaves "
+        "them (planner/tiers.py); off: every restart reads FSx. The answer shows both",
+    )
+    p.add_argument(
+        "--memory-interval-steps",
+        type=_positive_int,
+        help="evaluate this --checkpoint.memory_interval instead of choosing it",
+    )
+    p.add_argument(
         "--recipe",
         choices=sorted(RECIPES),
         help="take --params and --step-time-s from a trainer recipe (facts/recipes.py)",
@@ -223,6 +236,8 @@ def inputs_from_args(args: argparse.Namespace) -> Inputs:
     """Flags -> Inputs; raises ValueError with a message for the user."""
     if (args.fsx_capacity_gib is None) != (args.fsx_tier is None):
         raise ValueError("--fsx-capacity-gib and --fsx-tier go together")
+    if args.memory_interval_steps is not None and args.tiers == "off":
+        raise ValueError("--memory-interval-steps needs --tiers on (no restore reads memory)")
     if args.recipe:
         recipe = RECIPES[args.recipe]
         args.params = float(recipe.params)
@@ -256,6 +271,9 @@ def inputs_from_args(args: argparse.Namespace) -> Inputs:
         seed=args.seed,
         interval_steps=args.interval_steps,
         per_job_software=args.software_per_job,
+        tiers=TierConfig(
+            enabled=args.tiers == "on", memory_interval_steps=args.memory_interval_steps
+        ),
     )
 
 

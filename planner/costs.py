@@ -553,8 +553,9 @@ def scaled_estimates(model: CostModel, factor: float) -> CostModel:
 def _job_restart(t: dict[str, Term], outcome: Outcome, detect: Term) -> list[Term]:
     """Every pod torn down and recreated (a new node, if one is needed, comes up meanwhile)."""
     pods = t["pod_replace_all_s"]
-    if outcome.needs_node and not outcome.spare:
-        # The new node and the recreated pods come up in parallel; the slower one counts.
+    if outcome.needs_node and (outcome.host or not outcome.spare):
+        # The new node (or a silent node's pod, which the Job replaces only once it is Failed)
+        # and the recreated pods come up in parallel; the slower one counts.
         pods = max(pods, _node(t, outcome), key=lambda x: x.seconds)
     tail = [t["rendezvous_s"], t["nccl_init_s"], t["ckpt_load_s"]]
     return [detect, t["pod_teardown_s"], pods, t["worker_start_s"], *tail]

@@ -201,6 +201,25 @@ def busy_period_s(
     return [value(float(d)) for d in start_s]
 
 
+def memory_interval_steps(
+    *, step_s: float, snapshot_stall_s: float, memory_rate_per_s: float
+) -> int:
+    """The memory snapshot interval (whole steps, >= 1) that minimises what the memory tiers
+    cost per second of training: ``(1 + d / (m s)) (1 + lambda m s / 2)`` for a snapshot stall
+    d and memory-tier failures at lambda; Young's optimum ``m s = sqrt(2 d / lambda)``, rounded
+    to the better neighbour."""
+    if memory_rate_per_s <= 0:
+        return 1
+    young = math.sqrt(2.0 * max(snapshot_stall_s, 1e-9) / memory_rate_per_s) / step_s
+    lo = max(1, math.floor(young))
+
+    def cost(m: int) -> float:
+        span = m * step_s
+        return (1.0 + snapshot_stall_s / span) * (1.0 + memory_rate_per_s * span / 2.0)
+
+    return min((lo, lo + 1), key=cost)
+
+
 def cycle_s(
     *, interval_s: float | np.ndarray, stall_s: float, write_s: float, drag: float
 ) -> float | np.ndarray:
@@ -359,6 +378,9 @@ class SimKind:
     """Restores from storage (see :class:`Kind`)."""
     recompute_s: float = 0.0
     """Memory tiers: wall seconds of steps trained again."""
+    spare_resets: bool = True
+    """The same when a spare takes the failed node's place."""
+    spare_recompute_s: float = 0.0
 
 
 def simulate(
@@ -400,6 +422,10 @@ def simulate(
     idle = np.asarray([k.strikes_idle for k in kinds])[kind]
     resets = np.asarray([k.resets for k in kinds])[kind]
     recompute = np.asarray([k.recompute_s for k in kinds], dtype=float)[kind]
+    spare_resets = np.asarray([k.spare_resets if k.needs_node else k.resets for k in kinds])[kind]
+    spare_recompute = np.asarray(
+        [k.spare_recompute_s if k.needs_node else k.recompute_s for k in kinds], dtype=float
+    )[kind]
     trials = arrivals.shape[0]
     rows = np.arange(trials)
     c = float(cycle_s(interval_s=interval_s, stall_s=stall_s, write_s=write_s, drag=drag))
@@ -421,24 +447,27 @@ def simulate(
         recovering = t < out_end
         strikes = live & (~recovering | idle[:, i])
         training = strikes & ~recovering
-        keeps = ~resets[:, i]
-        progress = np.where(training, t - train_from, paused_at)
-        bank = strikes & ~keeps & (training | paused)
-        banked = np.floor(np.maximum(progress - write_s, 0.0) / c)
-        work += np.where(bank, banked * interval_s, 0.0)
         r = r_none[:, i]
+        keeps = ~resets[:, i]
+        lose = recompute[:, i]
         if spares > 0:
             j = pool.argmin(axis=1)
             use = strikes & needs[:, i] & (pool[rows, j] <= t)
             pool[rows[use], j[use]] = t[use] + refill_s
             r = np.where(use, r_spare[:, i], r)
+            keeps = np.where(use, ~spare_resets[:, i], keeps)
+            lose = np.where(use, spare_recompute[:, i], lose)
+        progress = np.where(training, t - train_from, paused_at)
+        bank = strikes & ~keeps & (training | paused)
+        banked = np.floor(np.maximum(progress - write_s, 0.0) / c)
+        work += np.where(bank, banked * interval_s, 0.0)
         end = np.where(training, t + r, np.maximum(out_end, t + r))
         # Where the progress resumes after this outage: 0 after a storage restore; the progress
         # less the recomputed steps after a memory restore (during a storage restore's outage a
         # memory-tier failure only extends it).
         resume = np.where(
             training & keeps,
-            np.maximum(progress - recompute[:, i], 0.0),
+            np.maximum(progress - lose, 0.0),
             np.where(paused & keeps, out_end - train_from, 0.0),
         )
         kept = keeps & (training | paused)

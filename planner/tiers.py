@@ -58,7 +58,10 @@ class TierConfig:
             raise ValueError("memory interval must be >= 1 step")
 
 
+ON = TierConfig()
+"""Every tier, the memory interval chosen by the planner: the default."""
 OFF = TierConfig(enabled=False)
+"""Every restart reads FSx."""
 
 
 def whole_job_restart(*, mode: str, outcome: Outcome) -> bool:

@@ -133,6 +133,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the planner (reads facts and bench results), bottom first
     ("planner.ettr", "planner.spares", "planner.sources", "planner.fsx"),
     ("planner.failures",),
+    ("planner.tiers",),
     ("planner.costs",),
     ("planner.measured", "planner.plan"),
     ("planner.plot", "planner.report", "planner.sanity"),
