@@ -585,10 +585,10 @@ def recovery(
     if source not in RESTORE_TERMS:
         raise ValueError(f"no restore from {source!r}: use one of {', '.join(RESTORE_TERMS)}")
     t = dict(precomputed) if precomputed is not None else terms(model=model, job=job)
+    if tiers.whole_job_restart(mode=mode, outcome=outcome):
+        source = tiers.STORAGE
     t["ckpt_load_s"] = t[RESTORE_TERMS[source]]
     detect = _detection(t, mode=mode, outcome=outcome)
-    if tiers.whole_job_restart(mode=mode, outcome=outcome):
-        t["ckpt_load_s"] = t[RESTORE_TERMS[tiers.STORAGE]]
     if outcome.manual:
         return [t["manual_intervention_s"], *_job_restart(t, outcome, detect)]
     in_place = [

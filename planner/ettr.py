@@ -260,6 +260,8 @@ class Split:
     dilation: float
     """1 + lambda_m D_m: each second of training also costs the memory-tier failures' outages and
     recomputed steps (D_m, their mean) at their rate lambda_m."""
+    mean_outage: float
+    """X over every kind (:func:`outage_s`)."""
 
 
 def split(*, mtbf_s: float, kinds: Sequence[Kind]) -> Split:
@@ -275,6 +277,7 @@ def split(*, mtbf_s: float, kinds: Sequence[Kind]) -> Split:
         reset_share=reset,
         outage=x_s / reset if reset > 0 else 0.0,
         dilation=1.0 + pause / mtbf_s,
+        mean_outage=sum(k.share * x for k, x in zip(kinds, busy, strict=True)),
     )
 
 

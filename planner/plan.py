@@ -393,41 +393,6 @@ def _evaluate(
     tier_config: tiers.TierConfig | None = None,
 ) -> _Eval:
     tier_config = inputs.tiers if tier_config is None else tier_config
-    if tier_config.enabled and tier_config.memory_interval_steps is None:
-        # Snapshots are a choice (checkpoint.memory_interval 0 = off): where they cost more
-        # than they save, the plan goes without them.
-        kw = {"gpus": gpus, "mode": mode, "fsx": fsx, "outs": outs, "stall": stall}
-        kw |= {"mtbf": mtbf, "model": model, "steps": steps}
-        on = _evaluate_one(inputs, tier_config=tier_config, **kw)
-        off = _evaluate_one(inputs, tier_config=tiers.OFF, **kw)
-        return on if on.ettr >= off.ettr else off
-    return _evaluate_one(
-        inputs,
-        gpus=gpus,
-        mode=mode,
-        fsx=fsx,
-        outs=outs,
-        stall=stall,
-        mtbf=mtbf,
-        model=model,
-        steps=steps,
-        tier_config=tier_config,
-    )
-
-
-def _evaluate_one(
-    inputs: Inputs,
-    *,
-    gpus: int,
-    mode: str,
-    fsx: FsxPlan,
-    outs: tuple[failures.Outcome, ...],
-    stall: float,
-    mtbf: float,
-    model: CostModel,
-    steps: int | None,
-    tier_config: tiers.TierConfig,
-) -> _Eval:
     job = _job(inputs, gpus, fsx.bytes_per_s)
     write = inputs.ckpt_bytes / fsx.bytes_per_s
     drag = model.params.get("write_drag", 0.0)
@@ -438,7 +403,7 @@ def _evaluate_one(
     span = memory_steps * inputs.step_time_s
     kinds = _kinds(recs, recompute_s=span / 2.0)
     sp = ettr.split(mtbf_s=mtbf, kinds=kinds)
-    outage = ettr.outage_s(mtbf_s=mtbf, kinds=kinds)
+    outage = sp.mean_outage
     per_s = snapshot / span if memory_steps else 0.0
     kw = {
         "stall_s": stall,
@@ -598,18 +563,9 @@ def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
                     key=lambda e: _fsx_price(model, e.fsx),
                 )
             modes: dict[str, ModeResult] = {}
+            used: dict[str, tiers.TierConfig] = {}
             for mode, e in evals.items():
-                lo = _evaluate(
-                    inputs,
-                    gpus=g,
-                    mode=mode,
-                    fsx=e.fsx,
-                    outs=outs,
-                    stall=stall,
-                    mtbf=mtbf,
-                    model=low,
-                    steps=e.steps,
-                )
+                used[mode] = inputs.tiers
                 off = e
                 if inputs.tiers.enabled:
                     off = _evaluate(
@@ -623,6 +579,24 @@ def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
                         model=model,
                         tier_config=tiers.OFF,
                     )
+                    if off.ettr > e.ettr and inputs.tiers.memory_interval_steps is None:
+                        # Snapshots are a choice (checkpoint.memory_interval 0 = off): where
+                        # they cost more than they save, the plan goes without them.
+                        e = off
+                        used[mode] = tiers.OFF
+                evals[mode] = e
+                lo = _evaluate(
+                    inputs,
+                    gpus=g,
+                    mode=mode,
+                    fsx=e.fsx,
+                    outs=outs,
+                    stall=stall,
+                    mtbf=mtbf,
+                    model=low,
+                    steps=e.steps,
+                    tier_config=used[mode],
+                )
                 mc = None
                 if simulate:
                     job = _job(inputs, g, e.fsx.bytes_per_s)
@@ -634,7 +608,7 @@ def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
                             job,
                             mode,
                             fm,
-                            tier_config=inputs.tiers,
+                            tier_config=used[mode],
                             recompute_s=e.memory_steps * inputs.step_time_s / 2.0,
                         ),
                         spares=in_force.count,
@@ -686,6 +660,7 @@ def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
                         mtbf=mtbf,
                         model=scaled,
                         steps=modes[m].interval_steps,
+                        tier_config=used[m],
                     ).ettr
                     for m in (best, second)
                 }
@@ -704,6 +679,7 @@ def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
                     mtbf=mtbf,
                     model=model,
                     steps=modes[best].interval_steps,
+                    tier_config=used[best],
                 )
                 sweep.append((k, spares.erlang_b(spares=k, load=load), e.ettr))
             gpu_usd = model.params.get("gpu_hour_usd", 0.0)
