@@ -10,9 +10,11 @@ from typing import NoReturn
 
 from facts.checkpoint import BYTES_PER_PARAM
 from facts.recipes import RECIPES
+from manifests.sizes import SIZES
 from planner.costs import DEFAULTS, ZERO_OK, cluster_model
 from planner.failures import FAILURE_RATES
-from planner.measured import describe, measured_cpu_model
+from planner.measured import describe, measured_cpu_model, node_loss
+from planner.overlays import format_overlays, overlay_plans
 from planner.plan import Inputs, plan
 from planner.report import format_report
 from planner.sanity import format_sanity
@@ -168,6 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="evaluate this --checkpoint.memory_interval instead of choosing it",
     )
     p.add_argument(
+        "--overlay",
+        choices=sorted(SIZES),
+        help="plan one overlay of manifests/sizes.py: its GPUs, its recipe's --params and "
+        "--step-time-s, its spare count",
+    )
+    p.add_argument(
         "--recipe",
         choices=sorted(RECIPES),
         help="take --params and --step-time-s from a trainer recipe (facts/recipes.py)",
@@ -238,6 +246,13 @@ def inputs_from_args(args: argparse.Namespace) -> Inputs:
         raise ValueError("--fsx-capacity-gib and --fsx-tier go together")
     if args.memory_interval_steps is not None and args.tiers == "off":
         raise ValueError("--memory-interval-steps needs --tiers on (no restore reads memory)")
+    if args.overlay:
+        if args.recipe:
+            raise ValueError("--overlay sets the recipe: leave out --recipe")
+        size = SIZES[args.overlay]
+        args.recipe = size.recipe
+        args.gpus = (size.world_size,)
+        args.gpus_per_node = size.node_type.gpus
     if args.recipe:
         recipe = RECIPES[args.recipe]
         args.params = float(recipe.params)
@@ -290,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         inputs = inputs_from_args(args)
         plans = plan(inputs=inputs)
+        lost = node_loss(bench_dir=args.bench_dir)
+        overlays = (
+            [] if args.brief or inputs.model.name != "cluster" else overlay_plans(inputs=inputs)
+        )
     except ValueError as e:
         parser.error(str(e))
     measured = describe(bench_dir=args.bench_dir) if args.costs == "measured-cpu" else []
@@ -298,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
             inputs=inputs, plans=plans, measured_lines=measured, brief=args.brief, full=args.full
         )
     )
+    if overlays:
+        print("\n".join(format_overlays(inputs=inputs, plans=overlays, measured=lost)))
     if not args.no_plot:
         from planner.plot import plot_plan
 

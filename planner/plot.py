@@ -63,7 +63,8 @@ def plot_plan(*, inputs: Inputs, plans: list[SizePlan], out: Path) -> Path:
     ax.set_ylabel("ETTR (productive / wall)")
     ax.set_title(
         f"ETTR, {inputs.params / 1e9:.0f}B params, cost model '{inputs.model.name}', spares as "
-        f"recommended, restore tiers {'on' if inputs.tiers.enabled else 'off'}, {first} rate\nlines: closed form, shaded to low NCCL/rendezvous start-up; "
+        f"recommended, restore tiers {'on' if inputs.tiers.enabled else 'off'}, {first} rate\n"
+        "lines: closed form, shaded to low NCCL/rendezvous start-up; "
         f"triangles: Monte Carlo p5 ({inputs.trials} x {inputs.days:g}-day jobs)"
         + (f"\ndotted: {others}" if others else ""),
         fontsize=8,

@@ -136,7 +136,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("planner.tiers",),
     ("planner.costs",),
     ("planner.measured", "planner.plan"),
-    ("planner.plot", "planner.report", "planner.sanity"),
+    ("planner.plot", "planner.report", "planner.sanity", "planner.overlays"),
     ("planner.cli",),
     ("planner.__main__",),
     # benchmarks: above everything they measure
