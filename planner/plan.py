@@ -134,7 +134,7 @@ class ModeResult:
     snapshot_stall_per_s: float
     """Memory snapshots' blocking time per second of training."""
     tiers_off_ettr: float
-    """The same mode at the same FSx with every restart from FSx (its own best interval)."""
+    """The same mode with every restart from FSx, at its own best FSx and interval."""
     tiers_off_interval_steps: int
 
     @property
@@ -584,6 +584,25 @@ def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
                         # they cost more than they save, the plan goes without them.
                         e = off
                         used[mode] = tiers.OFF
+                    if mode in costs.MODES and mode != "none":
+                        # The comparison: the storage-only model at its own best FSx.
+                        off = min(
+                            (
+                                _evaluate(
+                                    inputs,
+                                    gpus=g,
+                                    mode=mode,
+                                    fsx=f,
+                                    outs=outs,
+                                    stall=stall,
+                                    mtbf=mtbf,
+                                    model=model,
+                                    tier_config=tiers.OFF,
+                                )
+                                for f in options
+                            ),
+                            key=lambda x: x.cost,
+                        )
                 evals[mode] = e
                 lo = _evaluate(
                     inputs,
