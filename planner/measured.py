@@ -92,7 +92,9 @@ class NodeLoss:
 def _number(data: dict, key: str, where: str) -> float:
     value = data.get(key) if isinstance(data, dict) else None
     if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
-        raise ValueError(f"{where}: {key!r} must be a number >= 0, got {value!r}")
+        raise ValueError(
+            f"{where}: {key!r} must be a number >= 0, got {value!r} (rerun `{NODE_LOSS_COMMAND}`)"
+        )
     return float(value)
 
 
