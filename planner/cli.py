@@ -10,13 +10,16 @@ from typing import NoReturn
 
 from facts.checkpoint import BYTES_PER_PARAM
 from facts.recipes import RECIPES
+from manifests.sizes import SIZES
 from planner.costs import DEFAULTS, ZERO_OK, cluster_model
 from planner.failures import FAILURE_RATES
-from planner.measured import describe, measured_cpu_model
+from planner.measured import describe, measured_cpu_model, node_loss
+from planner.overlays import format_overlays, overlay_plans
 from planner.plan import Inputs, plan
 from planner.report import format_report
 from planner.sanity import format_sanity
 from planner.sources import SOURCES
+from planner.tiers import TierConfig
 from training.tables import text_table
 
 PROG = "python -m planner"
@@ -155,6 +158,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="evaluate this trainer interval (--checkpoint.interval) instead of optimising it",
     )
     p.add_argument(
+        "--tiers",
+        choices=("on", "off"),
+        default="on",
+        help="on: restore from process memory, pod memory or a peer where the failure leaves "
+        "them (planner/tiers.py); off: every restart reads FSx. The answer shows both",
+    )
+    p.add_argument(
+        "--memory-interval-steps",
+        type=_positive_int,
+        help="evaluate this --checkpoint.memory_interval instead of choosing it",
+    )
+    p.add_argument(
+        "--overlay",
+        choices=sorted(SIZES),
+        help="plan one overlay of manifests/sizes.py: its GPUs, its recipe's --params and "
+        "--step-time-s, its spare count",
+    )
+    p.add_argument(
         "--recipe",
         choices=sorted(RECIPES),
         help="take --params and --step-time-s from a trainer recipe (facts/recipes.py)",
@@ -223,6 +244,15 @@ def inputs_from_args(args: argparse.Namespace) -> Inputs:
     """Flags -> Inputs; raises ValueError with a message for the user."""
     if (args.fsx_capacity_gib is None) != (args.fsx_tier is None):
         raise ValueError("--fsx-capacity-gib and --fsx-tier go together")
+    if args.memory_interval_steps is not None and args.tiers == "off":
+        raise ValueError("--memory-interval-steps needs --tiers on (no restore reads memory)")
+    if args.overlay:
+        if args.recipe:
+            raise ValueError("--overlay sets the recipe: leave out --recipe")
+        size = SIZES[args.overlay]
+        args.recipe = size.recipe
+        args.gpus = (size.world_size,)
+        args.gpus_per_node = size.node_type.gpus
     if args.recipe:
         recipe = RECIPES[args.recipe]
         args.params = float(recipe.params)
@@ -256,6 +286,9 @@ def inputs_from_args(args: argparse.Namespace) -> Inputs:
         seed=args.seed,
         interval_steps=args.interval_steps,
         per_job_software=args.software_per_job,
+        tiers=TierConfig(
+            enabled=args.tiers == "on", memory_interval_steps=args.memory_interval_steps
+        ),
     )
 
 
@@ -272,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         inputs = inputs_from_args(args)
         plans = plan(inputs=inputs)
+        lost = node_loss(bench_dir=args.bench_dir)
+        overlays = (
+            [] if args.brief or inputs.model.name != "cluster" else overlay_plans(inputs=inputs)
+        )
     except ValueError as e:
         parser.error(str(e))
     measured = describe(bench_dir=args.bench_dir) if args.costs == "measured-cpu" else []
@@ -280,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
             inputs=inputs, plans=plans, measured_lines=measured, brief=args.brief, full=args.full
         )
     )
+    if overlays:
+        print("\n".join(format_overlays(inputs=inputs, plans=overlays, measured=lost)))
     if not args.no_plot:
         from planner.plot import plot_plan
 

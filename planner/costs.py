@@ -45,7 +45,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from facts import prices
+from facts import hardware, prices
+from planner import tiers
 from planner.failures import Outcome
 from training.config import ResilienceConfig
 from training.resilience.nvrx import (
@@ -217,6 +218,26 @@ DEFAULTS: dict[str, Param] = {
         source="eks-repair",
         help="EKS node auto-repair waits this long on a failed Ready condition (host faults)",
     ),
+    "node_monitor_grace_s": Param(
+        value=50.0,
+        unit="s",
+        source="k8s-node-lifecycle",
+        help="a silent node's Ready condition turns Unknown after the node-monitor grace period",
+    ),
+    "instance_terminate_s": Param(
+        value=60.0,
+        unit="s",
+        source="estimate",
+        estimate=True,
+        help="node repair terminates the hung instance and deletes its Node object",
+    ),
+    "podgc_s": Param(
+        value=60.0,
+        unit="s",
+        source="k8s-podgc",
+        help="PodGC fails the pod of a deleted node (40 s quarantine + a 20 s loop, at most): "
+        "only then does the Job replace it, spare or not",
+    ),
     "manual_intervention_s": Param(
         value=7200.0,
         unit="s",
@@ -282,11 +303,27 @@ DEFAULTS: dict[str, Param] = {
     },
     # --- checkpoint --------------------------------------------------------------------------
     "d2h_gbps": Param(
-        value=32.0,
+        value=hardware.PCIE5_X16_BYTES_PER_S / GB / 2,
         unit="GB/s",
         source="pcie",
         estimate=True,
-        help="device-to-pinned-host copy per GPU (half of PCIe 5.0 x16 nominal: an estimate)",
+        help="GPU <-> host memory copy per GPU, either way (half of PCIe 5.0 x16 nominal: an "
+        "estimate); checkpoint stalls and restores from memory",
+    ),
+    "efa_gbps": Param(
+        value=hardware.P5_EFA_BYTES_PER_S / GB,
+        unit="GB/s",
+        source="p5",
+        help="node-to-node EFA, each way (p5.48xlarge 3,200 Gbps nominal): a peer restore and "
+        "the peer copy of each memory snapshot",
+    ),
+    "memory_snapshot_s": Param(
+        value=0.1,
+        unit="s",
+        source="estimate",
+        estimate=True,
+        help="blocking work per memory snapshot besides the copies (the update waits for the "
+        "copy's event; slot bookkeeping; the /dev/shm copy)",
     ),
     "save_fixed_s": Param(
         value=0.5,
@@ -405,10 +442,45 @@ def terms(*, model: CostModel, job: Job) -> dict[str, Term]:
     )
     out["node_replace_host_s"] = Term(
         "node_replace_host_s",
-        p["host_repair_wait_s"] + p["node_boot_s"] + p["image_pull_s"] + p["pod_start_s"],
+        p["node_monitor_grace_s"]
+        + p["host_repair_wait_s"]
+        + p["instance_terminate_s"]
+        + p["node_boot_s"]
+        + p["image_pull_s"]
+        + p["pod_start_s"],
         s["host_repair_wait_s"],
     )
     out["spare_swap_s"] = Term("spare_swap_s", p["pod_start_s"], s["pod_start_s"])
+    # A silent node's pod is replaced only once it is Failed: after the repair deletes the node
+    # and PodGC fails the pod (docs/node-loss.md, steps 1-8), with a spare as without one.
+    out["spare_swap_host_s"] = Term(
+        "spare_swap_host_s",
+        p["node_monitor_grace_s"]
+        + p["host_repair_wait_s"]
+        + p["instance_terminate_s"]
+        + p["podgc_s"]
+        + p["pod_start_s"],
+        s["host_repair_wait_s"],
+    )
+    shard_gpu = job.ckpt_bytes / job.gpus
+    shard_node = job.ckpt_bytes / job.nodes
+    h2d = p["d2h_gbps"] * GB
+    efa = p["efa_gbps"] * GB
+    out["restore_memory_s"] = Term("restore_memory_s", shard_gpu / h2d, s["d2h_gbps"])
+    out["restore_pod_memory_s"] = Term("restore_pod_memory_s", shard_gpu / h2d, s["d2h_gbps"])
+    # The replacement reads its node's shard from one peer: one node's EFA at each end.
+    out["restore_peer_s"] = Term(
+        "restore_peer_s", shard_node / efa + shard_gpu / h2d, s["efa_gbps"]
+    )
+    # The device-to-host copy runs on a side stream beside the next step's forward and backward
+    # (training/checkpoint/memory.py): only what outlasts a step blocks. The peer copy is charged
+    # whole (it shares EFA with FSDP's collectives).
+    peer_copy = shard_node / efa if job.nodes >= 2 else 0.0
+    out["memory_snapshot_stall_s"] = Term(
+        "memory_snapshot_stall_s",
+        p["memory_snapshot_s"] + peer_copy + max(0.0, shard_gpu / h2d - job.step_time_s),
+        s["memory_snapshot_s"],
+    )
     out["ckpt_stall_s"] = Term(
         "ckpt_stall_s",
         p["save_fixed_s"] + job.ckpt_bytes / job.gpus / (p["d2h_gbps"] * GB),
@@ -437,8 +509,18 @@ def _detection(t: dict[str, Term], *, mode: str, outcome: Outcome) -> Term:
 
 def _node(t: dict[str, Term], outcome: Outcome) -> Term:
     if outcome.spare:
-        return t["spare_swap_s"]
+        return t["spare_swap_host_s" if outcome.host else "spare_swap_s"]
     return t["node_replace_host_s" if outcome.host else "node_replace_s"]
+
+
+RESTORE_TERMS: dict[str, str] = {
+    tiers.MEMORY: "restore_memory_s",
+    tiers.POD_MEMORY: "restore_pod_memory_s",
+    tiers.PEER: "restore_peer_s",
+    tiers.STORAGE: "ckpt_load_s",
+}
+"""The term that reads the state back, per restore source (``local`` is never chosen:
+planner.tiers)."""
 
 
 def low_startup(model: CostModel) -> CostModel:
@@ -471,8 +553,9 @@ def scaled_estimates(model: CostModel, factor: float) -> CostModel:
 def _job_restart(t: dict[str, Term], outcome: Outcome, detect: Term) -> list[Term]:
     """Every pod torn down and recreated (a new node, if one is needed, comes up meanwhile)."""
     pods = t["pod_replace_all_s"]
-    if outcome.needs_node and not outcome.spare:
-        # The new node and the recreated pods come up in parallel; the slower one counts.
+    if outcome.needs_node and (outcome.host or not outcome.spare):
+        # The new node (or a silent node's pod, which the Job replaces only once it is Failed)
+        # and the recreated pods come up in parallel; the slower one counts.
         pods = max(pods, _node(t, outcome), key=lambda x: x.seconds)
     tail = [t["rendezvous_s"], t["nccl_init_s"], t["ckpt_load_s"]]
     return [detect, t["pod_teardown_s"], pods, t["worker_start_s"], *tail]
@@ -485,8 +568,12 @@ def recovery(
     mode: str,
     outcome: Outcome,
     precomputed: Mapping[str, Term] | None = None,
+    source: str = tiers.STORAGE,
 ) -> list[Term]:
     """The terms one failure of this outcome costs in this mode, in order; their sum is R.
+
+    ``source`` is the tier the state is read back from (planner.tiers.restore_source); a
+    whole-job restart always reads storage.
 
     ``replica`` (not shipped) is charged elsewhere (:func:`replica_loss_s`): its recovery does
     not stop the whole job.
@@ -495,7 +582,12 @@ def recovery(
         raise ValueError(f"unknown mode {mode!r}: use one of {', '.join((*MODES, 'reserve'))}")
     if model.name == "measured-cpu":
         return [Term("measured restart", _measured_restart(model, mode, outcome), "bench")]
+    if source not in RESTORE_TERMS:
+        raise ValueError(f"no restore from {source!r}: use one of {', '.join(RESTORE_TERMS)}")
     t = dict(precomputed) if precomputed is not None else terms(model=model, job=job)
+    if tiers.whole_job_restart(mode=mode, outcome=outcome):
+        source = tiers.STORAGE
+    t["ckpt_load_s"] = t[RESTORE_TERMS[source]]
     detect = _detection(t, mode=mode, outcome=outcome)
     if outcome.manual:
         return [t["manual_intervention_s"], *_job_restart(t, outcome, detect)]
@@ -540,9 +632,14 @@ def replica_loss_s(*, model: CostModel, job: Job, outcome: Outcome) -> float:
     return p["ft_quorum_s"] + job.step_time_s + group_r * group_gpus / job.gpus
 
 
-def recovery_s(*, model: CostModel, job: Job, mode: str, outcome: Outcome) -> float:
+def recovery_s(
+    *, model: CostModel, job: Job, mode: str, outcome: Outcome, source: str = tiers.STORAGE
+) -> float:
     """R: seconds from the failure to training again, for one outcome in one mode."""
-    return sum(term.seconds for term in recovery(model=model, job=job, mode=mode, outcome=outcome))
+    return sum(
+        term.seconds
+        for term in recovery(model=model, job=job, mode=mode, outcome=outcome, source=source)
+    )
 
 
 def _measured_restart(model: CostModel, mode: str, outcome: Outcome) -> float:

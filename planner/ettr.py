@@ -132,6 +132,11 @@ class Kind:
     """R: seconds from the failure until training resumes (no further failure)."""
     strikes_idle: bool
     """Also strikes while the job is recovering; else only while it trains."""
+    resets: bool = True
+    """Restores from storage: the work since the newest committed checkpoint is lost. False: a
+    memory tier (planner.tiers) restores a newer state and only ``recompute_s`` is lost."""
+    recompute_s: float = 0.0
+    """Memory tiers: mean wall seconds of steps trained again (half a memory interval)."""
 
 
 def busy_period_s(
@@ -196,6 +201,25 @@ def busy_period_s(
     return [value(float(d)) for d in start_s]
 
 
+def memory_interval_steps(
+    *, step_s: float, snapshot_stall_s: float, memory_rate_per_s: float
+) -> int:
+    """The memory snapshot interval (whole steps, >= 1) that minimises what the memory tiers
+    cost per second of training: ``(1 + d / (m s)) (1 + lambda m s / 2)`` for a snapshot stall
+    d and memory-tier failures at lambda; Young's optimum ``m s = sqrt(2 d / lambda)``, rounded
+    to the better neighbour."""
+    if memory_rate_per_s <= 0:
+        return 1
+    young = math.sqrt(2.0 * max(snapshot_stall_s, 1e-9) / memory_rate_per_s) / step_s
+    lo = max(1, math.floor(young))
+
+    def cost(m: int) -> float:
+        span = m * step_s
+        return (1.0 + snapshot_stall_s / span) * (1.0 + memory_rate_per_s * span / 2.0)
+
+    return min((lo, lo + 1), key=cost)
+
+
 def cycle_s(
     *, interval_s: float | np.ndarray, stall_s: float, write_s: float, drag: float
 ) -> float | np.ndarray:
@@ -205,8 +229,8 @@ def cycle_s(
     return compute + stall_s + np.maximum(0.0, write_s - compute)
 
 
-def outage_s(*, mtbf_s: float, kinds: Sequence[Kind]) -> float:
-    """X: expected seconds from a failure while training until training resumes."""
+def outages_s(*, mtbf_s: float, kinds: Sequence[Kind]) -> list[float]:
+    """Each kind's expected outage: from its failure while training until training resumes."""
     shares = [k.share for k in kinds]
     _check_mix(shares, [k.recovery_s for k in kinds])
     idle = [k for k in kinds if k.strikes_idle and k.share > 0]
@@ -214,10 +238,47 @@ def outage_s(*, mtbf_s: float, kinds: Sequence[Kind]) -> float:
     idle_mix = [
         Kind(share=k.share / idle_share, recovery_s=k.recovery_s, strikes_idle=True) for k in idle
     ]
-    busy = busy_period_s(
+    return busy_period_s(
         start_s=[k.recovery_s for k in kinds], idle_rate=idle_share / mtbf_s, idle=idle_mix
     )
+
+
+def outage_s(*, mtbf_s: float, kinds: Sequence[Kind]) -> float:
+    """X: expected seconds from a failure while training until training resumes."""
+    busy = outages_s(mtbf_s=mtbf_s, kinds=kinds)
     return sum(k.share * x for k, x in zip(kinds, busy, strict=True))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Split:
+    """The failure mix split by restore tier, as :func:`ettr_model` takes it."""
+
+    reset_share: float
+    """Share of failures that restore from storage (and lose the work since the last commit)."""
+    outage: float
+    """X_s: their mean outage (failures during it included)."""
+    dilation: float
+    """1 + lambda_m D_m: each second of training also costs the memory-tier failures' outages and
+    recomputed steps (D_m, their mean) at their rate lambda_m."""
+    mean_outage: float
+    """X over every kind (:func:`outage_s`)."""
+
+
+def split(*, mtbf_s: float, kinds: Sequence[Kind]) -> Split:
+    """Storage restores on one side, memory restores (pauses that keep the progress) on the
+    other; with every kind on storage this is ``Split(1, outage_s(...), 1)``."""
+    busy = outages_s(mtbf_s=mtbf_s, kinds=kinds)
+    reset = sum(k.share for k in kinds if k.resets)
+    x_s = sum(k.share * x for k, x in zip(kinds, busy, strict=True) if k.resets)
+    pause = sum(
+        k.share * (x + k.recompute_s) for k, x in zip(kinds, busy, strict=True) if not k.resets
+    )
+    return Split(
+        reset_share=reset,
+        outage=x_s / reset if reset > 0 else 0.0,
+        dilation=1.0 + pause / mtbf_s,
+        mean_outage=sum(k.share * x for k, x in zip(kinds, busy, strict=True)),
+    )
 
 
 def ettr_model(
@@ -228,6 +289,9 @@ def ettr_model(
     drag: float,
     mtbf_s: float,
     outage: float,
+    reset_share: float = 1.0,
+    dilation: float = 1.0,
+    snapshot_stall_per_s: float = 0.0,
 ) -> float | np.ndarray:
     """ETTR with commit lag, write drag and the outage X from :func:`outage_s`.
 
@@ -240,12 +304,27 @@ def ettr_model(
         ETTR = tau e^(-W/M) / ((e^(c/M) - 1) (M + X))
 
     With W = 0 and X = sum p_k R_k this is Daly's (2006) form for a mix.
+
+    Restore tiers (:func:`split`): only a share ``p_s`` of the failures restores from storage
+    and loses the work since the last commit; they arrive at ``r = p_s / M`` and ``outage`` is
+    their X_s. The others (memory tiers) pause training for their outage plus the steps they
+    recompute and keep the progress: each second of training costs ``g = dilation`` seconds of
+    wall clock. Memory snapshots block ``snapshot_stall_per_s`` per second of training. Then
+
+        ETTR = tau e^(-W r) / ((e^(c r) - 1) (g / r + X_s))
+
+    which is the form above when ``p_s = 1, g = 1``, and ``tau / (c g)`` when ``p_s = 0``.
     """
     tau = np.asarray(interval_s, dtype=float)
     c = cycle_s(interval_s=tau, stall_s=stall_s, write_s=write_s, drag=drag)
-    m = mtbf_s
-    out = tau * math.exp(-write_s / m) / (np.expm1(c / m) * (m + outage))
-    return float(out) if out.ndim == 0 else out
+    c = c + tau * snapshot_stall_per_s
+    if reset_share > 0:
+        r = reset_share / mtbf_s
+        grow = np.expm1(c * r)
+        out = tau * math.exp(-write_s * r) / (grow * (dilation / r + outage))
+    else:
+        out = tau / (c * dilation)
+    return float(out) if np.ndim(out) == 0 else out
 
 
 def best_interval_steps(
@@ -256,31 +335,31 @@ def best_interval_steps(
     drag: float,
     mtbf_s: float,
     outage: float,
+    reset_share: float = 1.0,
+    dilation: float = 1.0,
+    snapshot_stall_per_s: float = 0.0,
 ) -> int:
     """The whole number of steps that maximises :func:`ettr_model` (searched, not a formula:
     the commit lag and the wait for a long write move it away from Daly's optimum)."""
-    guess = daly_interval_s(stall_s=max(stall_s, 1e-3), mtbf_s=mtbf_s) + write_s
+    reset_mtbf = mtbf_s / max(reset_share, 1e-9)
+    guess = daly_interval_s(stall_s=max(stall_s, 1e-3), mtbf_s=reset_mtbf) + write_s
     top = max(4, int(4 * max(guess, write_s, step_s) / step_s) + 4)
+    kw = {
+        "stall_s": stall_s,
+        "write_s": write_s,
+        "drag": drag,
+        "mtbf_s": mtbf_s,
+        "outage": outage,
+        "reset_share": reset_share,
+        "dilation": dilation,
+        "snapshot_stall_per_s": snapshot_stall_per_s,
+    }
     steps = np.unique(np.geomspace(1, top, 400).astype(int))
-    values = ettr_model(
-        interval_s=steps * step_s,
-        stall_s=stall_s,
-        write_s=write_s,
-        drag=drag,
-        mtbf_s=mtbf_s,
-        outage=outage,
-    )
+    values = ettr_model(interval_s=steps * step_s, **kw)
     best = int(steps[int(np.argmax(values))])
     # Refine around the coarse optimum (the grid is geometric).
     fine = np.arange(max(1, best // 2), best * 2 + 2)
-    values = ettr_model(
-        interval_s=fine * step_s,
-        stall_s=stall_s,
-        write_s=write_s,
-        drag=drag,
-        mtbf_s=mtbf_s,
-        outage=outage,
-    )
+    values = ettr_model(interval_s=fine * step_s, **kw)
     return int(fine[int(np.argmax(values))])
 
 
@@ -298,6 +377,13 @@ class SimKind:
     """Takes a spare when one is free."""
     strikes_idle: bool
     """Also strikes during a recovery."""
+    resets: bool = True
+    """Restores from storage (see :class:`Kind`)."""
+    recompute_s: float = 0.0
+    """Memory tiers: wall seconds of steps trained again."""
+    spare_resets: bool = True
+    """The same when a spare takes the failed node's place."""
+    spare_recompute_s: float = 0.0
 
 
 def simulate(
@@ -312,6 +398,7 @@ def simulate(
     write_s: float,
     drag: float,
     job_s: float,
+    snapshot_stall_per_s: float = 0.0,
 ) -> MonteCarlo:
     """ETTR of simulated jobs of ``job_s`` seconds, failure by failure (vectorised over jobs).
 
@@ -321,6 +408,10 @@ def simulate(
     then moves the outage's end to ``max(end, t + R)``. A node failure takes a free spare (the
     spare comes back ``refill_s`` later) or, when all are in refill, takes none and needs a new
     node. The job ends cleanly: the work since the last checkpoint counts.
+
+    A kind that restores from a memory tier (``resets`` False) keeps the progress: training
+    resumes where it stood less ``recompute_s``, and the commit schedule moves by the pause. A
+    storage restore that strikes during such a pause banks the checkpoints committed before it.
     """
     shares = [k.share for k in kinds]
     _check_mix(shares, [k.recovery_s for k in kinds])
@@ -332,13 +423,24 @@ def simulate(
     r_spare = np.asarray([k.spare_recovery_s for k in kinds])[kind]
     needs = np.asarray([k.needs_node for k in kinds])[kind]
     idle = np.asarray([k.strikes_idle for k in kinds])[kind]
+    resets = np.asarray([k.resets for k in kinds])[kind]
+    recompute = np.asarray([k.recompute_s for k in kinds], dtype=float)[kind]
+    spare_resets = np.asarray([k.spare_resets if k.needs_node else k.resets for k in kinds])[kind]
+    spare_recompute = np.asarray(
+        [k.spare_recompute_s if k.needs_node else k.recompute_s for k in kinds], dtype=float
+    )[kind]
     trials = arrivals.shape[0]
     rows = np.arange(trials)
     c = float(cycle_s(interval_s=interval_s, stall_s=stall_s, write_s=write_s, drag=drag))
+    c += interval_s * snapshot_stall_per_s
+    # Progress since the last storage restore is (wall clock - train_from) while training.
     train_from = np.zeros(trials)
     out_end = np.zeros(trials)
     work = np.zeros(trials)
     struck = np.zeros(trials)
+    # In an outage that keeps the progress (a memory-tier restore), and its progress then.
+    paused = np.zeros(trials, dtype=bool)
+    paused_at = np.zeros(trials)
     pool = np.zeros((trials, max(spares, 1)))
     for i in range(arrivals.shape[1]):
         t = arrivals[:, i]
@@ -348,19 +450,41 @@ def simulate(
         recovering = t < out_end
         strikes = live & (~recovering | idle[:, i])
         training = strikes & ~recovering
-        banked = np.floor(np.maximum(t - train_from - write_s, 0.0) / c)
-        work += np.where(training, banked * interval_s, 0.0)
         r = r_none[:, i]
+        keeps = ~resets[:, i]
+        lose = recompute[:, i]
         if spares > 0:
             j = pool.argmin(axis=1)
             use = strikes & needs[:, i] & (pool[rows, j] <= t)
             pool[rows[use], j[use]] = t[use] + refill_s
             r = np.where(use, r_spare[:, i], r)
+            keeps = np.where(use, ~spare_resets[:, i], keeps)
+            lose = np.where(use, spare_recompute[:, i], lose)
+        progress = np.where(training, t - train_from, paused_at)
+        bank = strikes & ~keeps & (training | paused)
+        banked = np.floor(np.maximum(progress - write_s, 0.0) / c)
+        work += np.where(bank, banked * interval_s, 0.0)
         end = np.where(training, t + r, np.maximum(out_end, t + r))
+        # Where the progress resumes after this outage: 0 after a storage restore; the progress
+        # less the recomputed steps after a memory restore (during a storage restore's outage a
+        # memory-tier failure only extends it).
+        resume = np.where(
+            training & keeps,
+            np.maximum(progress - lose, 0.0),
+            np.where(paused & keeps, out_end - train_from, 0.0),
+        )
+        kept = keeps & (training | paused)
+        paused_at = np.where(strikes & training & keeps, progress, paused_at)
+        paused = np.where(strikes, kept, paused)
         out_end = np.where(strikes, end, out_end)
-        train_from = np.where(strikes, out_end, train_from)
+        train_from = np.where(strikes, out_end - resume, train_from)
         struck += strikes
-    left = np.maximum(job_s - train_from, 0.0)
+    # A job that ends inside a memory restore's outage keeps the progress it resumes from.
+    left = np.where(
+        job_s >= out_end,
+        np.maximum(job_s - train_from, 0.0),
+        np.where(paused, out_end - train_from, 0.0),
+    )
     cycles = np.floor(left / c)
     work += cycles * interval_s + np.minimum(left - cycles * c, interval_s)
     ettr = work / job_s

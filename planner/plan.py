@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from facts.checkpoint import checkpoint_bytes
 from facts.prices import fsx_usd_per_hour
-from planner import costs, ettr, failures, spares
+from planner import costs, ettr, failures, spares, tiers
 from planner.costs import CostModel, Job, Term
 from planner.fsx import FsxPlan, fsx_options, given_fsx
 
@@ -65,6 +65,8 @@ class Inputs:
     """Evaluate this trainer interval (``--checkpoint.interval``) instead of optimising it."""
     per_job_software: bool = False
     """Software faults per job (Llama 3's count at any size) instead of per node."""
+    tiers: tiers.TierConfig = tiers.ON
+    """Restore tiers (planner.tiers); ``tiers.OFF``: every restart reads FSx."""
 
     @property
     def ckpt_bytes(self) -> float:
@@ -91,6 +93,12 @@ class Recovery:
     outcome: failures.Outcome
     seconds: float
     terms: tuple[Term, ...]
+    source: str = tiers.STORAGE
+    """The tier it restores from (planner.tiers)."""
+    peer_lost: float = 0.0
+    """``peer`` only: the chance that a second loss took the copy; FSx then, in ``fallback_s``."""
+    fallback_s: float = 0.0
+    """R when the peer copy is lost (a restore from storage)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,6 +111,8 @@ class ModeResult:
     """Seconds to write one checkpoint to this FSx (the commit lag)."""
     interval_steps: int
     interval_s: float
+    memory_interval_steps: int
+    """``--checkpoint.memory_interval`` (0: no failure restores from memory in this mode)."""
     recoveries: tuple[Recovery, ...]
     outage_s: float
     """X: expected seconds from a failure to training again (failures during it included)."""
@@ -119,6 +129,13 @@ class ModeResult:
     fsx_near_usd_per_h: float
     mc: ettr.MonteCarlo | None
     """Monte Carlo at the same settings (None for modes without one)."""
+    split: ettr.Split
+    """The failures split by restore tier (planner.ettr.split)."""
+    snapshot_stall_per_s: float
+    """Memory snapshots' blocking time per second of training."""
+    tiers_off_ettr: float
+    """The same mode with every restart from FSx, at its own best FSx and interval."""
+    tiers_off_interval_steps: int
 
     @property
     def mean_recovery_s(self) -> float:
@@ -210,29 +227,91 @@ def _fsx_price(model: CostModel, fsx: FsxPlan) -> float:
 
 
 def _recoveries(
-    model: CostModel, job: Job, mode: str, outs: tuple[failures.Outcome, ...]
+    model: CostModel,
+    job: Job,
+    mode: str,
+    outs: tuple[failures.Outcome, ...],
+    tier_config: tiers.TierConfig,
+    node_rate_per_s: float,
 ) -> tuple[Recovery, ...]:
+    """Each outcome's recovery, its restore source and (peer) the fallback to FSx."""
     out = []
     t = costs.terms(model=model, job=job) if model.name == "cluster" else None
     for o in outs:
-        tr = costs.recovery(model=model, job=job, mode=mode, outcome=o, precomputed=t)
-        out.append(Recovery(o, sum(x.seconds for x in tr), tuple(tr)))
+        source = tiers.restore_source(mode=mode, outcome=o, nodes=job.nodes, tiers=tier_config)
+        tr = costs.recovery(
+            model=model, job=job, mode=mode, outcome=o, precomputed=t, source=source
+        )
+        seconds = sum(x.seconds for x in tr)
+        lost, fallback = 0.0, 0.0
+        if source == tiers.PEER:
+            lost = tiers.peer_lost_chance(node_rate_per_s=node_rate_per_s, window_s=seconds)
+            fallback = sum(
+                x.seconds
+                for x in costs.recovery(model=model, job=job, mode=mode, outcome=o, precomputed=t)
+            )
+        out.append(Recovery(o, seconds, tuple(tr), source, lost, fallback))
     return tuple(out)
 
 
-def _kinds(recs: tuple[Recovery, ...]) -> list[ettr.Kind]:
-    return [
-        ettr.Kind(share=r.outcome.share, recovery_s=r.seconds, strikes_idle=r.outcome.strikes_idle)
-        for r in recs
-    ]
+def _kinds(recs: tuple[Recovery, ...], *, recompute_s: float) -> list[ettr.Kind]:
+    """The ETTR's kinds: a peer restore splits into the copy found and the copy lost (FSx)."""
+    out = []
+    for r in recs:
+        idle = r.outcome.strikes_idle
+        keeps = r.source != tiers.STORAGE
+        share = r.outcome.share * (1.0 - r.peer_lost)
+        out.append(
+            ettr.Kind(
+                share=share,
+                recovery_s=r.seconds,
+                strikes_idle=idle,
+                resets=not keeps,
+                recompute_s=recompute_s if keeps else 0.0,
+            )
+        )
+        if r.peer_lost > 0:
+            out.append(
+                ettr.Kind(
+                    share=r.outcome.share * r.peer_lost, recovery_s=r.fallback_s, strikes_idle=idle
+                )
+            )
+    return out
+
+
+def _memory_interval(
+    inputs: Inputs, *, recs: tuple[Recovery, ...], mtbf: float, snapshot_stall_s: float
+) -> int:
+    """``checkpoint.memory_interval`` for this mode: as given, or Young's optimum for the
+    failures that restore from memory (0 when none does)."""
+    memory_share = sum(
+        r.outcome.share * (1.0 - r.peer_lost) for r in recs if r.source != tiers.STORAGE
+    )
+    if memory_share <= 0:
+        return 0
+    if inputs.tiers.memory_interval_steps is not None:
+        return inputs.tiers.memory_interval_steps
+    return ettr.memory_interval_steps(
+        step_s=inputs.step_time_s,
+        snapshot_stall_s=snapshot_stall_s,
+        memory_rate_per_s=memory_share / mtbf,
+    )
 
 
 def _sim_kinds(
-    model: CostModel, job: Job, mode: str, fm: failures.FailureModel
+    model: CostModel,
+    job: Job,
+    mode: str,
+    fm: failures.FailureModel,
+    *,
+    tier_config: tiers.TierConfig,
+    recompute_s: float,
 ) -> list[ettr.SimKind]:
-    """The failure kinds for the Monte Carlo, with both recoveries (the pool picks one)."""
+    """The failure kinds for the Monte Carlo, with both recoveries (the pool picks one); a peer
+    restore splits into the copy found and the copy lost (at the no-spare window: the longer)."""
     rates = failures.kind_rates_per_s(model=fm, nodes=job.nodes)
     total = sum(rates.values())
+    node_rate = failures.node_failure_rate_per_s(model=fm, nodes=job.nodes) / job.nodes
     out = []
     for k in fm.kinds:
         base = failures.Outcome(
@@ -245,21 +324,44 @@ def _sim_kinds(
             strikes_idle=k.strikes_idle,
             base=k.name,
         )
-        r = costs.recovery_s(model=model, job=job, mode=mode, outcome=base)
+        spare = replace(base, spare=True)
+        src = tiers.restore_source(mode=mode, outcome=base, nodes=job.nodes, tiers=tier_config)
+        src_spare = tiers.restore_source(
+            mode=mode, outcome=spare, nodes=job.nodes, tiers=tier_config
+        )
+        r = costs.recovery_s(model=model, job=job, mode=mode, outcome=base, source=src)
         r_spare = (
-            costs.recovery_s(model=model, job=job, mode=mode, outcome=replace(base, spare=True))
+            costs.recovery_s(model=model, job=job, mode=mode, outcome=spare, source=src_spare)
             if k.needs_node
             else r
         )
+        lost = 0.0
+        if tiers.PEER in (src, src_spare):
+            lost = tiers.peer_lost_chance(node_rate_per_s=node_rate, window_s=max(r, r_spare))
+        common = {"needs_node": k.needs_node, "strikes_idle": k.strikes_idle}
         out.append(
             ettr.SimKind(
-                share=base.share,
+                share=base.share * (1.0 - lost),
                 recovery_s=r,
                 spare_recovery_s=r_spare,
-                needs_node=k.needs_node,
-                strikes_idle=k.strikes_idle,
+                resets=src == tiers.STORAGE,
+                recompute_s=recompute_s if src != tiers.STORAGE else 0.0,
+                spare_resets=src_spare == tiers.STORAGE,
+                spare_recompute_s=recompute_s if src_spare != tiers.STORAGE else 0.0,
+                **common,
             )
         )
+        if lost > 0:
+            out.append(
+                ettr.SimKind(
+                    share=base.share * lost,
+                    recovery_s=costs.recovery_s(model=model, job=job, mode=mode, outcome=base),
+                    spare_recovery_s=costs.recovery_s(
+                        model=model, job=job, mode=mode, outcome=spare
+                    ),
+                    **common,
+                )
+            )
     return out
 
 
@@ -268,10 +370,13 @@ class _Eval:
     fsx: FsxPlan
     write_s: float
     steps: int
+    memory_steps: int
     recs: tuple[Recovery, ...]
     outage: float
     ettr: float
     cost: float
+    split: ettr.Split
+    snapshot_stall_per_s: float
 
 
 def _evaluate(
@@ -285,19 +390,51 @@ def _evaluate(
     mtbf: float,
     model: CostModel,
     steps: int | None = None,
+    tier_config: tiers.TierConfig | None = None,
 ) -> _Eval:
+    tier_config = inputs.tiers if tier_config is None else tier_config
     job = _job(inputs, gpus, fsx.bytes_per_s)
     write = inputs.ckpt_bytes / fsx.bytes_per_s
     drag = model.params.get("write_drag", 0.0)
-    recs = _recoveries(model, job, mode, outs)
-    outage = ettr.outage_s(mtbf_s=mtbf, kinds=_kinds(recs))
-    kw = {"stall_s": stall, "write_s": write, "drag": drag, "mtbf_s": mtbf, "outage": outage}
+    node_rate = _node_rate_per_node(inputs, outs=outs, mtbf=mtbf, nodes=job.nodes)
+    recs = _recoveries(model, job, mode, outs, tier_config, node_rate)
+    snapshot = _snapshot_stall_s(model, job)
+    memory_steps = _memory_interval(inputs, recs=recs, mtbf=mtbf, snapshot_stall_s=snapshot)
+    span = memory_steps * inputs.step_time_s
+    kinds = _kinds(recs, recompute_s=span / 2.0)
+    sp = ettr.split(mtbf_s=mtbf, kinds=kinds)
+    outage = sp.mean_outage
+    per_s = snapshot / span if memory_steps else 0.0
+    kw = {
+        "stall_s": stall,
+        "write_s": write,
+        "drag": drag,
+        "mtbf_s": mtbf,
+        "outage": sp.outage,
+        "reset_share": sp.reset_share,
+        "dilation": sp.dilation,
+        "snapshot_stall_per_s": per_s,
+    }
     if steps is None:
         steps = inputs.interval_steps or ettr.best_interval_steps(step_s=inputs.step_time_s, **kw)
     value = float(ettr.ettr_model(interval_s=steps * inputs.step_time_s, **kw))
     gpu_usd = model.params.get("gpu_hour_usd", 0.0)
     cost = gpus * gpu_usd * (1.0 - value) + _fsx_price(model, fsx)
-    return _Eval(fsx, write, steps, recs, outage, value, cost)
+    return _Eval(fsx, write, steps, memory_steps, recs, outage, value, cost, sp, per_s)
+
+
+def _node_rate_per_node(
+    inputs: Inputs, *, outs: tuple[failures.Outcome, ...], mtbf: float, nodes: int
+) -> float:
+    """One node's rate of failures that need a node (the peer copy's exposure)."""
+    return sum(o.share for o in outs if o.needs_node) / mtbf / nodes
+
+
+def _snapshot_stall_s(model: CostModel, job: Job) -> float:
+    """Seconds one memory snapshot blocks training."""
+    if model.name != "cluster":
+        return 0.0
+    return costs.terms(model=model, job=job)["memory_snapshot_stall_s"].seconds
 
 
 def _replica_ettr(
@@ -328,12 +465,24 @@ def _losses(
     """First-order split of 1 - ETTR: checkpointing, rollback, commit lag, each recovery term."""
     tau = best.interval_s
     drag = inputs.model.params.get("write_drag", 0.0)
-    c = ettr.cycle_s(interval_s=tau, stall_s=stall, write_s=best.write_s, drag=drag)
+    cycle = ettr.cycle_s(interval_s=tau, stall_s=stall, write_s=best.write_s, drag=drag)
+    snapshots = tau * best.snapshot_stall_per_s
+    c = cycle + snapshots
+    reset = best.split.reset_share
+    kept = sum(
+        r.outcome.share * (1 - r.peer_lost) for r in best.recoveries if r.source != tiers.STORAGE
+    )
     out: dict[str, float] = {
-        "checkpoint stall": (c - tau - drag * min(best.write_s, tau)) / c,
+        "checkpoint stall": (cycle - tau - drag * min(best.write_s, tau)) / c,
+        "memory snapshots": snapshots / c,
         "write drag": drag * min(best.write_s, tau) / c,
-        "rollback (half an interval)": c / 2 / mtbf,
-        "commit lag (FSx write)": best.write_s / mtbf,
+        "rollback (half an interval)": reset * c / 2 / mtbf,
+        "commit lag (FSx write)": reset * best.write_s / mtbf,
+        "recompute (half a memory interval)": kept
+        * best.memory_interval_steps
+        * inputs.step_time_s
+        / 2
+        / mtbf,
     }
     mean_r = best.mean_recovery_s
     extra = max(0.0, best.outage_s - mean_r)
@@ -414,7 +563,47 @@ def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
                     key=lambda e: _fsx_price(model, e.fsx),
                 )
             modes: dict[str, ModeResult] = {}
+            used: dict[str, tiers.TierConfig] = {}
             for mode, e in evals.items():
+                used[mode] = inputs.tiers
+                off = e
+                if inputs.tiers.enabled:
+                    off = _evaluate(
+                        inputs,
+                        gpus=g,
+                        mode=mode,
+                        fsx=e.fsx,
+                        outs=outs,
+                        stall=stall,
+                        mtbf=mtbf,
+                        model=model,
+                        tier_config=tiers.OFF,
+                    )
+                    if off.ettr > e.ettr and inputs.tiers.memory_interval_steps is None:
+                        # Snapshots are a choice (checkpoint.memory_interval 0 = off): where
+                        # they cost more than they save, the plan goes without them.
+                        e = off
+                        used[mode] = tiers.OFF
+                    if mode in costs.MODES and mode != "none":
+                        # The comparison: the storage-only model at its own best FSx.
+                        off = min(
+                            (
+                                _evaluate(
+                                    inputs,
+                                    gpus=g,
+                                    mode=mode,
+                                    fsx=f,
+                                    outs=outs,
+                                    stall=stall,
+                                    mtbf=mtbf,
+                                    model=model,
+                                    tier_config=tiers.OFF,
+                                )
+                                for f in options
+                            ),
+                            key=lambda x: x.cost,
+                        )
+                evals[mode] = e
                 lo = _evaluate(
                     inputs,
                     gpus=g,
@@ -425,6 +614,7 @@ def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
                     mtbf=mtbf,
                     model=low,
                     steps=e.steps,
+                    tier_config=used[mode],
                 )
                 mc = None
                 if simulate:
@@ -432,7 +622,14 @@ def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
                     mc = ettr.simulate(
                         draws=shared,
                         mtbf_s=mtbf,
-                        kinds=_sim_kinds(model, job, mode, fm),
+                        kinds=_sim_kinds(
+                            model,
+                            job,
+                            mode,
+                            fm,
+                            tier_config=used[mode],
+                            recompute_s=e.memory_steps * inputs.step_time_s / 2.0,
+                        ),
                         spares=in_force.count,
                         refill_s=refill,
                         interval_s=e.steps * inputs.step_time_s,
@@ -440,6 +637,7 @@ def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
                         write_s=e.write_s,
                         drag=model.params.get("write_drag", 0.0),
                         job_s=job_s,
+                        snapshot_stall_per_s=e.snapshot_stall_per_s,
                     )
                 modes[mode] = ModeResult(
                     mode=mode,
@@ -447,6 +645,7 @@ def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
                     write_s=e.write_s,
                     interval_steps=e.steps,
                     interval_s=e.steps * inputs.step_time_s,
+                    memory_interval_steps=e.memory_steps,
                     recoveries=e.recs,
                     outage_s=e.outage,
                     ettr=e.ettr,
@@ -456,6 +655,10 @@ def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
                     fsx_near=near[mode].fsx,
                     fsx_near_usd_per_h=_fsx_price(model, near[mode].fsx),
                     mc=mc,
+                    split=e.split,
+                    snapshot_stall_per_s=e.snapshot_stall_per_s,
+                    tiers_off_ettr=off.ettr,
+                    tiers_off_interval_steps=off.steps,
                 )
             ranked = sorted(costs.MODES, key=lambda m: -modes[m].ettr)
             best, second = ranked[0], ranked[1]
@@ -476,6 +679,7 @@ def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
                         mtbf=mtbf,
                         model=scaled,
                         steps=modes[m].interval_steps,
+                        tier_config=used[m],
                     ).ettr
                     for m in (best, second)
                 }
@@ -494,6 +698,7 @@ def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
                     mtbf=mtbf,
                     model=model,
                     steps=modes[best].interval_steps,
+                    tier_config=used[best],
                 )
                 sweep.append((k, spares.erlang_b(spares=k, load=load), e.ettr))
             gpu_usd = model.params.get("gpu_hour_usd", 0.0)

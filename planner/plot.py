@@ -13,7 +13,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("node / pods", ("node_replace", "spare_swap", "pod_")),
     ("processes + rendezvous", ("worker_", "rendezvous", "inprocess_")),
     ("NCCL init", ("nccl_init",)),
-    ("checkpoint load", ("ckpt_load",)),
+    ("state read back (FSx, memory, peer)", ("ckpt_load", "restore_")),
     ("manual intervention", ("manual_",)),
     ("measured (CPU)", ("measured",)),
 )
@@ -48,13 +48,23 @@ def plot_plan(*, inputs: Inputs, plans: list[SizePlan], out: Path) -> Path:
             ax.fill_between(xs, ys, lows, color=colors(mi), alpha=0.12, lw=0)
             if all(m.mc for m in rows):
                 ax.plot(xs, [m.mc.p5 for m in rows], "v", ms=4, color=colors(mi))
+            if mode == "nested" and inputs.tiers.enabled:
+                ax.plot(
+                    xs,
+                    [m.tiers_off_ettr for m in rows],
+                    "-.",
+                    color=colors(mi),
+                    lw=1.0,
+                    label="nested, every restart from FSx (--tiers off)",
+                )
     others = ", ".join(r for r in inputs.failure_rates if r != first)
     ax.set_xscale("log")
     ax.set_xlabel("GPUs")
     ax.set_ylabel("ETTR (productive / wall)")
     ax.set_title(
         f"ETTR, {inputs.params / 1e9:.0f}B params, cost model '{inputs.model.name}', spares as "
-        f"recommended, {first} rate\nlines: closed form, shaded to low NCCL/rendezvous start-up; "
+        f"recommended, restore tiers {'on' if inputs.tiers.enabled else 'off'}, {first} rate\n"
+        "lines: closed form, shaded to low NCCL/rendezvous start-up; "
         f"triangles: Monte Carlo p5 ({inputs.trials} x {inputs.days:g}-day jobs)"
         + (f"\ndotted: {others}" if others else ""),
         fontsize=8,

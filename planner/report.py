@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from planner import costs
+from planner import costs, tiers
 from planner.costs import DEFAULTS, MODE_LABELS, MODES
 from planner.failures import PLANNED_PER_DAY, RATE_SOURCES
-from planner.plan import ALL_MODES, Inputs, RateResult, SizePlan
+from planner.plan import ALL_MODES, Inputs, RateResult, Recovery, SizePlan
 from planner.sources import SOURCES
 from training.tables import text_table
 
@@ -25,16 +25,28 @@ TERM_ROWS: tuple[tuple[str, str], ...] = (
     ("rendezvous / TCPStore at N", "rendezvous_s"),
     ("NCCL init at N ranks", "nccl_init_s"),
     ("checkpoint load from FSx", "ckpt_load_s"),
+    ("restore from process memory", "restore_memory_s"),
+    ("restore from pod memory", "restore_pod_memory_s"),
+    ("restore from a peer (EFA)", "restore_peer_s"),
     ("pod teardown (whole job)", "pod_teardown_s"),
     ("pod replacement (all pods)", "pod_replace_all_s"),
     ("node replacement, GPU fault", "node_replace_s"),
     ("node replacement, host fault", "node_replace_host_s"),
     ("manual intervention", "manual_intervention_s"),
     ("hot spare takes over", "spare_swap_s"),
+    ("hot spare, silent node", "spare_swap_host_s"),
     ("hot spare refill", "spare_refill_s"),
     ("checkpoint stall (D2H+fixed)", "ckpt_stall_s"),
+    ("memory snapshot stall", "memory_snapshot_stall_s"),
     ("checkpoint write to FSx", "ckpt_write_s"),
 )
+SHORT: dict[str, str] = {
+    tiers.MEMORY: "mem",
+    tiers.POD_MEMORY: "pod",
+    tiers.PEER: "peer",
+    tiers.LOCAL: "nvme",
+    tiers.STORAGE: "fsx",
+}
 LOSS_LABELS: dict[str, str] = {label_name: label for label, label_name in TERM_ROWS}
 
 
@@ -53,9 +65,25 @@ def _term_source(model: costs.CostModel, term: str) -> str:
         "nccl_init_s": ["nccl_init_s_at_96k"],
         "pod_replace_all_s": ["pod_start_s", "pod_schedule_rate"],
         "node_replace_s": ["node_repair_wait_s", "node_boot_s", "image_pull_s", "pod_start_s"],
-        "node_replace_host_s": ["host_repair_wait_s", "node_boot_s", "image_pull_s"],
+        "node_replace_host_s": [
+            "node_monitor_grace_s",
+            "host_repair_wait_s",
+            "instance_terminate_s",
+            "node_boot_s",
+            "image_pull_s",
+        ],
         "spare_swap_s": ["pod_start_s"],
+        "spare_swap_host_s": [
+            "node_monitor_grace_s",
+            "host_repair_wait_s",
+            "instance_terminate_s",
+            "podgc_s",
+        ],
         "ckpt_stall_s": ["save_fixed_s", "d2h_gbps"],
+        "restore_memory_s": ["d2h_gbps"],
+        "restore_pod_memory_s": ["d2h_gbps"],
+        "restore_peer_s": ["efa_gbps", "d2h_gbps"],
+        "memory_snapshot_stall_s": ["memory_snapshot_s", "efa_gbps", "d2h_gbps"],
         "ckpt_load_s": [],
         "ckpt_write_s": [],
     }.get(term, [term])
@@ -108,13 +136,20 @@ def _answer(inputs: Inputs, p: SizePlan, r: RateResult) -> list[str]:
     top = ", ".join(
         f"{LOSS_LABELS.get(k, k)} {v / total * lost * 100:.1f} pt" for k, v in r.losses[:3]
     )
+    memory = (
+        f" --checkpoint.memory_interval={best.memory_interval_steps}"
+        if best.memory_interval_steps
+        else ""
+    )
     return [
         f"{p.job.gpus:,} GPUs, {r.rate_name} rate ({r.rate:g} failures/1,000 node-days, "
         f"MTBF {r.mtbf_s / 60:.0f} min)",
         f"  mode      {r.best}: ETTR {_pct(best.ettr)}{rng}{mc_text}",
         f"            {margin * 100:+.1f} pt over {r.runner_up} ({_pct(second.ettr)}){verdict}",
-        f"  interval  --checkpoint.interval={best.interval_steps}  ({best.interval_s:.0f} s at "
-        f"{inputs.step_time_s:g} s/step; checkpoint commits {best.write_s:.0f} s after its stall)"
+        *_tiers_lines(inputs, r),
+        f"  interval  --checkpoint.interval={best.interval_steps}{memory}  "
+        f"({best.interval_s:.0f} s at {inputs.step_time_s:g} s/step; checkpoint commits "
+        f"{best.write_s:.0f} s after its stall)"
         + ("  [as given]" if inputs.interval_steps else ""),
         f"  spares    {sp.in_force.count} hot spares ({origin}): P(no spare) "
         f"{sp.no_spare_chance:.2%} at a {refill_h:g} h refill (1% needs {sp.recommended}); idle "
@@ -131,6 +166,36 @@ def _answer(inputs: Inputs, p: SizePlan, r: RateResult) -> list[str]:
             else []
         ),
         f"  dominant  {top} (of {lost * 100:.1f} pt lost)",
+    ]
+
+
+def restore_mix(recoveries: tuple[Recovery, ...]) -> str:
+    """Share of failures per restore source, e.g. ``memory 23%, peer 76%, storage 1%``."""
+    shares: dict[str, float] = {}
+    for rec in recoveries:
+        kept = rec.outcome.share * (1.0 - rec.peer_lost)
+        shares[rec.source] = shares.get(rec.source, 0.0) + kept
+        if rec.peer_lost:
+            lost = rec.outcome.share * rec.peer_lost
+            shares[tiers.STORAGE] = shares.get(tiers.STORAGE, 0.0) + lost
+    return ", ".join(
+        f"{src} {shares[src]:.0%}" for src in tiers.SOURCES if shares.get(src, 0.0) > 0
+    )
+
+
+def _tiers_lines(inputs: Inputs, r: RateResult) -> list[str]:
+    """Restore tiers on against off (every restart from FSx), for the shipped modes."""
+    best = r.modes[r.best]
+    if not inputs.tiers.enabled:
+        return ["  tiers     off: every restart reads FSx (--tiers on restores from memory/peers)"]
+    pairs = ", ".join(
+        f"{m} {_pct(r.modes[m].ettr)} vs {_pct(r.modes[m].tiers_off_ettr)}"
+        for m in MODES
+        if m != "none"
+    )
+    return [
+        f"  tiers     restores: {restore_mix(best.recoveries)}",
+        f"            ETTR with tiers vs every restart from FSx (--tiers off): {pairs}",
     ]
 
 
@@ -215,13 +280,16 @@ def _full(inputs: Inputs, plans: list[SizePlan]) -> list[str]:
         rows = [
             [
                 mode,
-                *(f"{rec.seconds:.0f}" for rec in r.modes[mode].recoveries),
+                *(f"{rec.seconds:.0f} {SHORT[rec.source]}" for rec in r.modes[mode].recoveries),
                 f"{r.modes[mode].mean_recovery_s:.0f}",
                 f"{r.modes[mode].outage_s:.0f}",
             ]
             for mode in ALL_MODES
         ]
-        out.append(f"  {p.job.gpus:,} GPUs (X = expected outage, failures during it included)")
+        out.append(
+            f"  {p.job.gpus:,} GPUs (X = expected outage, failures during it included; restore "
+            "from: mem process memory, pod pod memory, peer a peer's memory, fsx FSx)"
+        )
         out += text_table(
             rows,
             headers=["mode", *kinds, "mean R", "X"],

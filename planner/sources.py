@@ -64,6 +64,25 @@ SOURCES: dict[str, str] = {
         "stateless pods, image pull excluded"
     ),
     "k8s-grace": "Kubernetes Pod API: terminationGracePeriodSeconds defaults to 30 s",
+    "k8s-node-lifecycle": (
+        "kube-controller-manager --node-monitor-grace-period: 50 s from Kubernetes 1.32 "
+        "(kubernetes/kubernetes#127352; 40 s before), after which a silent node is Ready=Unknown "
+        "(docs/node-loss.md, step 1)"
+    ),
+    "k8s-podgc": (
+        "kubernetes pkg/controller/podgc/gc_controller.go: quarantineTime 40 s, gcCheckPeriod "
+        "20 s; an orphaned pod is marked Failed and deleted, and only then replaced by the Job "
+        "controller with a podFailurePolicy (docs/node-loss.md, steps 5 and 7)"
+    ),
+    "p5": (
+        "facts/hardware.py: AWS 'Amazon EC2 P5 Instances', p5.48xlarge 3,200 Gbps EFA per node "
+        "(400 GB/s each way), 2 TiB host memory"
+    ),
+    "node-loss-emulation": (
+        "bench/results/node_loss.json (bench/node_loss.py): pods emulated on a CPU machine "
+        "(gloo ranks, tiny model), Kubernetes timers scaled by 1/timer_scale; the restart after "
+        "the replacement runs is measured, the timers are the documented ones"
+    ),
     "pcie": (
         "PCI Express 5.0 x16 (the H100 SXM host link): 64 GB/s per direction nominal (PCI-SIG)"
     ),

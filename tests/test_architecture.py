@@ -45,6 +45,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "facts",
         "facts.checkpoint",
         "facts.fsx",
+        "facts.hardware",
         "facts.prices",
         "facts.recipes",
         "manifests",
@@ -134,9 +135,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the planner (reads facts and bench results), bottom first
     ("planner.ettr", "planner.spares", "planner.sources", "planner.fsx"),
     ("planner.failures",),
+    ("planner.tiers",),
     ("planner.costs",),
     ("planner.measured", "planner.plan"),
-    ("planner.plot", "planner.report", "planner.sanity"),
+    ("planner.plot", "planner.report", "planner.sanity", "planner.overlays"),
     ("planner.cli",),
     ("planner.__main__",),
     # benchmarks: above everything they measure

@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from facts.hardware import P5_EFA_GBITS
 from training import exits
 from training.tables import text_table
 
@@ -53,10 +54,9 @@ REPORT_PREFIX = "PREFLIGHT_REPORT "
 PHASES = ("world", "node", "pair")
 MiB = 1 << 20
 
-# p5.48xlarge: 3,200 Gbps of EFA networking per node (32 network cards; AWS "Amazon EC2 P5
-# instances" and the EC2 guide "Maximize network bandwidth on Amazon EC2 instances with multiple
-# network cards", efa-acc-inst-types), i.e. 400 GB/s each way.
-P5_NETWORK_GBS = 3200 / 8
+# p5.48xlarge: 3,200 Gbps of EFA networking per node, i.e. 400 GB/s each way (facts/hardware.py
+# names the sources).
+P5_NETWORK_GBS = P5_EFA_GBITS / 8
 # The absolute floor on NCCL, as a fraction of that line rate. A healthy pair of p5 nodes runs
 # its all-reduce at a large fraction of it; NCCL silently falling back to TCP sockets (EFA
 # provider or plugin missing) or a node with most of its EFA cards down lands at a few percent.

@@ -6,6 +6,7 @@ Run: .venv/bin/python -m pytest tests/planner/test_costs.py -q
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -149,11 +150,24 @@ def test_host_manual_and_not_shipped_paths_by_hand_at_16k() -> None:
     rdzv, nccl, load = 100 / 6, 265 / 6, 84.0
     host = Outcome(kind="host", share=0.1, needs_node=True, hangs=True, host=True)
     manual = Outcome(kind="manual", share=0.01, needs_node=False, hangs=True, manual=True)
-    host_node = 1800 + 300 + 300 + 5  # EKS waits 30 min on a failed Ready condition
+    # Ready turns Unknown after 50 s; EKS waits 30 min on it, terminates the instance; a new
+    # one boots and pulls the image.
+    host_node = 50 + 1800 + 60 + 300 + 300 + 5
     assert recovery_s(model=model, job=job, mode="injob", outcome=host) == pytest.approx(
         30 + 5 + host_node + 30 + rdzv + nccl + load
     )
+    # A spare does not shorten the wait for a silent node's pod: the Job replaces it only once
+    # PodGC has failed it, after the repair deleted the node (docs/node-loss.md).
+    host_spare = replace(host, spare=True)
+    pod_failed = 50 + 1800 + 60 + 60
+    assert recovery_s(model=model, job=job, mode="injob", outcome=host_spare) == pytest.approx(
+        30 + 5 + pod_failed + 5 + 30 + rdzv + nccl + load
+    )
+    # ... nor does a whole-job restart (the stuck pod holds its completion index).
     pods = 5 + 2048 / 100
+    assert recovery_s(model=model, job=job, mode="none", outcome=host_spare) == pytest.approx(
+        600 + 30 + pod_failed + 5 + 30 + rdzv + nccl + load
+    )
     assert recovery_s(model=model, job=job, mode="nested", outcome=manual) == pytest.approx(
         7200 + 20.5 + 30 + pods + 30 + rdzv + nccl + load
     )
@@ -187,3 +201,31 @@ def test_scaled_estimates_touch_only_estimates_that_were_not_overridden() -> Non
     assert doubled.params["worker_start_s"] == 12.0  # the user's value stays
     assert doubled.params["nccl_init_s_at_96k"] == 265.0  # published
     assert doubled.params["write_drag"] == model.params["write_drag"]  # a fraction
+
+
+def test_restore_terms_by_hand_at_16_nodes() -> None:
+    """Each restore source reads what it holds at its bandwidth: host memory over PCIe (32 GB/s
+    per GPU, half of PCIe 5.0 x16), a peer's memory over one node's EFA (400 GB/s), FSx at its
+    aggregate throughput shared by every reading node."""
+    job = _job(128, fsx_gbps=10.0)
+    model = cluster_model()
+    t = {k: v.seconds for k, v in terms(model=model, job=job).items()}
+    shard_gpu, shard_node = 840e9 / 128, 840e9 / 16
+    assert t["restore_memory_s"] == pytest.approx(shard_gpu / 32e9)
+    assert t["restore_pod_memory_s"] == pytest.approx(shard_gpu / 32e9)
+    assert t["restore_peer_s"] == pytest.approx(shard_node / 400e9 + shard_gpu / 32e9)
+    assert t["ckpt_load_s"] == pytest.approx(84.0)
+    # A snapshot blocks its fixed part and the peer copy; the device-to-host copy (0.2 s)
+    # hides behind a 10 s step.
+    assert t["memory_snapshot_stall_s"] == pytest.approx(0.1 + shard_node / 400e9)
+    nested_sw = {
+        src: recovery_s(model=model, job=job, mode="nested", outcome=SW, source=src)
+        for src in ("memory", "storage")
+    }
+    assert nested_sw["storage"] - nested_sw["memory"] == pytest.approx(84.0 - shard_gpu / 32e9)
+    # A whole-job restart reads storage whatever the source asked for.
+    assert recovery_s(model=model, job=job, mode="none", outcome=SW, source="pod_memory") == (
+        recovery_s(model=model, job=job, mode="none", outcome=SW)
+    )
+    with pytest.raises(ValueError, match="no restore from 'local'"):
+        recovery(model=model, job=job, mode="injob", outcome=SW, source="local")
