@@ -29,3 +29,24 @@ def checkpoint_bytes(*, params: float, bytes_per_param: float = BYTES_PER_PARAM)
     if params <= 0 or bytes_per_param <= 0:
         raise ValueError("params and bytes_per_param must be positive")
     return params * bytes_per_param
+
+
+SNAPSHOT_SLOTS = 2
+"""Memory snapshots each rank keeps (training/checkpoint/snapshot_files.py ``SLOTS``)."""
+
+
+def snapshot_bytes_per_node(
+    *,
+    params: float,
+    nodes: int,
+    copies: int = 1,
+    bytes_per_param: float = BYTES_PER_PARAM,
+) -> float:
+    """Bytes of pod memory (``/dev/shm``) one node needs for the memory snapshots of a
+    `params`-parameter model sharded over `nodes`: every node holds 1/`nodes` of the state, in
+    ``SNAPSHOT_SLOTS`` slots, for `copies` nodes (1: its own; 2: its own and another node's,
+    the peer copy)."""
+    if nodes < 1 or copies < 1:
+        raise ValueError("nodes and copies must be >= 1")
+    per_node = checkpoint_bytes(params=params, bytes_per_param=bytes_per_param) / nodes
+    return per_node * SNAPSHOT_SLOTS * copies

@@ -563,6 +563,28 @@ def _service(*, size: OverlaySize, namespace: str) -> dict:
     }
 
 
+def pod_memory_env(*, size: OverlaySize, copies: int = 1) -> dict[str, str]:
+    """The start-up check's figures for the memory snapshots in the pod's /dev/shm
+    (training/startup_check.py ``check_pod_memory``): where they live (the run's
+    ``checkpoint.pod_memory_dir``) and the bytes this node needs for `copies` nodes' two slots
+    (``facts.checkpoint.snapshot_bytes_per_node``); none when the run takes no snapshots or the
+    recipe is not in ``facts.recipes``."""
+    from facts.checkpoint import snapshot_bytes_per_node
+    from facts.recipes import RECIPES
+    from training.config import POD_MEMORY_MODES
+
+    args = trainer_args(size=size, restart=size.restart, train_args=size.train_args)
+    config, _ = build_config([a.replace("$(RECIPE)", size.recipe) for a in args])
+    c = config.checkpoint
+    facts = RECIPES.get(size.recipe)
+    if not (c.memory_interval and c.pod_memory_dir and facts is not None):
+        return {}
+    if config.resilience.restart not in POD_MEMORY_MODES:
+        return {}
+    needed = snapshot_bytes_per_node(params=facts.params, nodes=size.nodes, copies=copies)
+    return {"POD_MEMORY_DIR": c.pod_memory_dir, "POD_MEMORY_BYTES": str(int(needed))}
+
+
 def _env(*, size: OverlaySize) -> list[dict]:
     values = {
         "JOB_NAME": size.job_name,
@@ -579,6 +601,7 @@ def _env(*, size: OverlaySize) -> list[dict]:
         "FSX_MOUNT": FSX_MOUNT,
         "FSX_FSTYPE": FSX_FSTYPE,
         "TERMINATION_MESSAGE_PATH": TERMINATION_MESSAGE_PATH,
+        **pod_memory_env(size=size),
     }
     downward = {
         # Unique per Job object: the rendezvous id (a resubmitted Job gets a fresh rendezvous).

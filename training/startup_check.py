@@ -296,6 +296,44 @@ def check_fsx(
 # --- the decision -------------------------------------------------------------------------------
 
 
+POD_MEMORY_BYTES_ENV = "POD_MEMORY_BYTES"
+"""Bytes of ``/dev/shm`` this node's memory snapshots need (the Job sets it from
+``facts.checkpoint.snapshot_bytes_per_node``, manifests/render.py), beside ``POD_MEMORY_DIR``."""
+POD_MEMORY_DIR_ENV = "POD_MEMORY_DIR"
+CGROUP_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")
+
+
+def check_pod_memory(
+    *, report: Report, directory: Path, needed: int, memory_max: str | None
+) -> None:
+    """The pod's memory must hold this node's memory snapshots: the tmpfs under ``directory``
+    (its size limit, ``statvfs``) and the container's memory limit (cgroup v2 ``memory.max``;
+    a memory-backed emptyDir's pages count against it: Kubernetes docs, "Volumes", emptyDir).
+    A shortfall is every node's: the Job fails (``report.problems``)."""
+    probe = directory
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    stat = os.statvfs(probe)
+    size = stat.f_blocks * stat.f_frsize
+    report.facts["pod_memory"] = {"dir": str(directory), "needed": needed, "tmpfs_size": size}
+    fix = (
+        "raise NodeType.shm in manifests/sizes.py, or set --checkpoint.memory_interval=0 "
+        "(no memory snapshots: restarts load from storage)"
+    )
+    if size < needed:
+        report.problems.append(
+            f"checkpoint.pod_memory_dir: {probe} holds {size / 2**30:.1f} GiB, the memory "
+            f"snapshots need {needed / 2**30:.1f} GiB per node; {fix}"
+        )
+    limit = (memory_max or "max").strip()
+    if limit != "max" and int(limit) < needed:
+        report.problems.append(
+            f"checkpoint.pod_memory_dir: the container's memory limit ({int(limit) / 2**30:.1f}"
+            f" GiB, cgroup memory.max) is below the snapshots' {needed / 2**30:.1f} GiB, which "
+            f"count against it; {fix}"
+        )
+
+
 def check(
     *,
     expect_device: str,
@@ -455,6 +493,13 @@ def main(argv: list[str] | None = None) -> int:
             node=node,
             mountinfo=Path("/proc/self/mountinfo").read_text(),
             timeout_s=float(os.environ.get("FSX_PROBE_TIMEOUT_S", FSX_PROBE_TIMEOUT_S)),
+        )
+    if os.environ.get(POD_MEMORY_BYTES_ENV) and os.environ.get(POD_MEMORY_DIR_ENV):
+        check_pod_memory(
+            report=report,
+            directory=Path(os.environ[POD_MEMORY_DIR_ENV]),
+            needed=int(os.environ[POD_MEMORY_BYTES_ENV]),
+            memory_max=CGROUP_MEMORY_MAX.read_text() if CGROUP_MEMORY_MAX.exists() else None,
         )
     print(json.dumps({"startup_check": report.facts}, separators=(",", ":")), flush=True)
     for problem in [*report.problems, *report.node_problems]:

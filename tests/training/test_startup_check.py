@@ -374,3 +374,21 @@ def test_fsx_mount_without_its_type_is_a_job_setting_error(tmp_path: Path) -> No
     )
     assert out.returncode == exits.ENVIRONMENT
     assert "startup_check: FSX_FSTYPE: not set beside FSX_MOUNT" in out.stderr
+
+
+def test_pod_memory_too_small_for_the_snapshots_names_the_field_and_the_fix(
+    tmp_path: Path,
+) -> None:
+    from training.startup_check import Report, check_pod_memory
+
+    size = os.statvfs(tmp_path).f_blocks * os.statvfs(tmp_path).f_frsize
+    fits = Report()
+    check_pod_memory(
+        report=fits, directory=tmp_path / "snapshots", needed=1 << 20, memory_max="max"
+    )
+    assert fits.problems == [] and fits.facts["pod_memory"]["tmpfs_size"] == size
+    short = Report()
+    check_pod_memory(report=short, directory=tmp_path, needed=size + 1, memory_max=str(1 << 20))
+    assert len(short.problems) == 2 and short.code == exits.ENVIRONMENT
+    assert all(p.startswith("checkpoint.pod_memory_dir:") for p in short.problems)
+    assert all("NodeType.shm in manifests/sizes.py" in p for p in short.problems)

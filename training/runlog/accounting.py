@@ -137,6 +137,15 @@ class Restart:
     """How many step numbers were completed before the incident and repeated after it."""
     restart_s: float | None
     """The longest ``seconds`` reported by this incident's restart_end events, if any."""
+    restore_source: str | None = None
+    """The tier the restart restored from (``checkpoint_load``'s ``source``: memory,
+    pod_memory, peer, local, storage; training/checkpoint/tiers.py); None when it loaded none."""
+    restore_step: int | None = None
+    """The step it restored."""
+    restore_s: float | None = None
+    """The slowest rank's load, in seconds."""
+    restore_bytes: int | None = None
+    """Bytes restored, all ranks together."""
     phases: tuple[PhaseMark, ...] = ()
     """The restart phases recorded for this incident, in the order they were reached (any phase
     may be missing: a layer that does not see it does not log it)."""
@@ -430,6 +439,12 @@ def summarize(*, run_dir: Path) -> RunSummary:
             downtime = max(0.0, after.time - after.step_time_s - begin)
         else:
             downtime = max(0.0, t_end - begin)
+        resumed_at = after.time if after is not None else float("inf")
+        loads = [
+            e
+            for e in events
+            if e["kind"] == "checkpoint_load" and begin <= float(e["time"]) <= resumed_at
+        ]
         restarts.append(
             Restart(
                 mode=modes.most_common(1)[0][0] if modes else "unknown",
@@ -441,6 +456,10 @@ def summarize(*, run_dir: Path) -> RunSummary:
                 recompute_s=sum(s.step_time_s for s in redone),
                 recomputed_steps=len(redone),
                 restart_s=max(restart_secs) if restart_secs else None,
+                restore_source=str(loads[-1].get("source", "storage")) if loads else None,
+                restore_step=int(loads[-1]["step"]) if loads else None,
+                restore_s=max((_num(e.get("seconds")) or 0.0 for e in loads), default=None),
+                restore_bytes=sum(int(e.get("bytes") or 0) for e in loads) if loads else None,
             )
         )
 

@@ -96,6 +96,14 @@ def format_phases(summary: RunSummary) -> list[str]:
     ]
 
 
+def _fmt_restore(r: Restart) -> str:
+    """Where a restart restored from and what it cost: ``pod_memory@10 0.12s 45.0 MB``."""
+    if r.restore_source is None:
+        return "-"
+    size = f" {r.restore_bytes / 1e6:,.1f} MB" if r.restore_bytes else ""
+    return f"{r.restore_source}@{r.restore_step} {_fmt_s(r.restore_s)}{size}"
+
+
 def format_summary(summary: RunSummary) -> str:
     """A compact plain-text table of the summary (what the launcher prints at the end of a run)."""
     s = summary
@@ -143,11 +151,12 @@ def format_summary(summary: RunSummary) -> str:
                 r.mode,
                 r.fault or "-",
                 *(_fmt_s(t) for t in (r.begin_s, r.downtime_s, r.recompute_s, r.lost_s)),
+                _fmt_restore(r),
             ]
             for n, r in enumerate(s.restarts, 1)
         ]
-        headers = ["#", "mode", "fault", "at", "down", "redo", "lost"]
-        lines += text_table(restarts, headers=headers, align="><<>>>>", gap=" ")
+        headers = ["#", "mode", "fault", "at", "down", "redo", "lost", "restored from"]
+        lines += text_table(restarts, headers=headers, align="><<>>>><", gap=" ")
     phase_lines = format_phases(summary)
     if phase_lines:
         lines.append("")

@@ -15,7 +15,10 @@ Scalars (global step in brackets):
 - ``checkpoint/blocking_s`` [checkpoint step]: the slowest rank's ``checkpoint_staged`` stall;
   ``checkpoint/write_s`` [checkpoint step]: the slowest ``checkpoint_committed`` write;
   ``checkpoint/memory_snapshot_s`` [snapshot step]: the slowest rank's ``memory_snapshot``
-  stall (in-process restarts' copies in host memory, ``training/checkpoint/memory.py``).
+  stall (the snapshots restarts restore: ``training/checkpoint/pod_memory.py``);
+- ``restore/<source>_s`` and ``restore/<source>_bytes`` [restart number]: where each restart
+  restored from (``training/checkpoint/tiers.py``: memory, pod_memory, peer, local, storage),
+  the slowest rank's load time and the bytes all ranks restored.
 - ``restart/{downtime_s,recompute_s,lost_s}`` and ``restart_phase/<phase>_s`` [the restart's
   number, 1-based, as in the report]: one per incident, once the first step after it is done
   (``training.runlog.accounting`` defines them); ``startup_phase/<phase>_s`` [0].
@@ -129,6 +132,21 @@ def restart_scalars(summary: RunSummary, *, index: int) -> list[Scalar]:
         Scalar(tag="restart/recompute_s", value=r.recompute_s, step=n, walltime=t),
         Scalar(tag="restart/lost_s", value=r.lost_s, step=n, walltime=t),
     ]
+    if r.restore_source is not None:
+        # One tag per tier (restore/<source>_s, restore/<source>_bytes): the source is in the
+        # name, so TensorBoard plots each tier's restores as its own series.
+        source = r.restore_source
+        if r.restore_s is not None:
+            out.append(Scalar(tag=f"restore/{source}_s", value=r.restore_s, step=n, walltime=t))
+        if r.restore_bytes is not None:
+            out.append(
+                Scalar(
+                    tag=f"restore/{source}_bytes",
+                    value=float(r.restore_bytes),
+                    step=n,
+                    walltime=t,
+                )
+            )
     out += [
         Scalar(
             tag=f"restart_phase/{m.phase}_s", value=m.duration_s, step=n, walltime=t + m.offset_s

@@ -14,7 +14,9 @@ data position and RNG. Several faults share a run to keep the suite short.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
@@ -110,16 +112,26 @@ def test_fault_matrix_ends_bit_identical(
 ) -> None:
     layer, faults, extra = FAULT_RUNS[name]
     run_dir = tmp_path / "run"
-    proc = launch(
-        run_dir,
-        corpus,
-        f"--restart={layer}",
-        f"--faults={faults}",
-        "--resilience.max_restarts=6",
-        *extra,
-        timeout=360,
-    )
-    assert proc.returncode == 0, tail(proc.log)
+    # The pod's /dev/shm: the memory snapshots (the recipe's checkpoint.memory_interval) live
+    # there, in a directory of this test's own.
+    pod_memory = Path("/dev/shm") / f"test-resilience-{uuid.uuid4().hex[:12]}"
+    try:
+        proc = launch(
+            run_dir,
+            corpus,
+            f"--restart={layer}",
+            f"--faults={faults}",
+            "--resilience.max_restarts=6",
+            f"--checkpoint.pod_memory_dir={pod_memory}",
+            *extra,
+            timeout=360,
+        )
+        assert proc.returncode == 0, tail(proc.log)
+        # A run that ends cleanly leaves nothing in the pod's memory.
+        left = [p for p in pod_memory.rglob("*") if p.is_file()] if pod_memory.exists() else []
+        assert left == [], left
+    finally:
+        shutil.rmtree(pod_memory, ignore_errors=True)
     fired = [e for e in events(run_dir) if e["kind"] == "fault"]
     assert len(fired) == faults.count(";") + 1, f"not every fault fired: {fired}"
     assert_identical(final_state(run_dir), reference)
@@ -139,13 +151,13 @@ def test_fault_matrix_ends_bit_identical(
     assert expected <= phases, f"missing phases: {expected - phases}"
     # A fault can strike before the first commit: not every case resumes.
     assert_init_skipped_on_resume(events(run_dir), resumed_at_least_once=False)
-    if name == "inprocess-exception-hang-oom":
-        # The hang at step 13 restarts in process from the memory snapshot of step 10 (the
-        # recipe's checkpoint.memory_interval), newer than the committed checkpoint of step 8.
-        loads = {
-            (e["step"], e.get("source")) for e in events(run_dir) if e["kind"] == "checkpoint_load"
-        }
-        assert (10, "memory") in loads, loads
+    loads = {(e["step"], e["source"]) for e in events(run_dir) if e["kind"] == "checkpoint_load"}
+    if name in POD_MEMORY_RESTORES:
+        # Restarts after a fault past step 10 restore the snapshot of step 10 from the pod's
+        # memory (the recipe's checkpoint.memory_interval), newer than the committed step 8:
+        # in process (hang@13), and in new processes after a SIGKILLed rank (injob: abort@11
+        # after sigkill@5; nested: sigkill@14).
+        assert (10, "pod_memory") in loads, loads
     if "corrupt_shard" in faults or "truncate_shard" in faults:
         rejected = [e for e in events(run_dir) if e["kind"] == "checkpoint_rejected"]
         assert rejected, "the damaged newest checkpoint must be rejected"
@@ -160,6 +172,13 @@ def test_fault_matrix_ends_bit_identical(
                     e["step"] for e in log[:index] if e["kind"] == "checkpoint_committed"
                 }
                 assert event["step"] in committed_before, f"loaded uncommitted {event}"
+
+
+POD_MEMORY_RESTORES = (
+    "inprocess-exception-hang-oom",
+    "injob-sigkill-abort-segfault-oom",
+    "nested-exception-hang-sigkill-sigstop",
+)
 
 
 def assert_init_skipped_on_resume(log: list[dict], *, resumed_at_least_once: bool) -> None:
