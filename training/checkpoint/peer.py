@@ -1,0 +1,406 @@
+"""A copy of each node's newest pod-memory snapshot in another node's memory, and the restore of
+a lost node's shards from it.
+
+Ring over nodes. Rank r's copy is held by the rank with the same local rank on the next node,
+``(r + L) mod W`` (W ranks, L per node): every node holds the copies of the node before it, so
+one lost node's shards all survive on its successor. One node has no other node to hold its
+copies: the copy is then off, with the reason logged (:func:`ring_problem`), not refused as a
+configuration error: the node count is the rendezvous's, not the config's (an elastic job that
+shrinks to one node keeps training), and the same recipe runs on one node and on sixteen.
+
+The exchange (:meth:`PeerCopies.exchange`, after each pod-memory snapshot, every
+``checkpoint.memory_interval`` steps). Every rank sends its newest own snapshot (``meta`` and
+``data``, ``snapshot_files``) to its holder and receives its source's into its pod's
+``/dev/shm`` as kind ``peer``, in the slot-by-slot protocol of ``snapshot_files`` (the meta
+unlinked first, the data received straight into the slot's mapping, its CRC32 checked on
+arrival, the meta published last), over the job's own process group in buckets
+(``transfer.py``: gloo on host tensors, NCCL through one reusable device buffer per message).
+Cost per node and interval: it sends the shards of its L ranks and receives as many, i.e. the
+node's share of the state (model + optimizer, ``W / L`` nodes): ~16 bytes per parameter for
+bf16 params with fp32 master copies and Adam moments, so 70B on 16 nodes sends and receives
+~70 GB per interval (over 32 x 400 Gb/s EFA: ~0.05 s of wire time; the host copies of the
+staging dominate). The memory it takes: the same ~70 GB per node per slot, two slots (``bench``
+and docs/restore-tiers.md measure and spell it out).
+
+The restore (:meth:`PeerCopies.restore`), when some rank has no snapshot of its own (a pod
+replaced after its node was lost). Every rank lists what its pod holds, own and peer copies, by
+saved rank and step (``all_gather_object``); the ranks pick the newest step S, not older than
+the floor the manager gives (the newest sound committed checkpoint), of which every saved rank's
+shard is somewhere. Ranks are matched by saved rank, not by position: after the rendezvous has
+permuted ranks across nodes, rank q restores shard q wherever it lies. A rank whose pod holds
+shard q reads it there; otherwise the lowest rank whose pod holds it sends it (the copy lands as
+the rank's own snapshot, so a later in-pod restart finds it in pod memory). Every rank checks
+its shard's meta (run, rank, world size, structure) and CRC32, and the ranks agree
+(``all_reduce`` MIN) before any state changes: a damaged or missing shard rejects the step
+(``checkpoint_rejected``, with the problem), and the manager falls back to the next tier
+(storage). Two simultaneous losses, a node and its holder, lose that node's shards from memory
+altogether: no step is complete, and the run restores from storage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import pickle
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from training.checkpoint import snapshot_files as files
+from training.checkpoint.transfer import (
+    BUCKET_BYTES,
+    Incoming,
+    Outgoing,
+    transfer,
+    transfer_device,
+)
+from training.runlog.metrics import EventLog
+
+log = logging.getLogger(__name__)
+
+SOURCE = "peer"
+"""The restore source's name in events and in the tiers' order."""
+
+
+def ring_problem(*, world_size: int, local_world_size: int) -> str | None:
+    """Why no ring of nodes can hold the copies (None when one can)."""
+    if local_world_size < 1 or world_size % local_world_size:
+        return (
+            f"the world ({world_size} ranks) is not whole nodes of {local_world_size} ranks "
+            "(LOCAL_WORLD_SIZE)"
+        )
+    if world_size // local_world_size < 2:
+        return "the job runs on one node: no other node's memory can hold its copy"
+    return None
+
+
+def holder_of(rank: int, *, world_size: int, local_world_size: int) -> int | None:
+    """The rank that holds ``rank``'s copy: the same local rank on the next node."""
+    if ring_problem(world_size=world_size, local_world_size=local_world_size):
+        return None
+    return (rank + local_world_size) % world_size
+
+
+def source_of(rank: int, *, world_size: int, local_world_size: int) -> int | None:
+    """The rank whose copy ``rank`` holds: the same local rank on the node before."""
+    if ring_problem(world_size=world_size, local_world_size=local_world_size):
+        return None
+    return (rank - local_world_size) % world_size
+
+
+@dataclass(frozen=True)
+class Held:
+    """One complete snapshot in this pod's memory, by the rank it was saved by."""
+
+    kind: files.Kind
+    rank: int
+    step: int
+    directory: Path
+
+
+class PeerCopies:
+    """This rank's side of the ring (see the module docstring). Collective methods: call on
+    every rank at the same point."""
+
+    def __init__(
+        self,
+        *,
+        root: Path,
+        owner: str,
+        rank: int,
+        world_size: int,
+        local_world_size: int,
+        events: EventLog,
+        group: dist.ProcessGroup | None = None,
+        staging: torch.device | str | None = "auto",
+        bucket_bytes: int = BUCKET_BYTES,
+    ) -> None:
+        self.root = Path(root)
+        self.owner = owner
+        self.rank = rank
+        self.world_size = world_size
+        self.local_world_size = local_world_size
+        self.events = events
+        self.group = group
+        self._staging = staging
+        self.bucket_bytes = bucket_bytes
+        self.problem = ring_problem(world_size=world_size, local_world_size=local_world_size)
+        self.holder = holder_of(rank, world_size=world_size, local_world_size=local_world_size)
+        self.source = source_of(rank, world_size=world_size, local_world_size=local_world_size)
+        self._pruned = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.problem is None
+
+    def announce(self) -> None:
+        """Say once, on rank 0, that the copy is off and why (a log line and an event)."""
+        if self.problem is not None and self.rank == 0:
+            log.warning("peer copy of pod-memory snapshots off: %s", self.problem)
+            print(f"peer copy of pod-memory snapshots off: {self.problem}", flush=True)
+            self.events.emit("peer_copy_off", reason=self.problem)
+
+    def staging(self) -> torch.device | None:
+        if self._staging == "auto":
+            return transfer_device(self.group)
+        return self._staging  # type: ignore[return-value]
+
+    # -- the exchange after each snapshot -------------------------------------------------------
+    def exchange(self) -> None:
+        """Send this rank's newest own snapshot to its holder and receive its source's into
+        this pod's memory (kind ``peer``). Collective over every rank."""
+        if not self.enabled:
+            return
+        assert self.holder is not None and self.source is not None
+        started = time.perf_counter()
+        self._prune()
+        own = self._newest_own()
+        outgoing = []
+        if own is not None:
+            directory, meta = own
+            outgoing = [
+                Outgoing(
+                    dst=self.holder,
+                    meta=meta.to_bytes(),
+                    data=files.map_data(directory, meta),
+                )
+            ]
+        else:  # nothing complete yet: an empty message keeps the ranks in step
+            outgoing = [Outgoing(dst=self.holder, meta=b"", data=_EMPTY)]
+        slot: list[files.SlotFile] = []
+        incoming = Incoming(src=self.source, into=lambda blob, n: self._peer_slot(blob, n, slot))
+        try:
+            (received,) = transfer(
+                outgoing=outgoing,
+                incoming=[incoming],
+                group=self.group,
+                staging=self.staging(),
+                bucket_bytes=self.bucket_bytes,
+            )
+            problem = self._publish(received, slot[0] if slot else None)
+        finally:
+            for target in slot:
+                target.close()
+        sent = outgoing[0].data.numel()
+        seconds = time.perf_counter() - started
+        if problem is not None:
+            message = f"peer copy from rank {self.source} not kept: {problem}"
+            warnings.warn(message, stacklevel=2)
+            print(f"WARNING: {message}", flush=True)
+        self.events.emit(
+            "peer_copy",
+            step=None if own is None else own[1].step,
+            to=self.holder,
+            sent_bytes=sent,
+            received_bytes=received.data.numel(),
+            seconds=seconds,
+            problem=problem,
+        )
+
+    def _newest_own(self) -> tuple[Path, files.SnapshotMeta] | None:
+        for directory, meta in files.list_snapshots(self.root, kind="own", rank=self.rank):
+            if meta.refusal(owner=self.owner, rank=self.rank, world_size=self.world_size) is None:
+                return directory, meta
+        return None
+
+    def _peer_slot(self, blob: bytes, nbytes: int, out: list[files.SlotFile]) -> torch.Tensor:
+        """The receive buffer of a peer copy: the next peer slot of its rank, mapped; a scratch
+        tensor when the message is empty or unusable (its data is still received, so the
+        ranks stay in step, and thrown away)."""
+        meta = _meta_or_none(blob)
+        if meta is None or meta.nbytes != nbytes or meta.rank != self.source:
+            return torch.empty(nbytes, dtype=torch.uint8)
+        slot = files.next_slot(self.root, kind="peer", rank=meta.rank)
+        target = files.SlotFile(
+            files.slot_dir(self.root, kind="peer", rank=meta.rank, slot=slot), nbytes=nbytes
+        )
+        out.append(target)
+        return target.data
+
+    def _publish(self, received: Any, target: files.SlotFile | None) -> str | None:
+        """Publish a received copy once its bytes match its CRC32; the problem otherwise."""
+        if not received.meta:
+            return None  # the source had no snapshot yet
+        meta = _meta_or_none(received.meta)
+        if meta is None:
+            return "its meta is unreadable"
+        refusal = meta.refusal(owner=self.owner, rank=self.source, world_size=self.world_size)
+        if refusal is not None or target is None:
+            return refusal or "its size differs from its meta"
+        found = files.checksum(target.data)
+        if found != meta.crc32:
+            return f"data fails its checksum on arrival (CRC32 {found:08x}, meta {meta.crc32:08x})"
+        files.publish(target.directory, meta)
+        return None
+
+    def _prune(self) -> None:
+        """Once per manager: drop peer copies this pod no longer holds for (the ranks were
+        placed anew by the rendezvous). Every rank of the pod computes the same set."""
+        if self._pruned:
+            return
+        self._pruned = True
+        node = self.rank // self.local_world_size
+        kept = {
+            source_of(r, world_size=self.world_size, local_world_size=self.local_world_size)
+            for r in range(node * self.local_world_size, (node + 1) * self.local_world_size)
+        }
+        base = self.root / "peer"
+        for directory in sorted(base.glob("rank-*")) if base.is_dir() else []:
+            with contextlib.suppress(ValueError):
+                if int(directory.name.split("-", 1)[1]) not in kept:
+                    files.remove_rank(self.root, kind="peer", rank=int(directory.name[5:]))
+
+    # -- the restore --------------------------------------------------------------------------
+    def holdings(self) -> list[Held]:
+        """The complete snapshots of this run and world size in this pod, own and peer, newest
+        first (every rank's: a pod's memory is shared by its ranks)."""
+        held = []
+        for kind in files.KINDS:
+            for directory, meta in files.list_snapshots(self.root, kind=kind):
+                refusal = meta.refusal(owner=self.owner, rank=meta.rank, world_size=self.world_size)
+                if refusal is None:
+                    held.append(
+                        Held(kind=kind, rank=meta.rank, step=meta.step, directory=directory)
+                    )
+        return held
+
+    def plan(self, *, at_least: int) -> _Plan | None:
+        """The newest step >= ``at_least`` of which every saved rank's shard is held somewhere,
+        with what every pod holds (collective); None when there is none."""
+        mine = self.holdings()
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, [(h.rank, h.step) for h in mine], group=self.group)
+        pods = [{(rank, step) for rank, step in held} for held in gathered]
+        for step in sorted({step for held in pods for _, step in held}, reverse=True):
+            if step < at_least:
+                break
+            if {rank for held in pods for rank, s in held if s == step} >= set(
+                range(self.world_size)
+            ):
+                return _Plan(step=step, pods=pods, mine=mine)
+        return None
+
+    def restore(self, state: dict[str, Any], *, at_least: int) -> tuple[int, int] | None:
+        """Restore this rank's shard of the newest step every rank's shard is in memory
+        somewhere (own pod or a peer), not older than ``at_least``, into ``state`` in place
+        (collective). Returns (step, bytes received by this rank), or None with ``state``
+        unchanged on every rank when there is no such step or a shard is refused."""
+        found = self.plan(at_least=at_least)
+        if found is None:
+            return None
+        step, gathered, mine = found.step, found.pods, found.mine
+        local = next((h for h in mine if h.rank == self.rank and h.step == step), None)
+        # Who sends what: the lowest rank whose pod holds a shard that its rank's pod lacks.
+        senders: dict[int, int] = {}
+        for q in range(self.world_size):
+            if (q, step) in gathered[q]:
+                continue
+            senders[q] = min(p for p in range(self.world_size) if (q, step) in gathered[p])
+        outgoing = []
+        for q, p in sorted(senders.items()):
+            if p == self.rank:
+                held = next(h for h in mine if h.rank == q and h.step == step)
+                meta = files.read_meta(held.directory)
+                data = files.map_data(held.directory, meta) if meta is not None else _EMPTY
+                outgoing.append(
+                    Outgoing(dst=q, meta=b"" if meta is None else meta.to_bytes(), data=data)
+                )
+        slot: list[files.SlotFile] = []
+        incoming = []
+        if self.rank in senders:
+            incoming = [
+                Incoming(src=senders[self.rank], into=lambda blob, n: self._own_slot(blob, n, slot))
+            ]
+        problem: str | None = None
+        received_bytes = 0
+        try:
+            received = transfer(
+                outgoing=outgoing,
+                incoming=incoming,
+                group=self.group,
+                staging=self.staging(),
+                bucket_bytes=self.bucket_bytes,
+            )
+            key = files.walk(state)[1]
+            if received:
+                received_bytes = received[0].data.numel()
+                meta = _meta_or_none(received[0].meta)
+                problem = self._check(meta, key=key)
+                if problem is None and not slot:
+                    problem = "its size differs from its meta"
+                if problem is None:
+                    found_crc = files.checksum(slot[0].data)
+                    if found_crc != meta.crc32:  # type: ignore[union-attr]
+                        problem = (
+                            f"rank {self.rank}'s shard from rank {senders[self.rank]} fails its "
+                            f"checksum (CRC32 {found_crc:08x}, meta {meta.crc32:08x})"  # type: ignore[union-attr]
+                        )
+                if problem is None:
+                    files.publish(slot[0].directory, meta)  # type: ignore[arg-type]
+                    source = (slot[0].directory, meta)
+            else:
+                assert local is not None
+                meta = files.read_meta(local.directory)
+                problem = self._check(meta, key=key) or (
+                    files.verify(local.directory, meta) if meta is not None else None
+                )
+                source = (local.directory, meta)
+        finally:
+            for target in slot:
+                target.close()
+        verdicts: list[Any] = [None] * self.world_size
+        dist.all_gather_object(verdicts, problem, group=self.group)
+        refused = next((p for p in verdicts if p), None)
+        if refused is not None:
+            if problem is not None and slot:
+                files.remove(slot[0].directory)
+            self.events.emit("checkpoint_rejected", step=step, path=SOURCE, problem=refused)
+            if self.rank == 0:
+                message = f"peer copy of step {step} refused ({refused}); falling back"
+                warnings.warn(message, stacklevel=2)
+                print(f"WARNING: {message}", flush=True)
+            return None
+        directory, meta = source
+        files.unpack(state, files.map_data(directory, meta), meta)
+        return step, received_bytes
+
+    def _own_slot(self, blob: bytes, nbytes: int, out: list[files.SlotFile]) -> torch.Tensor:
+        meta = _meta_or_none(blob)
+        if meta is None or meta.nbytes != nbytes:
+            return torch.empty(nbytes, dtype=torch.uint8)
+        slot = files.next_slot(self.root, kind="own", rank=self.rank)
+        target = files.SlotFile(
+            files.slot_dir(self.root, kind="own", rank=self.rank, slot=slot), nbytes=nbytes
+        )
+        out.append(target)
+        return target.data
+
+    def _check(self, meta: files.SnapshotMeta | None, *, key: tuple) -> str | None:
+        if meta is None:
+            return "its meta is unreadable"
+        return meta.refusal(owner=self.owner, rank=self.rank, world_size=self.world_size, key=key)
+
+
+_EMPTY = torch.empty(0, dtype=torch.uint8)
+
+
+def _meta_or_none(blob: bytes) -> files.SnapshotMeta | None:
+    if not blob:
+        return None
+    try:
+        return files.SnapshotMeta.from_bytes(blob)
+    except (ValueError, pickle.UnpicklingError, EOFError, AttributeError, TypeError):
+        return None
+
+
+@dataclass(frozen=True)
+class _Plan:
+    step: int
+    pods: list[set[tuple[int, int]]]
+    """Per rank: the (saved rank, step) pairs its pod holds."""
+    mine: list[Held]
