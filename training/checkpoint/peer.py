@@ -28,8 +28,8 @@ saved rank and step (``all_gather_object``); the ranks pick the newest step S, n
 the floor the manager gives (the newest sound committed checkpoint), of which every saved rank's
 shard is somewhere. Ranks are matched by saved rank, not by position: after the rendezvous has
 permuted ranks across nodes, rank q restores shard q wherever it lies. A rank whose pod holds
-shard q reads it there; otherwise the lowest rank whose pod holds it sends it (the copy lands as
-the rank's own snapshot, so a later in-pod restart finds it in pod memory). Every rank checks
+shard q reads it there; otherwise a rank whose pod holds it sends it, the same local rank
+first (the copy lands as the rank's own snapshot, so a later in-pod restart finds it there). Every rank checks
 its shard's meta (run, rank, world size, structure) and CRC32, and the ranks agree
 (``all_reduce`` MIN) before any state changes: a damaged or missing shard rejects the step
 (``checkpoint_rejected``, with the problem), and the manager falls back to the next tier
@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 
 from training.checkpoint import snapshot_files as files
+from training.checkpoint.tiers import Rejected, Restored, agree, state_bytes
 from training.checkpoint.transfer import (
     BUCKET_BYTES,
     Incoming,
@@ -116,7 +117,6 @@ class PeerCopies:
         world_size: int,
         local_world_size: int,
         events: EventLog,
-        group: dist.ProcessGroup | None = None,
         staging: torch.device | str | None = "auto",
         bucket_bytes: int = BUCKET_BYTES,
     ) -> None:
@@ -126,7 +126,6 @@ class PeerCopies:
         self.world_size = world_size
         self.local_world_size = local_world_size
         self.events = events
-        self.group = group
         self._staging = staging
         self.bucket_bytes = bucket_bytes
         self.problem = ring_problem(world_size=world_size, local_world_size=local_world_size)
@@ -147,7 +146,7 @@ class PeerCopies:
 
     def staging(self) -> torch.device | None:
         if self._staging == "auto":
-            return transfer_device(self.group)
+            return transfer_device()
         return self._staging  # type: ignore[return-value]
 
     # -- the exchange after each snapshot -------------------------------------------------------
@@ -178,7 +177,6 @@ class PeerCopies:
             (received,) = transfer(
                 outgoing=outgoing,
                 incoming=[incoming],
-                group=self.group,
                 staging=self.staging(),
                 bucket_bytes=self.bucket_bytes,
             )
@@ -269,107 +267,119 @@ class PeerCopies:
                     )
         return held
 
-    def plan(self, *, at_least: int) -> _Plan | None:
-        """The newest step >= ``at_least`` of which every saved rank's shard is held somewhere,
-        with what every pod holds (collective); None when there is none."""
+    def complete_steps(self) -> tuple[list[int], list[set[tuple[int, int]]], list[Held]]:
+        """The steps of which every saved rank's shard is held in some pod, newest first; what
+        every rank's pod holds, as (saved rank, step); this pod's holdings. Collective."""
         mine = self.holdings()
         gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, [(h.rank, h.step) for h in mine], group=self.group)
+        dist.all_gather_object(gathered, [(h.rank, h.step) for h in mine])
         pods = [{(rank, step) for rank, step in held} for held in gathered]
-        for step in sorted({step for held in pods for _, step in held}, reverse=True):
-            if step < at_least:
-                break
-            if {rank for held in pods for rank, s in held if s == step} >= set(
-                range(self.world_size)
-            ):
-                return _Plan(step=step, pods=pods, mine=mine)
-        return None
+        everyone = set(range(self.world_size))
+        steps = sorted({step for held in pods for _, step in held}, reverse=True)
+        complete = [
+            step
+            for step in steps
+            if {rank for held in pods for rank, s in held if s == step} >= everyone
+        ]
+        return complete, pods, mine
 
-    def restore(self, state: dict[str, Any], *, at_least: int) -> tuple[int, int] | None:
-        """Restore this rank's shard of the newest step every rank's shard is in memory
-        somewhere (own pod or a peer), not older than ``at_least``, into ``state`` in place
-        (collective). Returns (step, bytes received by this rank), or None with ``state``
-        unchanged on every rank when there is no such step or a shard is refused."""
-        found = self.plan(at_least=at_least)
-        if found is None:
-            return None
-        step, gathered, mine = found.step, found.pods, found.mine
-        local = next((h for h in mine if h.rank == self.rank and h.step == step), None)
-        # Who sends what: the lowest rank whose pod holds a shard that its rank's pod lacks.
-        senders: dict[int, int] = {}
-        for q in range(self.world_size):
-            if (q, step) in gathered[q]:
-                continue
-            senders[q] = min(p for p in range(self.world_size) if (q, step) in gathered[p])
+    def restore(
+        self,
+        state: dict[str, Any],
+        *,
+        step: int,
+        pods: list[set[tuple[int, int]]],
+        mine: list[Held],
+    ) -> tuple[str | None, str, int]:
+        """Put this rank's shard of ``step`` (held somewhere, see :meth:`complete_steps`) into
+        ``state`` in place, once every rank has checked its own (collective). Returns the
+        problem (None when restored; every rank then gets the same one and ``state`` is
+        unchanged everywhere), where the shard came from, and the bytes this rank received."""
+        # Who sends what: for each rank whose pod lacks its shard, a rank whose pod holds it
+        # (matched by saved rank: the rendezvous may have placed ranks anew), the one of the
+        # same local rank first, so each GPU's own network interfaces carry one shard.
+        lws = self.local_world_size
+        senders = {
+            q: min(
+                (p for p in range(self.world_size) if (q, step) in pods[p]),
+                key=lambda p, q=q: (p % lws != q % lws, p),
+            )
+            for q in range(self.world_size)
+            if (q, step) not in pods[q]
+        }
         outgoing = []
         for q, p in sorted(senders.items()):
-            if p == self.rank:
-                held = next(h for h in mine if h.rank == q and h.step == step)
-                meta = files.read_meta(held.directory)
-                data = files.map_data(held.directory, meta) if meta is not None else _EMPTY
-                outgoing.append(
-                    Outgoing(dst=q, meta=b"" if meta is None else meta.to_bytes(), data=data)
+            if p != self.rank:
+                continue
+            held = next(h for h in mine if h.rank == q and h.step == step)
+            meta = files.read_meta(held.directory)
+            outgoing.append(
+                Outgoing(
+                    dst=q,
+                    meta=b"" if meta is None else meta.to_bytes(),
+                    data=_EMPTY if meta is None else files.map_data(held.directory, meta),
                 )
+            )
         slot: list[files.SlotFile] = []
         incoming = []
         if self.rank in senders:
             incoming = [
                 Incoming(src=senders[self.rank], into=lambda blob, n: self._own_slot(blob, n, slot))
             ]
-        problem: str | None = None
+        key = files.walk(state)[1]
         received_bytes = 0
+        directory: Path | None = None
         try:
             received = transfer(
                 outgoing=outgoing,
                 incoming=incoming,
-                group=self.group,
                 staging=self.staging(),
                 bucket_bytes=self.bucket_bytes,
             )
-            key = files.walk(state)[1]
             if received:
                 received_bytes = received[0].data.numel()
                 meta = _meta_or_none(received[0].meta)
+                where = f"{SOURCE}: rank {senders[self.rank]}"
                 problem = self._check(meta, key=key)
                 if problem is None and not slot:
                     problem = "its size differs from its meta"
                 if problem is None:
-                    found_crc = files.checksum(slot[0].data)
-                    if found_crc != meta.crc32:  # type: ignore[union-attr]
+                    assert meta is not None
+                    crc = files.checksum(slot[0].data)
+                    if crc != meta.crc32:
                         problem = (
-                            f"rank {self.rank}'s shard from rank {senders[self.rank]} fails its "
-                            f"checksum (CRC32 {found_crc:08x}, meta {meta.crc32:08x})"  # type: ignore[union-attr]
+                            f"the copy from rank {senders[self.rank]} fails its checksum "
+                            f"(CRC32 {crc:08x}, meta {meta.crc32:08x})"
                         )
                 if problem is None:
-                    files.publish(slot[0].directory, meta)  # type: ignore[arg-type]
-                    source = (slot[0].directory, meta)
+                    assert meta is not None
+                    # Now this rank's own snapshot: a later in-pod restart finds it there.
+                    files.publish(slot[0].directory, meta)
+                    directory = slot[0].directory
             else:
-                assert local is not None
+                local = next(h for h in mine if h.rank == self.rank and h.step == step)
+                where = str(local.directory)
                 meta = files.read_meta(local.directory)
-                problem = self._check(meta, key=key) or (
-                    files.verify(local.directory, meta) if meta is not None else None
-                )
-                source = (local.directory, meta)
+                problem = self._check(meta, key=key)
+                if problem is None:
+                    assert meta is not None
+                    problem = files.verify(local.directory, meta)
+                directory = local.directory
         finally:
             for target in slot:
                 target.close()
-        verdicts: list[Any] = [None] * self.world_size
-        dist.all_gather_object(verdicts, problem, group=self.group)
-        refused = next((p for p in verdicts if p), None)
-        if refused is not None:
-            if problem is not None and slot:
-                files.remove(slot[0].directory)
-            self.events.emit("checkpoint_rejected", step=step, path=SOURCE, problem=refused)
-            if self.rank == 0:
-                message = f"peer copy of step {step} refused ({refused}); falling back"
-                warnings.warn(message, stacklevel=2)
-                print(f"WARNING: {message}", flush=True)
-            return None
-        directory, meta = source
+        problem = agree(problem)
+        if problem is not None:
+            for target in slot:
+                files.remove(target.directory)  # never published; nothing half-written stays
+            return problem, where, received_bytes
+        assert directory is not None and meta is not None
         files.unpack(state, files.map_data(directory, meta), meta)
-        return step, received_bytes
+        return None, where, received_bytes
 
     def _own_slot(self, blob: bytes, nbytes: int, out: list[files.SlotFile]) -> torch.Tensor:
+        """The receive buffer of this rank's shard: its next own slot, mapped (a scratch
+        tensor when the meta is unusable: the bytes still arrive, and are dropped)."""
         meta = _meta_or_none(blob)
         if meta is None or meta.nbytes != nbytes:
             return torch.empty(nbytes, dtype=torch.uint8)
@@ -386,6 +396,34 @@ class PeerCopies:
         return meta.refusal(owner=self.owner, rank=self.rank, world_size=self.world_size, key=key)
 
 
+class PeerTier:
+    """The ``peer`` restore tier (``tiers.RestoreTier``): a step every rank's shard of which is
+    in some pod's memory, own or peer, fetched from the pod that holds it."""
+
+    name = SOURCE
+
+    def __init__(self, copies: PeerCopies) -> None:
+        self.copies = copies
+        self._found: tuple[list[set[tuple[int, int]]], list[Held]] | None = None
+
+    def steps(self) -> list[int]:
+        if not self.copies.enabled:
+            return []
+        steps, pods, mine = self.copies.complete_steps()
+        self._found = (pods, mine)
+        return steps
+
+    def load(self, trainer: Any, *, step: int) -> Restored | Rejected:
+        assert self._found is not None, "steps() first"
+        pods, mine = self._found
+        state = trainer.state_dict()
+        problem, where, _ = self.copies.restore(state, step=step, pods=pods, mine=mine)
+        if problem is not None:
+            return Rejected(path=where, problem=problem)
+        trainer.load_state_dict(state)
+        return Restored(path=where, nbytes=state_bytes(state))
+
+
 _EMPTY = torch.empty(0, dtype=torch.uint8)
 
 
@@ -396,11 +434,3 @@ def _meta_or_none(blob: bytes) -> files.SnapshotMeta | None:
         return files.SnapshotMeta.from_bytes(blob)
     except (ValueError, pickle.UnpicklingError, EOFError, AttributeError, TypeError):
         return None
-
-
-@dataclass(frozen=True)
-class _Plan:
-    step: int
-    pods: list[set[tuple[int, int]]]
-    """Per rank: the (saved rank, step) pairs its pod holds."""
-    mine: list[Held]

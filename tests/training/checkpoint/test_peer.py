@@ -113,6 +113,7 @@ def _held(root: Path, kind: str) -> list[list[int]]:
 def _ranks(rank: int, base: str, out: str, port: int) -> None:
     import torch.distributed as dist
 
+    from training.checkpoint.tiers import Rejected
     from training.runlog.metrics import EventLog
 
     dist.init_process_group(
@@ -141,6 +142,27 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
             bucket_bytes=512,  # a shard is ~2.5 KB: several buckets, a short last one
         )
 
+    class Trainer:  # the manager's StatefulTrainer: its state_dict is restored in place
+        def __init__(self, state: dict) -> None:
+            self.state = state
+
+        def state_dict(self) -> dict:
+            return self.state
+
+        def load_state_dict(self, state: dict) -> None:
+            assert state is self.state
+
+    def restore(root: Path, state: dict, *, local: int, at_least: int, staging: Any = None):
+        """What the manager does with the tier: its newest step not older than the floor."""
+        tier = peer.PeerTier(copies(root, local=local, staging=staging))
+        steps = [s for s in tier.steps() if s >= at_least]
+        if not steps:
+            return None
+        outcome = tier.load(Trainer(state), step=steps[0])
+        if isinstance(outcome, Rejected):
+            return {"problem": outcome.problem, "path": outcome.path}
+        return [steps[0], outcome.path, outcome.nbytes]
+
     def wipe(*nodes: int) -> None:
         dist.barrier()
         if rank == 0:
@@ -150,7 +172,7 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
 
     def restored(state: dict, got: Any, step: int) -> dict:
         return {
-            "got": None if got is None else list(got),
+            "got": got,
             "equal": _equal(state, _state(rank, step)),
         }
 
@@ -181,7 +203,7 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
     # 2. Node 1 is lost and replaced: ranks 2 and 3 start with nothing and fresh state.
     wipe(1)
     state = _state(rank, 6) if rank < 2 else _fresh(rank)
-    got = copies(own, local=2, staging=torch.device("cpu")).restore(state, at_least=4)
+    got = restore(own, state, local=2, at_least=4, staging=torch.device("cpu"))
     results[f"replaced-{rank}"] = restored(state, got, 6)
     results[f"replaced-{rank}"]["own_after"] = _held(own, "own")
 
@@ -190,7 +212,7 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
     wipe(1)
     swapped = node_root(1 - rank // 2)
     state = _fresh(rank)
-    got = copies(swapped, local=2).restore(state, at_least=4)
+    got = restore(swapped, state, local=2, at_least=4)
     results[f"permuted-{rank}"] = restored(state, got, 6)
 
     # 4. A damaged copy: node 1 lost again, one byte of node 0's copy of rank 2 flipped.
@@ -205,7 +227,7 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
     dist.barrier()
     state = _fresh(rank) if rank >= 2 else _state(rank, 6)
     before = {k: v for k, v in state.items()}
-    got = copies(own, local=2).restore(state, at_least=4)
+    got = restore(own, state, local=2, at_least=4)
     results[f"damaged-{rank}"] = {
         "got": got,
         "unchanged": _equal(state, _fresh(rank) if rank >= 2 else _state(rank, 6)),
@@ -222,7 +244,7 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
         shutil.rmtree(alone, ignore_errors=True)
     dist.barrier()
     state = _fresh(rank) if rank == 1 else _state(rank, 7)
-    got = copies(alone, local=1).restore(state, at_least=0)
+    got = restore(alone, state, local=1, at_least=0)
     results[f"one-lost-{rank}"] = restored(state, got, 7)
     copies(alone, local=1).exchange()  # the copies are whole again
     dist.barrier()
@@ -230,7 +252,7 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
         shutil.rmtree(alone, ignore_errors=True)
     dist.barrier()
     state = _fresh(rank) if rank in (1, 2) else _state(rank, 7)
-    got = copies(alone, local=1).restore(state, at_least=0)
+    got = restore(alone, state, local=1, at_least=0)
     results[f"two-lost-{rank}"] = {"got": got}
 
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(results))
@@ -284,9 +306,12 @@ def test_a_replacement_node_restores_its_shards_from_the_peer_bit_identically(se
         result = seen[f"replaced-{rank}"]
         assert result["got"] is not None and result["got"][0] == 6, result
         assert result["equal"], f"rank {rank} differs from its step-6 state"
-    # Only the new node's ranks received anything; what they received is now their own
-    # snapshot in their pod's memory.
-    assert seen["replaced-0"]["got"][1] == 0 and seen["replaced-2"]["got"][1] > 0
+    # The new node's ranks received their shards from the ranks holding the copies (the same
+    # local rank on node 0); what they received is now their own snapshot in their pod.
+    assert seen["replaced-2"]["got"][1] == "peer: rank 0", seen["replaced-2"]
+    assert seen["replaced-3"]["got"][1] == "peer: rank 1", seen["replaced-3"]
+    assert seen["replaced-0"]["got"][1].endswith("/own/rank-00000/slot-1")
+    assert seen["replaced-2"]["got"][2] > 512
     assert [2, 6] in seen["replaced-2"]["own_after"]
 
 
@@ -295,15 +320,21 @@ def test_ranks_permuted_across_nodes_restore_by_saved_rank(seen: dict) -> None:
         result = seen[f"permuted-{rank}"]
         assert result["got"] is not None and result["got"][0] == 6, result
         assert result["equal"], f"rank {rank} restored another rank's shard"
+    # Ranks 0 and 1 (new node) get theirs from the old node's ranks of their local rank, 2
+    # and 3; ranks 2 and 3 find theirs in their pod, among the copies it held for node 1.
+    assert seen["permuted-0"]["got"][1] == "peer: rank 2"
+    assert seen["permuted-1"]["got"][1] == "peer: rank 3"
+    assert "/peer/rank-00002/" in seen["permuted-2"]["got"][1]
 
 
 def test_a_damaged_copy_is_refused_on_every_rank_and_nothing_changes(seen: dict) -> None:
+    problems = set()
     for rank in range(WORLD):
-        assert seen[f"damaged-{rank}"]["got"] is None
         assert seen[f"damaged-{rank}"]["unchanged"]
-    rejected = [e for e in seen["events"] if e["kind"] == "checkpoint_rejected"]
-    assert rejected and all(e["path"] == "peer" and e["step"] == 6 for e in rejected)
-    assert any("checksum" in e["problem"] for e in rejected)
+        problems.add(seen[f"damaged-{rank}"]["got"]["problem"])
+    # Every rank has the same verdict: rank 2's copy (from rank 0) fails its checksum.
+    (problem,) = problems
+    assert problem.startswith("rank 2: the copy from rank 0 fails its checksum"), problem
 
 
 def test_a_node_and_its_holder_lost_together_leave_no_step_in_memory(seen: dict) -> None:
