@@ -29,12 +29,13 @@ the floor the manager gives (the newest sound committed checkpoint), of which ev
 shard is somewhere. Ranks are matched by saved rank, not by position: after the rendezvous has
 permuted ranks across nodes, rank q restores shard q wherever it lies. A rank whose pod holds
 shard q reads it there; otherwise a rank whose pod holds it sends it, the same local rank
-first (the copy lands as the rank's own snapshot, so a later in-pod restart finds it there). Every rank checks
-its shard's meta (run, rank, world size, structure) and CRC32, and the ranks agree
-(``all_reduce`` MIN) before any state changes: a damaged or missing shard rejects the step
-(``checkpoint_rejected``, with the problem), and the manager falls back to the next tier
-(storage). Two simultaneous losses, a node and its holder, lose that node's shards from memory
-altogether: no step is complete, and the run restores from storage.
+first (the copy lands as the rank's own snapshot, so a later in-pod restart finds it there).
+Every rank checks its shard's meta (run, rank, world size, structure) and CRC32, and the ranks
+agree (every verdict gathered, ``tiers.agree``) before any state changes: a damaged or missing
+shard rejects the step on every rank (the manager's ``checkpoint_rejected`` names the problem)
+and the manager falls back to the next tier (storage). Two simultaneous losses, a node and its
+holder, lose that node's shards from memory altogether: no step is complete in memory, and the
+run restores from storage.
 """
 
 from __future__ import annotations
