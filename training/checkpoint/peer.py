@@ -42,9 +42,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import pickle
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +63,7 @@ from training.checkpoint.transfer import (
     transfer,
     transfer_device,
 )
+from training.config import CheckpointConfig
 from training.runlog.metrics import EventLog
 
 log = logging.getLogger(__name__)
@@ -105,6 +108,35 @@ class Held:
     directory: Path
 
 
+def for_job(
+    *,
+    config: CheckpointConfig,
+    root: Path,
+    owner: str,
+    rank: int,
+    world_size: int,
+    events: EventLog,
+    published: Callable[[], None],
+) -> PeerCopies | None:
+    """The job's peer copies when ``checkpoint.peer_copy`` asks for them (None otherwise):
+    ``root`` and ``owner`` are the pod-memory snapshots' (``pod_memory.run_root``,
+    ``run_identity``), ``published`` waits until the newest own snapshot is complete. The
+    nodes are torchrun's: ``LOCAL_WORLD_SIZE`` ranks each. On one node it is off, said once."""
+    if not config.peer_copy:
+        return None
+    copies = PeerCopies(
+        root=root,
+        owner=owner,
+        rank=rank,
+        world_size=world_size,
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
+        events=events,
+        published=published,
+    )
+    copies.announce()
+    return copies if copies.enabled else None
+
+
 class PeerCopies:
     """This rank's side of the ring (see the module docstring). Collective methods: call on
     every rank at the same point."""
@@ -120,6 +152,7 @@ class PeerCopies:
         events: EventLog,
         staging: torch.device | str | None = "auto",
         bucket_bytes: int = BUCKET_BYTES,
+        published: Callable[[], None] = lambda: None,
     ) -> None:
         self.root = Path(root)
         self.owner = owner
@@ -129,6 +162,7 @@ class PeerCopies:
         self.events = events
         self._staging = staging
         self.bucket_bytes = bucket_bytes
+        self._published = published
         self.problem = ring_problem(world_size=world_size, local_world_size=local_world_size)
         self.holder = holder_of(rank, world_size=world_size, local_world_size=local_world_size)
         self.source = source_of(rank, world_size=world_size, local_world_size=local_world_size)
@@ -158,6 +192,7 @@ class PeerCopies:
             return
         assert self.holder is not None and self.source is not None
         started = time.perf_counter()
+        self._published()  # the snapshot just taken is complete (its CRC32 and meta written)
         self._prune()
         own = self._newest_own()
         outgoing = []
@@ -253,6 +288,12 @@ class PeerCopies:
             with contextlib.suppress(ValueError):
                 if int(directory.name.split("-", 1)[1]) not in kept:
                     files.remove_rank(self.root, kind="peer", rank=int(directory.name[5:]))
+
+    def close(self) -> None:
+        """The run ended: remove the copies this rank holds (its source's), as the pod-memory
+        snapshots remove their own, so a finished run leaves nothing in ``/dev/shm``."""
+        if self.source is not None:
+            files.remove_rank(self.root, kind="peer", rank=self.source)
 
     # -- the restore --------------------------------------------------------------------------
     def holdings(self) -> list[Held]:

@@ -65,6 +65,40 @@ def test_one_node_or_uneven_nodes_turn_the_copy_off_with_a_reason(world: int, lo
     assert peer.holder_of(0, world_size=world, local_world_size=local) is None
 
 
+def test_a_peer_copy_without_pod_memory_snapshots_is_a_config_error() -> None:
+    from training.config import CheckpointConfig
+    from training.exits import ConfigError
+
+    with pytest.raises(ConfigError, match=r"checkpoint\.peer_copy: .*memory_interval > 0"):
+        CheckpointConfig(peer_copy=True)
+    assert CheckpointConfig(peer_copy=True, memory_interval=5).peer_copy
+
+
+def test_on_one_node_the_copy_is_off_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from training.config import CheckpointConfig
+    from training.runlog.metrics import EventLog
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    events = EventLog(run_dir=tmp_path, rank=0)
+    made = peer.for_job(
+        config=CheckpointConfig(peer_copy=True, memory_interval=5),
+        root=tmp_path / "shm",
+        owner=OWNER,
+        rank=0,
+        world_size=2,
+        events=events,
+        published=lambda: None,
+    )
+    assert made is None
+    assert (
+        "peer copy of pod-memory snapshots off: the job runs on one node" in capsys.readouterr().out
+    )
+    (event,) = [json.loads(line) for line in events.path.read_text().splitlines()]
+    assert event["kind"] == "peer_copy_off" and "one node" in event["reason"]
+
+
 # --- the ranks ---------------------------------------------------------------------------------
 
 
