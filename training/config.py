@@ -207,6 +207,13 @@ class ParallelConfig:
         )
 
 
+POD_MEMORY_DIR = "/dev/shm/fsdp-snapshots"
+"""The default ``checkpoint.pod_memory_dir``: in the pod's memory-backed ``/dev/shm`` (the
+``shm`` emptyDir of manifests/render.py); the local launcher's ranks share this machine's."""
+POD_MEMORY_MODES = ("inprocess", "nested", "injob")
+"""The restart modes whose restarts keep the pod, and with it the snapshots in its memory."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class CheckpointConfig:
     """Sharded checkpoints on shared storage (FSx in the cluster, a local dir here)."""
@@ -238,10 +245,15 @@ class CheckpointConfig:
     local_interval: int = 0
     """GPU only: save a local checkpoint every N steps (between the shared ones); 0 = off."""
     memory_interval: int = 0
-    """Every N steps each rank keeps a copy of its state in host memory (two slots), which an
-    in-process restart (``resilience.restart`` inprocess or nested) restores instead of the
-    newest checkpoint on storage when it is newer; 0 = off. Restart modes that replace the
-    processes take none (training/checkpoint/memory.py)."""
+    """Every N steps each rank keeps a snapshot of its state in host memory (two slots), which
+    a restart that keeps the pod (``resilience.restart`` injob, nested or inprocess) restores
+    instead of the newest checkpoint on storage when it is newer; 0 = off. The snapshots live
+    in ``pod_memory_dir`` (training/checkpoint/pod_memory.py), or in the process's memory when
+    that is empty (in-process restarts only: training/checkpoint/memory.py)."""
+    pod_memory_dir: str = POD_MEMORY_DIR
+    """Where the snapshots live: a directory on a tmpfs that belongs to the pod (its
+    memory-backed ``/dev/shm``), so that workers respawned in the same pod find them; each run
+    gets its own subdirectory, removed when the run ends. Empty: in the process's memory."""
 
     def __post_init__(self) -> None:
         s = "checkpoint"

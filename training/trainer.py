@@ -27,7 +27,6 @@ from torch.distributed.checkpoint.state_dict import (
 
 from training import exits
 from training.checkpoint.manager import CheckpointManager
-from training.checkpoint.memory import SNAPSHOTS
 from training.config import JobConfig
 from training.data import BatchLayout, ResumableSampler, TokenShards
 from training.hooks import HookChain, NodeEviction, StepHooks
@@ -144,6 +143,9 @@ class Trainer:
         self.tokens_per_step = self.layout.global_batch * config.data.seq_len
         self.flops_per_token = flops_per_token(config.model, seq_len=config.data.seq_len)
         self.peak_flops = peak_flops_for(env.device)
+        self.before_update: Any = lambda: None
+        """Called before the optimizer's in-place update (``fit`` sets the checkpoint
+        manager's: the newest memory snapshot's copies finish first)."""
 
     def _model_factory(self) -> Transformer:
         return Transformer(self.config.model)
@@ -201,7 +203,7 @@ class Trainer:
             loss_sum += loss.detach()
         if self.config.optim.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
-        SNAPSHOTS.before_update()  # a memory snapshot's copies on a GPU read the old state
+        self.before_update()  # a memory snapshot's copies on a GPU read the old state
         with self.hooks.timing("optimizer"):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -233,6 +235,7 @@ class Trainer:
             ),
         )
         logger = None
+        self.before_update = checkpoints.before_update
         try:
             stop.install()
             with self.hooks.section("checkpoint_load"):

@@ -50,6 +50,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from training.checkpoint.layout import file_crc32
+from training.checkpoint.tiers import Restored, state_bytes
 from training.durable import write_json_atomic
 from training.exits import ConfigError
 
@@ -455,3 +456,24 @@ class LocalCheckpoints:
         tensor_aware.restore_tensor_device(non_blocking=False)
         trainer.load_state_dict(_from_local(tensor_aware.state_dict, specs))
         return int(trainer.step)
+
+
+class LocalTier:
+    """The ``local`` restore tier (``tiers.RestoreTier``): the newest step every rank holds on
+    node-local NVMe (own files or a peer node's replicas), its files read against their CRC32s
+    (``LocalCheckpoints.latest_step``)."""
+
+    name = "local"
+
+    def __init__(self, checkpoints: LocalCheckpoints, *, path: Path) -> None:
+        self.checkpoints = checkpoints
+        self.path = path
+
+    def steps(self) -> list[int]:
+        step = self.checkpoints.latest_step()
+        return [] if step is None else [step]
+
+    def load(self, trainer, *, step: int):
+        loaded = self.checkpoints.load_into(trainer)  # NVRx loads its newest: the one listed
+        assert loaded == step, f"NVRx loaded step {loaded}, listed {step}"
+        return Restored(path=str(self.path), nbytes=state_bytes(trainer.state_dict()))

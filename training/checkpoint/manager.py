@@ -1,5 +1,6 @@
-"""The checkpoint manager: save (three engines), commit, retain, load with verification, and
-the in-memory snapshots an in-process restart restores (``training.checkpoint.memory``).
+"""The checkpoint manager: save (three engines), commit, retain, take the memory snapshots
+restarts restore (``pod_memory.py``, ``memory.py``), and load from the cheapest restore tier
+that holds the newest sound state (``tiers.py``).
 
 The on-disk layout and the commit protocol are in ``training.checkpoint.layout``."""
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -17,16 +18,10 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import CheckpointException, FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
 from training.checkpoint.committer import Committer
-from training.checkpoint.integrity import (
-    CheckpointDamaged,
-    ChecksummingWriter,
-    VerifyingReader,
-    gc_paused,
-)
+from training.checkpoint.integrity import ChecksummingWriter
 from training.checkpoint.layout import (
     COMMIT,
     SHARDS,
@@ -38,9 +33,22 @@ from training.checkpoint.layout import (
     step_dir,
     write_rank_manifest,
 )
-from training.checkpoint.memory import IN_PROCESS_MODES, SNAPSHOTS, MemorySnapshots
+from training.checkpoint.memory import (
+    IN_PROCESS_MODES,
+    SNAPSHOTS,
+    MemorySnapshots,
+    ProcessMemoryTier,
+)
+from training.checkpoint.pod_memory import (
+    PodMemorySnapshots,
+    PodMemoryTier,
+    run_identity,
+    run_root,
+)
 from training.checkpoint.staging import staged_bytes, structure_key
-from training.config import CheckpointConfig, JobConfig
+from training.checkpoint.storage import StorageTier
+from training.checkpoint.tiers import Rejected, RestoreTier, by_cost
+from training.config import POD_MEMORY_MODES, CheckpointConfig, JobConfig
 from training.runlog.metrics import EventLog
 
 
@@ -107,20 +115,46 @@ class CheckpointManager:
         events: EventLog,
         point_hook=None,
     ) -> CheckpointManager:
-        """The job's checkpoint manager: ``config.checkpoint`` under ``config.checkpoint_dir``;
-        memory snapshots where ``checkpoint.memory_interval`` asks for them and the restart mode
-        keeps the processes (nothing else could restore them)."""
-        in_memory = (
-            config.checkpoint.memory_interval > 0 and config.resilience.restart in IN_PROCESS_MODES
-        )
+        """The job's checkpoint manager: ``config.checkpoint`` under ``config.checkpoint_dir``,
+        and the restore tiers of the job's restart mode.
+
+        Snapshots every ``checkpoint.memory_interval`` steps, in a restart mode whose restarts
+        keep the pod (``POD_MEMORY_MODES``): in the pod's memory (``pod_memory.py``, the
+        ``pod_memory`` tier: in-job and in-process restarts restore them), or, with
+        ``checkpoint.pod_memory_dir`` empty, in the process's memory (``memory.py``: in-process
+        restarts only). Never both: a second copy of the state in host memory would restore
+        in-process restarts without a CRC pass over the snapshot, at the price of its size in
+        memory and a second copy per interval.
+
+        Restore tiers: the manager builds ``memory`` / ``pod_memory`` from the snapshots it
+        takes, ``local`` and ``storage`` from its config, and takes any other tier in ``tiers``;
+        it orders all of them by ``tiers.TIERS``. A new tier (``peer``) registers here, by
+        appending its object to ``tiers``."""
+        c = config.checkpoint
+        root = Path(config.checkpoint_dir)
+        snapshots = c.memory_interval > 0 and config.resilience.restart in POD_MEMORY_MODES
+        memory = pod_memory = None
+        tiers: list[RestoreTier] = []  # other tiers register here (``peer``)
+        if snapshots and c.pod_memory_dir:
+            owner = run_identity(root)
+            pod_memory = PodMemorySnapshots.for_rank(
+                root=run_root(c.pod_memory_dir, owner),
+                owner=owner,
+                rank=rank,
+                world_size=world_size,
+            )
+        elif snapshots and config.resilience.restart in IN_PROCESS_MODES:
+            memory = SNAPSHOTS
         return cls(
-            config=config.checkpoint,
-            root=Path(config.checkpoint_dir),
+            config=c,
+            root=root,
             rank=rank,
             world_size=world_size,
             events=events,
             point_hook=point_hook,
-            memory=SNAPSHOTS if in_memory else None,
+            memory=memory,
+            pod_memory=pod_memory,
+            tiers=tiers,
         )
 
     def __init__(
@@ -133,9 +167,14 @@ class CheckpointManager:
         events: EventLog,
         point_hook=None,
         memory: MemorySnapshots | None = None,
+        pod_memory: PodMemorySnapshots | None = None,
+        tiers: Sequence[RestoreTier] = (),
     ) -> None:
+        """``memory`` / ``pod_memory``: where :meth:`snapshot` copies the state (their restore
+        tiers are added here); ``tiers``: any other restore tier (:meth:`for_job`)."""
         self.config = config
         self._memory = memory
+        self._pod_memory = pod_memory
         self.root = root
         self.rank = rank
         self.world_size = world_size
@@ -162,7 +201,25 @@ class CheckpointManager:
             self._nvrx = AsyncCheckpointQueue()
         self._worker_started = False
         self._local_pending = False
-        self._sources: tuple[list[int], int | None, int | None] | None = None
+        restore: list[RestoreTier] = list(tiers)
+        if memory is not None:
+            restore.append(
+                ProcessMemoryTier(memory, owner=str(root), rank=rank, world_size=world_size)
+            )
+        if pod_memory is not None:
+            restore.append(PodMemoryTier(pod_memory))
+        if self._local is not None:
+            from training.checkpoint.local import LocalTier
+
+            restore.append(LocalTier(self._local, path=Path(config.local_dir)))
+        self._storage = StorageTier(
+            root=root, rank=rank, world_size=world_size, verify_on_load=config.verify_on_load
+        )
+        restore.append(self._storage)
+        self.tiers: list[RestoreTier] = by_cost(restore)
+        """The restore tiers, cheapest first (``tiers.TIERS``)."""
+        self._candidates: list[tuple[int, RestoreTier]] | None = None
+        self._committed: list[int] = []
         # The structure the cached save plan was made for (nvrx), and torch's cache key.
         self._plan_key: tuple | None = None
         self._torch_plan_key = f"{type(self).__name__}/{os.getpid()}/{id(self)}/{world_size}"
@@ -208,6 +265,8 @@ class CheckpointManager:
             self._local.close()
         if self._memory is not None:
             self._memory.clear()  # the run is over: nothing restarts into this process
+        if self._pod_memory is not None:
+            self._pod_memory.close(remove=True)  # nor into this pod: /dev/shm is left empty
 
     def abandon(self) -> None:
         """After a fault: drop pending saves (they stay uncommitted) without collectives. A
@@ -359,23 +418,39 @@ class CheckpointManager:
         )
 
     def snapshot(self, trainer: StatefulTrainer, *, step: int) -> None:
-        """A memory snapshot of ``trainer`` for in-process restarts (``memory.py``); nothing
-        when snapshots are off. Local to this rank: no collective."""
-        if self._memory is None:
+        """A memory snapshot of ``trainer`` (in the pod's memory, or the process's: see
+        :meth:`for_job`); nothing when snapshots are off. Local to this rank: no collective."""
+        if self._memory is None and self._pod_memory is None:
             return
         started = time.perf_counter()
-        self._memory.take(
-            trainer.state_dict(),
-            owner=str(self.root),
-            step=step,
-            rank=self.rank,
-            world_size=self.world_size,
+        if self._pod_memory is not None:
+            self._pod_memory.take(trainer.state_dict(), step=step)
+            tier = "pod_memory"
+        else:
+            self._memory.take(
+                trainer.state_dict(),
+                owner=str(self.root),
+                step=step,
+                rank=self.rank,
+                world_size=self.world_size,
+            )
+            tier = "memory"
+        self.events.emit(
+            "memory_snapshot", step=step, blocking_s=time.perf_counter() - started, tier=tier
         )
-        self.events.emit("memory_snapshot", step=step, blocking_s=time.perf_counter() - started)
+
+    def before_update(self) -> None:
+        """Call before the optimizer changes the state in place: on a GPU the compute stream
+        waits for the newest snapshot's device-to-host copies (no host wait)."""
+        if self._pod_memory is not None:
+            self._pod_memory.before_update()
+        if self._memory is not None:
+            self._memory.before_update()
 
     @property
     def snapshots_in_memory(self) -> bool:
-        return self._memory is not None
+        """Whether :meth:`snapshot` takes snapshots (pod or process memory)."""
+        return self._memory is not None or self._pod_memory is not None
 
     def poll(self) -> None:
         """Commit every save that all ranks have finished writing, and finish the NVRx worker's
@@ -458,150 +533,75 @@ class CheckpointManager:
             shutil.rmtree(path, ignore_errors=True)
 
     # -- loading -------------------------------------------------------------------------------
-    def _resume_sources(self) -> tuple[list[int], int | None, int | None]:
-        """Committed shared steps (rank 0 lists, all ranks agree), the newest complete local
-        step, and the newest memory snapshot every rank holds. Collective; listed once per
-        manager."""
-        if self._sources is None:
-            candidates = committed_steps(self.root) if self.rank == 0 else []
-            shared: list[Any] = [candidates]
-            dist.broadcast_object_list(shared, src=0)
-            # collective: needs every rank's shard
-            local_step = self._local.latest_step() if self._local is not None else None
-            self._sources = (shared[0], local_step, self._common_memory_step())
-        return self._sources
-
-    def _common_memory_step(self) -> int | None:
-        """The newest step of which every rank holds a complete memory snapshot (collective
-        when snapshots are on)."""
-        if self._memory is None:
-            return None
-        held = self._memory.steps(owner=str(self.root), rank=self.rank, world_size=self.world_size)
-        gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, held)
-        common = set(gathered[0]).intersection(*gathered[1:])
-        return max(common, default=None)
+    def _restore_candidates(self) -> list[tuple[int, RestoreTier]]:
+        """Every (step, tier) some tier can restore on every rank: newest step first, the
+        cheaper tier first at equal steps. Collective; listed once per manager."""
+        if self._candidates is None:
+            candidates = []
+            for tier in self.tiers:
+                steps = tier.steps()
+                if tier is self._storage:
+                    self._committed = steps
+                candidates += [(step, tier) for step in steps]
+            order = {id(tier): index for index, tier in enumerate(self.tiers)}
+            candidates.sort(key=lambda c: (-c[0], order[id(c[1])]))
+            self._candidates = candidates
+        return self._candidates
 
     def resume_expected(self) -> bool:
         """Whether ``load_latest`` has something to load (collective): the trainer then skips
         initialising the weights it is about to overwrite."""
         if not self.config.resume:
             return False
-        candidates, local_step, memory_step = self._resume_sources()
-        return bool(candidates) or local_step is not None or memory_step is not None
+        return bool(self._restore_candidates())
 
     def load_latest(self, trainer: StatefulTrainer) -> int | None:
-        """Load the newest sound state into ``trainer``: a committed checkpoint, a node-local one
-        or a memory snapshot (in-process restarts), whichever is newest; None if there is none.
+        """Load the newest sound state into ``trainer`` from the cheapest tier that holds it;
+        None if there is none.
 
-        All ranks walk the same candidates in the same order and agree on each verdict, so they
-        always load the same checkpoint. A memory snapshot is tried when no sound checkpoint
-        on storage is newer: before the newest, or after a damaged one is rejected."""
+        All ranks walk the same candidates (:meth:`_restore_candidates`) in the same order and
+        agree on each verdict, so they always load the same step from the same tier. A rejected
+        candidate (damaged, another structure) changes nothing and the next is tried; a tier's
+        step older than the newest sound committed checkpoint is reached only after that
+        checkpoint was rejected. Every load emits ``checkpoint_load`` with its ``source`` (the
+        tier), ``seconds`` and ``bytes`` (this rank's state restored)."""
         if not self.config.resume:
             return None
-        candidates, local_step, memory_step = self._resume_sources()
-        newest_committed = max(candidates, default=None)
-
-        def from_memory(*, at_least: int) -> int | None:
-            nonlocal memory_step
-            if memory_step is None or memory_step < at_least:
-                return None
-            step, memory_step = memory_step, None  # tried once
-            if not self._restore_memory(trainer, step=step):
-                return None
-            self._latest_committed = newest_committed
-            return step
-
-        newest_stored = max([*candidates, -1 if local_step is None else local_step])
-        if (restored := from_memory(at_least=newest_stored)) is not None:
-            return restored
-        if local_step is not None and local_step > max(candidates, default=-1):
+        candidates = self._restore_candidates()
+        newest_committed = max(self._committed, default=None)
+        tried: set[tuple[int, str]] = set()
+        for step, tier in candidates:
+            if (step, tier.name) in tried:
+                continue
+            tried.add((step, tier.name))
             started = time.perf_counter()
-            step = self._local.load_into(trainer)
+            result = tier.load(trainer, step=step)
+            seconds = time.perf_counter() - started
+            if isinstance(result, Rejected):
+                self.events.emit(
+                    "checkpoint_rejected",
+                    step=step,
+                    path=result.path,
+                    problem=result.problem,
+                    source=tier.name,
+                )
+                continue
             self.events.emit(
                 "checkpoint_load",
                 step=step,
-                path=str(self.config.local_dir),
-                seconds=time.perf_counter() - started,
-                source="local",
+                path=result.path,
+                seconds=seconds,
+                bytes=result.nbytes,
+                source=tier.name,
             )
+            self._latest_committed = step if tier is self._storage else newest_committed
             return step
-        for step in reversed(candidates):
-            if (restored := from_memory(at_least=step)) is not None:
-                return restored
-            path = step_dir(self.root, step)
-            started = time.perf_counter()
-            with gc_paused():
-                problem = self._load_verified(trainer, path)
-            if problem is not None:
-                message = f"checkpoint {path} is damaged ({problem}); falling back to the previous"
-                if self.rank == 0:
-                    warnings.warn(message, stacklevel=2)
-                    print(f"WARNING: {message}", flush=True)
-                self.events.emit("checkpoint_rejected", step=step, path=str(path), problem=problem)
-                continue
-            seconds = time.perf_counter() - started
-            self.events.emit("checkpoint_load", step=step, path=str(path), seconds=seconds)
-            self._latest_committed = step
-            return step
-        if (restored := from_memory(at_least=-1)) is not None:
-            return restored
-        if candidates:
+        if self._committed:
             raise CheckpointError(
                 f"every committed checkpoint under {self.root} is damaged; "
                 "move them aside to start fresh (checkpoint.resume=false ignores them)"
             )
         return None
-
-    def _restore_memory(self, trainer: StatefulTrainer, *, step: int) -> bool:
-        """Restore the memory snapshot of ``step`` into ``trainer`` when every rank can (same
-        structure on every rank; collective); False, with nothing changed, when one cannot."""
-        assert self._memory is not None
-        started = time.perf_counter()
-        state = trainer.state_dict()
-        fits = torch.tensor(
-            [int(self._memory.matches(state, step=step))],
-            dtype=torch.int32,
-            device=collective_device(),
-        )
-        dist.all_reduce(fits, op=dist.ReduceOp.MIN)
-        if not fits.item():
-            self.events.emit("checkpoint_rejected", step=step, path="memory", problem="structure")
-            return False
-        self._memory.restore(state, step=step)
-        trainer.load_state_dict(state)
-        self.events.emit(
-            "checkpoint_load",
-            step=step,
-            path="memory",
-            seconds=time.perf_counter() - started,
-            source="memory",
-        )
-        return True
-
-    def _load_verified(self, trainer: StatefulTrainer, path: Path) -> str | None:
-        """Load ``path`` into ``trainer`` in one read pass; the problem if it is damaged.
-
-        With ``verify_on_load`` the reader checks every byte it loads against the CRCs taken at
-        write time, and all ranks agree before any state is modified
-        (``integrity.VerifyingReader``). DCP raises on every rank when any rank fails (its
-        collective ``reduce_scatter`` / ``all_gather`` steps); the ranks then pool what their
-        readers found, so that all of them reject the checkpoint, or all re-raise an error that
-        is not damage."""
-        if not self.config.verify_on_load:
-            dcp.load({"trainer": trainer}, storage_reader=FileSystemReader(path))
-            return None
-        reader = VerifyingReader(path)
-        try:
-            dcp.load({"trainer": trainer}, storage_reader=reader)
-            return None
-        except (CheckpointException, CheckpointDamaged) as err:
-            gathered: list[Any] = [None] * self.world_size
-            dist.all_gather_object(gathered, reader.problem)
-            problem = next((p for p in gathered if p), None)
-            if problem is None:
-                raise err
-            return problem
 
 
 def needs_cpu_collectives(config: CheckpointConfig) -> bool:

@@ -25,48 +25,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from training.checkpoint.snapshot_files import walk as _walk
+from training.checkpoint.tiers import Rejected, Restored, agree, common_steps
+
 IN_PROCESS_MODES = ("inprocess", "nested")
 """The restart modes whose restarts keep the processes, and with them these snapshots."""
-
-
-def _leaves(state: Any, path: tuple = ()) -> Iterator[tuple[tuple, Any, Any, Any]]:
-    """Every leaf of a nested dict/list state as (path, container, key, value), keys sorted, so
-    two states of one structure walk in the same order."""
-    if isinstance(state, dict):
-        items = [(k, state[k]) for k in sorted(state, key=str)]
-    else:
-        items = list(enumerate(state))
-    for key, value in items:
-        if isinstance(value, dict | list):
-            yield from _leaves(value, (*path, key))
-        else:
-            yield (*path, key), state, key, value
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """The rank's own part of a tensor (a DTensor's local shard); under ``no_grad``, where
-    ``DTensor.to_local`` is an attribute read instead of an autograd function."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
-
-
-def _walk(state: dict[str, Any]) -> tuple[list[tuple[Any, Any, Any]], tuple]:
-    """The leaves of ``state`` as (container, key, local tensor or value) and their structure:
-    every path, and each tensor's dtype and local shape."""
-    leaves, key = [], []
-    for path, container, name, value in _leaves(state):
-        if isinstance(value, torch.Tensor):
-            value = _local(value).detach()
-            key.append((path, value.dtype, tuple(value.shape)))
-        else:
-            key.append((path,))
-        leaves.append((container, name, value))
-    return leaves, tuple(key)
 
 
 @dataclass
@@ -195,6 +163,10 @@ class MemorySnapshots:
             else:
                 value.copy_(buffer)
 
+    def buffers(self, step: int) -> list[torch.Tensor]:
+        slot = self._slot(step)
+        return [b for b in (slot.buffers if slot is not None else []) if b is not None]
+
     def clear(self) -> None:
         self._slots = [_Slot(), _Slot()]
         self._next = 0
@@ -211,6 +183,31 @@ def _host_buffer(value: Any) -> torch.Tensor | None:
         return None
     pinned = value.device.type == "cuda"
     return torch.empty(value.shape, dtype=value.dtype, pin_memory=pinned)
+
+
+class ProcessMemoryTier:
+    """The ``memory`` restore tier (``tiers.RestoreTier``) over this process's snapshots."""
+
+    name = "memory"
+
+    def __init__(self, snapshots: MemorySnapshots, *, owner: str, rank: int, world_size: int):
+        self.snapshots = snapshots
+        self.owner, self.rank, self.world_size = owner, rank, world_size
+
+    def steps(self) -> list[int]:
+        held = self.snapshots.steps(owner=self.owner, rank=self.rank, world_size=self.world_size)
+        return common_steps(held)
+
+    def load(self, trainer: Any, *, step: int) -> Restored | Rejected:
+        state = trainer.state_dict()
+        fits = self.snapshots.matches(state, step=step)
+        problem = agree(None if fits else "structure")  # all ranks restore, or none does
+        if problem is not None:
+            return Rejected(path="memory", problem=problem)
+        self.snapshots.restore(state, step=step)
+        trainer.load_state_dict(state)
+        nbytes = sum(b.numel() * b.element_size() for b in self.snapshots.buffers(step))
+        return Restored(path="memory", nbytes=nbytes)
 
 
 SNAPSHOTS = MemorySnapshots()

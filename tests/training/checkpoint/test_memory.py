@@ -18,7 +18,7 @@ import torch
 from training.checkpoint.layout import step_dir
 from training.checkpoint.manager import CheckpointManager
 from training.checkpoint.memory import MemorySnapshots
-from training.config import CheckpointConfig, JobConfig, ResilienceConfig
+from training.config import POD_MEMORY_DIR, CheckpointConfig, JobConfig, ResilienceConfig
 from training.runlog.files import read_jsonl
 from training.runlog.metrics import EventLog
 
@@ -150,9 +150,7 @@ def _manager(root: Path, snapshots: MemorySnapshots | None) -> CheckpointManager
 
 def _loads(root: Path) -> list[tuple[int, str]]:
     events, _ = read_jsonl(root.parent / "events.jsonl")
-    return [
-        (e["step"], e.get("source", "shared")) for e in events if e["kind"] == "checkpoint_load"
-    ]
+    return [(e["step"], e["source"]) for e in events if e["kind"] == "checkpoint_load"]
 
 
 @pytest.mark.distributed
@@ -188,7 +186,7 @@ def test_an_in_process_restart_loads_the_newest_of_memory_and_storage(
     with pytest.warns(UserWarning, match="step_00000020 is damaged"):
         assert _manager(root, snapshots).load_latest(fourth) == 15
     assert torch.equal(fourth.w, torch.full((256,), 1.5))
-    assert _loads(root) == [(15, "memory"), (20, "shared"), (15, "memory")]
+    assert _loads(root) == [(15, "memory"), (20, "storage"), (15, "memory")]
 
 
 @pytest.mark.distributed
@@ -210,27 +208,32 @@ def test_a_new_process_or_another_run_finds_no_snapshot(
 
 
 @pytest.mark.parametrize(
-    ("restart", "interval", "in_memory"),
+    ("restart", "interval", "pod_memory_dir", "tier"),
     [
-        ("inprocess", 10, True),
-        ("nested", 10, True),
-        ("injob", 10, False),
-        ("none", 10, False),
-        ("inprocess", 0, False),
+        ("inprocess", 10, POD_MEMORY_DIR, "pod_memory"),
+        ("nested", 10, POD_MEMORY_DIR, "pod_memory"),
+        ("injob", 10, POD_MEMORY_DIR, "pod_memory"),
+        ("inprocess", 10, "", "memory"),
+        ("nested", 10, "", "memory"),
+        ("injob", 10, "", None),  # new processes: nothing in process memory outlives them
+        ("none", 10, POD_MEMORY_DIR, None),
+        ("inprocess", 0, POD_MEMORY_DIR, None),
     ],
 )
-def test_snapshots_are_taken_only_where_an_in_process_restart_can_restore_them(
-    tmp_path: Path, restart: str, interval: int, in_memory: bool
+def test_snapshots_are_taken_only_where_a_restart_can_restore_them(
+    tmp_path: Path, restart: str, interval: int, pod_memory_dir: str, tier: str | None
 ) -> None:
     config = JobConfig(
         run_dir=str(tmp_path),
-        checkpoint=CheckpointConfig(memory_interval=interval),
+        checkpoint=CheckpointConfig(memory_interval=interval, pod_memory_dir=pod_memory_dir),
         resilience=ResilienceConfig(restart=restart),
     )
     manager = CheckpointManager.for_job(
         config=config, rank=0, world_size=1, events=EventLog(run_dir=tmp_path, rank=0)
     )
-    assert manager.snapshots_in_memory is in_memory
+    assert manager.snapshots_in_memory is (tier is not None)
+    names = [t.name for t in manager.tiers]
+    assert names == [*([tier] if tier else []), "storage"], names
 
 
 @pytest.mark.gpu

@@ -1,0 +1,246 @@
+"""Snapshots of each rank's state in the pod's memory (``/dev/shm``): the ``pod_memory`` tier.
+
+Every ``checkpoint.memory_interval`` steps each rank copies its shard of the state (local
+DTensor shards, optimizer state, sampler, step, RNG) into one of two slots in
+``checkpoint.pod_memory_dir`` (format and protocol: ``snapshot_files.py``). The directory is a
+tmpfs that belongs to the pod (a memory-backed ``emptyDir``, manifests/render.py), not to a
+rank: a SIGKILLed, frozen or OOM-killed rank's replacement, started by ``ft_launcher`` in the
+same pod (``injob``, the dead-rank half of ``nested``), finds the snapshots and restores the
+newest one every rank holds, when no sound checkpoint on storage is newer, instead of reading
+the whole checkpoint back from FSx and replaying up to a checkpoint interval. In-process
+restarts (``inprocess``, ``nested``) restore from the same files.
+
+Each run's files live in ``<pod_memory_dir>/<run key>/`` (:func:`run_root`), the key a digest
+of :func:`run_identity` (the checkpoint root and the launcher's rendezvous id, unique per job),
+which every snapshot also carries as its owner: another run, or a later job of this one, never
+restores them. :meth:`PodMemorySnapshots.close` removes them when the run ends (completed or
+stopped with a final checkpoint), so a finished run leaves nothing in ``/dev/shm``.
+
+Writing: on the CPU the copy is synchronous, in the training thread, straight into the mapped
+file; the CRC32 and the ``meta`` that completes the slot follow on a background thread. On a
+GPU the mapping is registered with CUDA (``cudaHostRegister``), the copies run on a side stream
+beside the next step's forward and backward, the optimizer's update waits for them on the
+device (:meth:`before_update`), and the background thread waits for their event before the
+CRC and the ``meta``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training.checkpoint import snapshot_files as sf
+from training.checkpoint.tiers import Rejected, Restored, agree, common_steps
+from training.runlog.verdict import RUN_ID_ENV
+
+
+def run_identity(checkpoint_root: Path) -> str:
+    """The owner of a run's snapshots: its checkpoint root and the launcher's rendezvous id
+    (``TORCHELASTIC_RUN_ID``: the same for every attempt of one job in one launcher, a new one
+    for another job or a cold restart). Without a launcher, the process id: only in-process
+    restarts of this process restore them."""
+    launch = os.environ.get(RUN_ID_ENV) or f"pid-{os.getpid()}"
+    return f"{Path(checkpoint_root).resolve()}#{launch}"
+
+
+def run_root(pod_memory_dir: Path | str, owner: str) -> Path:
+    """The run's directory under ``checkpoint.pod_memory_dir`` (the ``own`` and ``peer`` kinds
+    live below it)."""
+    return Path(pod_memory_dir) / f"run-{zlib.crc32(owner.encode()):08x}"
+
+
+class PodMemorySnapshots:
+    """One rank's snapshots in the pod's memory; see the module docstring.
+
+    Use :meth:`for_rank`: attempts of one process (in-process restarts) share one object, so a
+    publish still in flight from the previous attempt is joined before a slot is reused."""
+
+    _LIVE: dict[tuple, PodMemorySnapshots] = {}
+
+    @classmethod
+    def for_rank(cls, *, root: Path, owner: str, rank: int, world_size: int) -> PodMemorySnapshots:
+        key = (str(root), owner, rank, world_size)
+        if key not in cls._LIVE:
+            cls._LIVE[key] = cls(root=root, owner=owner, rank=rank, world_size=world_size)
+        return cls._LIVE[key]
+
+    def __init__(self, *, root: Path, owner: str, rank: int, world_size: int) -> None:
+        self.root = Path(root)
+        self.owner = owner
+        self.rank = rank
+        self.world_size = world_size
+        self._files: dict[int, sf.SlotFile] = {}
+        self._publisher: threading.Thread | None = None
+        self._copying: Any = None
+        self._stream: Any = None
+        self.last_take_s = 0.0
+
+    # -- taking --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def take(self, state: dict[str, Any], *, step: int) -> None:
+        """Copy ``state`` (a trainer's ``state_dict()``) into the next slot; complete once the
+        background publish is (:meth:`wait`)."""
+        self.wait()  # the previous snapshot is published before its slot's neighbour is chosen
+        meta = sf.meta_for(
+            state, owner=self.owner, rank=self.rank, world_size=self.world_size, step=step
+        )
+        slot = sf.next_slot(self.root, kind="own", rank=self.rank)
+        leaves, _ = sf.walk(state)
+        device = next(
+            (v.device for _, _, v in leaves if isinstance(v, torch.Tensor) and v.is_cuda), None
+        )
+        target = self._slot_file(slot, nbytes=meta.nbytes, pin=device is not None)
+        ready = None
+        if device is None:
+            sf.pack(state, target.data, meta)
+        else:
+            # On a side stream, after the step that made the state; the next step's forward and
+            # backward only read it, and ``before_update`` holds the optimizer back.
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(device=device)
+            self._stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(self._stream):
+                sf.pack(state, target.data, meta)
+                ready = torch.cuda.Event()
+                ready.record(self._stream)
+            self._copying = ready
+        self._publisher = threading.Thread(
+            target=self._publish,
+            args=(target, meta, ready),
+            name=f"pod-memory-publish-{step}",
+            daemon=True,
+        )
+        self._publisher.start()
+
+    def _slot_file(self, slot: int, *, nbytes: int, pin: bool) -> sf.SlotFile:
+        current = self._files.get(slot)
+        if current is not None and current.nbytes == nbytes:
+            current.reopen()
+            return current
+        if current is not None:
+            current.close()
+        directory = sf.slot_dir(self.root, kind="own", rank=self.rank, slot=slot)
+        self._files[slot] = sf.SlotFile(directory, nbytes=nbytes, pin=pin)
+        return self._files[slot]
+
+    @staticmethod
+    def _publish(target: sf.SlotFile, meta: sf.SnapshotMeta, ready: Any) -> None:
+        if ready is not None:
+            try:
+                ready.synchronize()
+            except RuntimeError:  # the device failed: the copies may not have finished
+                return
+        sf.publish(target.directory, sf.with_checksum(meta, target.data))
+
+    def wait(self) -> None:
+        """Until the newest snapshot is published (complete)."""
+        if self._publisher is not None:
+            self._publisher.join()
+            self._publisher = None
+
+    def before_update(self) -> None:
+        """Call before the state changes in place (the optimizer step): on a GPU the compute
+        stream waits for the newest snapshot's copies (no host wait); nothing otherwise."""
+        if self._copying is not None:
+            torch.cuda.current_stream().wait_event(self._copying)
+            self._copying = None
+
+    # -- restoring -----------------------------------------------------------------------------
+    def held(self) -> list[tuple[Path, sf.SnapshotMeta]]:
+        """This rank's complete snapshots of this run, newest first (local, no collective)."""
+        self.wait()
+        return [
+            (path, meta)
+            for path, meta in sf.list_snapshots(self.root, kind="own", rank=self.rank)
+            if meta.refusal(owner=self.owner, rank=self.rank, world_size=self.world_size) is None
+        ]
+
+    def check(self, state: dict[str, Any], *, step: int) -> tuple[Path | None, str | None]:
+        """The snapshot of ``step`` and None when it can be restored into ``state`` (owner, rank,
+        world size, structure, checksum); else why not."""
+        found = [(p, m) for p, m in self.held() if m.step == step]
+        if not found:
+            return None, f"no complete snapshot of step {step}"
+        path, meta = found[0]
+        key = sf.walk(state)[1]
+        refusal = meta.refusal(
+            owner=self.owner, rank=self.rank, world_size=self.world_size, key=key
+        )
+        if refusal is not None:
+            return path, refusal
+        return path, sf.verify(path, meta)
+
+    def restore(self, state: dict[str, Any], *, path: Path) -> int:
+        """Copy the snapshot in ``path`` (checked) into ``state`` in place; returns its bytes."""
+        meta = sf.read_meta(path)
+        if meta is None:
+            raise ValueError(f"{path}: the snapshot is no longer complete")
+        sf.unpack(state, sf.map_data(path, meta), meta)
+        return meta.nbytes
+
+    # -- the end -------------------------------------------------------------------------------
+    def close(self, *, remove: bool) -> None:
+        """Release the mappings (and CUDA registrations); with ``remove`` (the run ended), delete
+        this rank's files and the run's directory once no rank's are left."""
+        with contextlib.suppress(RuntimeError):
+            self.wait()
+        for target in self._files.values():
+            target.close()
+        self._files.clear()
+        if remove:
+            sf.remove_rank(self.root, kind="own", rank=self.rank)
+            with contextlib.suppress(OSError):
+                self.root.rmdir()  # the last rank out removes it (a peer's kind may remain)
+            self._LIVE.pop((str(self.root), self.owner, self.rank, self.world_size), None)
+
+
+class PodMemoryTier:
+    """The ``pod_memory`` restore tier (``tiers.RestoreTier``) over a rank's snapshots."""
+
+    name = "pod_memory"
+
+    def __init__(self, snapshots: PodMemorySnapshots) -> None:
+        self.snapshots = snapshots
+
+    def steps(self) -> list[int]:
+        return common_steps([meta.step for _, meta in self.snapshots.held()])
+
+    def load(self, trainer: Any, *, step: int) -> Restored | Rejected:
+        state = trainer.state_dict()
+        path, problem = self.snapshots.check(state, step=step)
+        problem = agree(problem)  # all ranks restore this step, or none does
+        where = str(path or self.snapshots.root)
+        if problem is not None:
+            return Rejected(path=where, problem=problem)
+        nbytes = self.snapshots.restore(state, path=path)
+        trainer.load_state_dict(state)
+        return Restored(path=where, nbytes=nbytes)
+
+
+def take_snapshot(trainer: Any, *, snapshots: PodMemorySnapshots) -> float:
+    """Take a complete pod-memory snapshot of ``trainer`` at its step, outside the training
+    loop (benchmarks, scripts); returns the seconds until it is published."""
+    started = time.perf_counter()
+    snapshots.take(trainer.state_dict(), step=int(trainer.step))
+    snapshots.wait()
+    return time.perf_counter() - started
+
+
+def restore_snapshot(trainer: Any, *, snapshots: PodMemorySnapshots) -> int | None:
+    """Restore ``trainer`` from its newest sound pod-memory snapshot, outside the training loop
+    (one rank, no collective); the step, or None when there is none."""
+    state = trainer.state_dict()
+    for path, meta in snapshots.held():
+        _, problem = snapshots.check(state, step=meta.step)
+        if problem is None:
+            snapshots.restore(state, path=path)
+            trainer.load_state_dict(state)
+            return meta.step
+    return None
