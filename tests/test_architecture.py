@@ -80,6 +80,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.checkpoint.memory",
         "training.checkpoint.snapshot_files",
         "training.checkpoint.tiers",
+        "training.checkpoint.transfer",
         "training.launch.command",
         "training.observe.exporter",
     ),
@@ -89,6 +90,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.checkpoint.local",
         "training.checkpoint.pod_memory",
         "training.checkpoint.storage",
+        "training.checkpoint.peer",
         "training.resilience.inject",
         "training.resilience.straggler",
     ),
@@ -143,7 +145,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("planner.__main__",),
     # benchmarks: above everything they measure
     ("bench", "bench.common"),
-    ("bench.checkpoint", "bench.goodput", "bench.overhead", "bench.restart"),
+    (
+        "bench.checkpoint",
+        "bench.goodput",
+        "bench.overhead",
+        "bench.restart",
+        "bench.restore",
+    ),
     ("bench.exporter",),
     ("bench.run_all",),
 )
