@@ -461,6 +461,10 @@ class PeerTier:
         state = trainer.state_dict()
         problem, where, _ = self.copies.restore(state, step=step, pods=pods, mine=mine)
         if problem is not None:
+            if self.copies.rank == 0:
+                message = f"peer copy of step {step} refused ({problem}); falling back"
+                warnings.warn(message, stacklevel=2)
+                print(f"WARNING: {message}", flush=True)
             return Rejected(path=where, problem=problem)
         trainer.load_state_dict(state)
         return Restored(path=where, nbytes=state_bytes(state))
