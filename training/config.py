@@ -235,6 +235,11 @@ class CheckpointConfig:
     """Save (and commit) a checkpoint after the last step."""
     verify_on_load: bool = True
     """Check every shard's size and checksum against the commit record before loading."""
+    peer_copy: bool = False
+    """After each pod-memory snapshot, send it to the same local rank on the next node, which
+    keeps it in its pod's memory: a replacement for a lost node restores from there instead of
+    storage (training/checkpoint/peer.py). Needs ``memory_interval`` > 0; off, with the reason
+    logged, on a job of one node (no other node to hold the copy)."""
     local_dir: str = ""
     """GPU only: node-local directory (the NVMe RAID0) for NVRx local checkpoints; empty = off."""
     local_interval: int = 0
@@ -261,6 +266,12 @@ class CheckpointConfig:
         )
         _require(self.interval >= 0, s, "interval", "must be >= 0 (0 = final only)")
         _require(self.memory_interval >= 0, s, "memory_interval", "must be >= 0 (0 = off)")
+        _require(
+            not self.peer_copy or self.memory_interval > 0,
+            s,
+            "peer_copy",
+            "copies the pod-memory snapshots: set checkpoint.memory_interval > 0 as well",
+        )
         _require(self.keep_last >= 1, s, "keep_last", f"must be >= 1, got {self.keep_last}")
         _require(self.keep_every >= 0, s, "keep_every", "must be >= 0 (0 = off)")
 

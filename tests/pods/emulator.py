@@ -2,7 +2,8 @@
 
 Each pod gets its own network namespace (a veth on one bridge, its own IP), its own mount and
 UTS namespaces (hostname ``<job>-<index>``; ``/fsx`` one directory shared by all pods;
-``/scratch`` per node or per pod, as the pod spec's volume says; ``/etc/hosts`` naming every pod
+``/scratch`` per node or per pod, as the pod spec's volume says; ``/dev/shm`` the pod's own
+memory-backed emptyDir; ``/etc/hosts`` naming every pod
 and the rendezvous Service), and runs the container's ``command`` + ``args`` with ``$(VAR)``
 expanded from its ``env`` and the ConfigMap, as the kubelet does. The downward-API values (pod
 IP, the Job's uid) are what the API server would fill in. The rendezvous store runs like its
@@ -46,6 +47,8 @@ NETNS = f"fsdp{RUN}-"
 SUBNET = f"10.{200 + RUN % 50}.{RUN // 50 % 250}"
 """A /24 of its own per pid (two live runs collide only when their pids agree modulo 12,500)."""
 _OWNED = re.compile(r"^(?:fbr|fv|fsdp)(\d+)")
+SHM = Path("/dev/shm")
+"""Where the pods' memory-backed emptyDirs live: this machine's tmpfs."""
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -123,6 +126,8 @@ class Cluster:
     api: ApiEndpoint | None = None
     """The emulated API server (kube_api.py), if any: every container gets its address, and a
     pod whose spec mounts a ServiceAccount token gets the token (the kubelet's rules)."""
+    memory_dirs: list[Path] = field(default_factory=list)
+    """Each pod's memory-backed emptyDir (``_memory_volumes``), removed at teardown."""
 
     def _add_netns(self, name: str, ip: str) -> str:
         _sh("ip", "netns", "add", name)
@@ -289,7 +294,11 @@ class Cluster:
         (container,) = spec["containers"]
         termination_log = self.root / f"termination-{index}-{attempt}"
         termination_log.write_text("")
-        mounts = {"/fsx": self.root / "fsx", "/scratch": scratch}
+        mounts = {
+            "/fsx": self.root / "fsx",
+            "/scratch": scratch,
+            **self._memory_volumes(spec=spec, container=container, owner=f"pod-{index}-{attempt}"),
+        }
         if self.api is not None:
             pod_env.update(self.api.pod_env())
             if spec.get("automountServiceAccountToken"):
@@ -331,6 +340,26 @@ class Cluster:
             message_policy=container.get("terminationMessagePolicy", "File"),
             netns=netns,
         )
+
+    def _memory_volumes(self, *, spec: dict, container: dict, owner: str) -> dict[str, Path]:
+        """The container's memory-backed emptyDir volumes (the trainer's ``/dev/shm``), each the
+        pod's own tmpfs directory: Kubernetes mounts a tmpfs for ``emptyDir.medium: Memory``,
+        created when the pod is assigned to a node, shared by the pod's containers, kept across
+        container crashes, and deleted for good when the pod leaves the node (kubernetes.io,
+        "Volumes": emptyDir). Here each pod start gets a fresh directory on this machine's
+        ``/dev/shm`` (a tmpfs), removed at teardown: a replacement pod never sees its
+        predecessor's files, a process restarted inside the pod does."""
+        memory = {
+            v["name"] for v in spec["volumes"] if v.get("emptyDir", {}).get("medium") == "Memory"
+        }
+        mounts = {}
+        for mount in container.get("volumeMounts", []):
+            if mount["name"] in memory:
+                directory = SHM / f"{NETNS}{owner}-{mount['name']}"
+                directory.mkdir(parents=True, exist_ok=True)
+                self.memory_dirs.append(directory)
+                mounts[mount["mountPath"]] = directory
+        return mounts
 
     def pids(self, index: int) -> list[int]:
         """Every process in pod `index` (its network namespace)."""
@@ -374,6 +403,8 @@ class Cluster:
                     os.kill(int(pid), 9)
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
+        for directory in self.memory_dirs:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -394,6 +425,9 @@ def cluster(root: Path) -> Iterator[Cluster]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    for directory in SHM.glob("fsdp*") if SHM.is_dir() else []:
+        if _stale(directory.name):
+            shutil.rmtree(directory, ignore_errors=True)
     _sh("ip", "link", "add", BRIDGE, "type", "bridge")
     _sh("ip", "addr", "add", f"{SUBNET}.1/24", "dev", BRIDGE)
     _sh("ip", "link", "set", BRIDGE, "up")

@@ -409,7 +409,9 @@ def _spare_command(spare_objects: list[dict]) -> list[str]:
     return container["command"]
 
 
-def _node_loss_run(tmp_path: Path, *, restart: str, spares: int, after=None):
+def _node_loss_run(
+    tmp_path: Path, *, restart: str, spares: int, after=None, extra: tuple[str, ...] = ()
+):
     """The 2-node Job on the emulated control plane with `spares` spare nodes; pod 1's node is
     lost at step 6. Returns the Job's result, the Job, the control plane and the fault time."""
     state: dict = {}
@@ -437,17 +439,22 @@ def _node_loss_run(tmp_path: Path, *, restart: str, spares: int, after=None):
         when_step=(6, lose),
         control_plane=plane,
         after=(lambda pods: after(state, pods)) if after is not None else None,
+        extra=extra,
     )
     return result, job, state
 
 
+PEER_COPY = ("--checkpoint.memory_interval=1", "--checkpoint.peer_copy=true")
+"""Pod-memory snapshots every step, each copied to the other node's pod memory."""
+
+
 @pytest.mark.parametrize(
-    ("restart", "spares"),
-    [("injob", 1), ("injob", 0), ("nested", 1)],
-    ids=["injob-with-spare", "injob-no-spare", "nested-with-spare"],
+    ("restart", "spares", "peer_copy"),
+    [("injob", 1, True), ("injob", 0, False), ("nested", 1, True)],
+    ids=["injob-with-spare-peer-copy", "injob-no-spare", "nested-with-spare-peer-copy"],
 )
 def test_a_lost_node_is_replaced_and_the_run_ends_identical(
-    tmp_path: Path, reference: dict, restart: str, spares: int
+    tmp_path: Path, reference: dict, restart: str, spares: int, peer_copy: bool
 ) -> None:
     """Pod 1's node stops answering at step 6: its network cut, its processes frozen. The
     surviving launcher restarts its worker when the step section times out and waits in the
@@ -457,7 +464,11 @@ def test_a_lost_node_is_replaced_and_the_run_ends_identical(
     pulled the image; it joins with a new IP, every rank restores the newest checkpoint, and
     the run ends bit-identical to the fault-free one. The frozen pod is never killed by the
     control plane: it is still frozen when the Job completes. The repaired node then takes
-    the used spare's place (the spares' Deployment lands its Pending placeholder there)."""
+    the used spare's place (the spares' Deployment lands its Pending placeholder there).
+    With the peer copy on (pod-memory snapshots every step, each sent to the other node), the
+    replacement pod's rank finds no snapshot in its own, fresh memory and restores its shard
+    from the surviving pod's copy, newer than the newest checkpoint on storage (step 4):
+    every rank's load says ``source=peer``; without it, storage."""
     frozen: dict = {}
 
     def look(state: dict, pods: emulator.Cluster) -> None:
@@ -471,9 +482,22 @@ def test_a_lost_node_is_replaced_and_the_run_ends_identical(
             time.sleep(0.1)
         frozen["spares"] = plane.spare_nodes()
 
-    result, job, state = _node_loss_run(tmp_path, restart=restart, spares=spares, after=look)
+    result, job, state = _node_loss_run(
+        tmp_path, restart=restart, spares=spares, after=look, extra=PEER_COPY if peer_copy else ()
+    )
     log = _logs(tmp_path)
     assert result.status == "Complete", f"{result}\n{log}"
+    after_loss = [
+        e
+        for e in _events(tmp_path, job)
+        if e["kind"] == "checkpoint_load" and e["time"] > state["time"]
+    ]
+    assert after_loss, log
+    first = min(e["step"] for e in after_loss)
+    sources = {e["source"] for e in after_loss if e["step"] == first}
+    assert sources == ({"peer"} if peer_copy else {"storage"}), after_loss
+    if peer_copy:
+        assert first > 4, after_loss  # newer than the newest checkpoint on storage
     # The lost pod: failed by the control plane (no exit code), replaced on another node.
     assert result.exit_codes == {0: [0], 1: [None, 0]}, result.exit_codes
     lost_node, new_node = result.nodes[1]

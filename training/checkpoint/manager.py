@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
+from training.checkpoint import peer
 from training.checkpoint.committer import Committer
 from training.checkpoint.integrity import ChecksummingWriter
 from training.checkpoint.layout import (
@@ -143,6 +144,17 @@ class CheckpointManager:
                 rank=rank,
                 world_size=world_size,
             )
+            copies = peer.for_job(
+                config=c,
+                root=pod_memory.root,
+                owner=owner,
+                rank=rank,
+                world_size=world_size,
+                events=events,
+                published=pod_memory.wait,
+            )
+            if copies is not None:
+                tiers.append(peer.PeerTier(copies))
         elif snapshots and config.resilience.restart in IN_PROCESS_MODES:
             memory = SNAPSHOTS
         return cls(
@@ -217,6 +229,7 @@ class CheckpointManager:
         )
         restore.append(self._storage)
         self.tiers: list[RestoreTier] = by_cost(restore)
+        self._peer = next((t.copies for t in self.tiers if isinstance(t, peer.PeerTier)), None)
         """The restore tiers, cheapest first (``tiers.TIERS``)."""
         self._candidates: list[tuple[int, RestoreTier]] | None = None
         self._committed: list[int] = []
@@ -267,6 +280,8 @@ class CheckpointManager:
             self._memory.clear()  # the run is over: nothing restarts into this process
         if self._pod_memory is not None:
             self._pod_memory.close(remove=True)  # nor into this pod: /dev/shm is left empty
+        if self._peer is not None:
+            self._peer.close()
 
     def abandon(self) -> None:
         """After a fault: drop pending saves (they stay uncommitted) without collectives. A
@@ -438,6 +453,8 @@ class CheckpointManager:
         self.events.emit(
             "memory_snapshot", step=step, blocking_s=time.perf_counter() - started, tier=tier
         )
+        if self._peer is not None:
+            self._peer.exchange()  # collective: every rank snapshots at the same steps
 
     def before_update(self) -> None:
         """Call before the optimizer changes the state in place: on a GPU the compute stream

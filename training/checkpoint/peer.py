@@ -1,0 +1,483 @@
+"""A copy of each node's newest pod-memory snapshot in another node's memory, and the restore of
+a lost node's shards from it.
+
+Ring over nodes. Rank r's copy is held by the rank with the same local rank on the next node,
+``(r + L) mod W`` (W ranks, L per node): every node holds the copies of the node before it, so
+one lost node's shards all survive on its successor. One node has no other node to hold its
+copies: the copy is then off, with the reason logged (:func:`ring_problem`), not refused as a
+configuration error: the node count is the rendezvous's, not the config's (an elastic job that
+shrinks to one node keeps training), and the same recipe runs on one node and on sixteen.
+
+The exchange (:meth:`PeerCopies.exchange`, after each pod-memory snapshot, every
+``checkpoint.memory_interval`` steps). Every rank sends its newest own snapshot (``meta`` and
+``data``, ``snapshot_files``) to its holder and receives its source's into its pod's
+``/dev/shm`` as kind ``peer``, in the slot-by-slot protocol of ``snapshot_files`` (the meta
+unlinked first, the data received straight into the slot's mapping, its CRC32 checked on
+arrival, the meta published last), over the job's own process group in buckets
+(``transfer.py``: gloo on host tensors, NCCL through one reusable device buffer per message).
+Cost per node and interval: it sends the shards of its L ranks and receives as many, i.e.
+the node's share of the state (``W / L`` nodes): 12 bytes per parameter (fp32 sharded params,
+AdamW's two fp32 moments), so 70B on 16 nodes sends and receives ~52.5 GB per node per
+interval. The wire time is short (32 x 400 Gb/s EFA: ~0.13 s); the host copies through the
+staging buffers and the CRC32 check on arrival are most of it (``bench/restore.py`` measures
+the exchange on CPU; docs/peer-copy.md). Memory: each node's ``/dev/shm`` holds two own slots
+and two peer slots, 4 x 52.5 GB = ~196 GiB of the pod's 256 GiB ``shm`` limit at 70B / 16.
+
+The restore (:meth:`PeerCopies.restore`), when some rank has no snapshot of its own (a pod
+replaced after its node was lost). Every rank lists what its pod holds, own and peer copies, by
+saved rank and step (``all_gather_object``); the ranks pick the newest step S, not older than
+the floor the manager gives (the newest sound committed checkpoint), of which every saved rank's
+shard is somewhere. Ranks are matched by saved rank, not by position: after the rendezvous has
+permuted ranks across nodes, rank q restores shard q wherever it lies. A rank whose pod holds
+shard q reads it there; otherwise a rank whose pod holds it sends it, the same local rank
+first (the copy lands as the rank's own snapshot, so a later in-pod restart finds it there).
+Every rank checks its shard's meta (run, rank, world size, structure) and CRC32, and the ranks
+agree (every verdict gathered, ``tiers.agree``) before any state changes: a damaged or missing
+shard rejects the step on every rank (the manager's ``checkpoint_rejected`` names the problem)
+and the manager falls back to the next tier (storage). Two simultaneous losses, a node and its
+holder, lose that node's shards from memory altogether: no step is complete in memory, and the
+run restores from storage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from training.checkpoint import snapshot_files as files
+from training.checkpoint.tiers import Rejected, Restored, agree, state_bytes
+from training.checkpoint.transfer import (
+    BUCKET_BYTES,
+    Incoming,
+    Outgoing,
+    transfer,
+    transfer_device,
+)
+from training.config import CheckpointConfig
+from training.runlog.metrics import EventLog
+
+log = logging.getLogger(__name__)
+
+SOURCE = "peer"
+"""The restore source's name in events and in the tiers' order."""
+
+
+def ring_problem(*, world_size: int, local_world_size: int) -> str | None:
+    """Why no ring of nodes can hold the copies (None when one can)."""
+    if local_world_size < 1 or world_size % local_world_size:
+        return (
+            f"the world ({world_size} ranks) is not whole nodes of {local_world_size} ranks "
+            "(LOCAL_WORLD_SIZE)"
+        )
+    if world_size // local_world_size < 2:
+        return "the job runs on one node: no other node's memory can hold its copy"
+    return None
+
+
+def holder_of(rank: int, *, world_size: int, local_world_size: int) -> int | None:
+    """The rank that holds ``rank``'s copy: the same local rank on the next node."""
+    if ring_problem(world_size=world_size, local_world_size=local_world_size):
+        return None
+    return (rank + local_world_size) % world_size
+
+
+def source_of(rank: int, *, world_size: int, local_world_size: int) -> int | None:
+    """The rank whose copy ``rank`` holds: the same local rank on the node before."""
+    if ring_problem(world_size=world_size, local_world_size=local_world_size):
+        return None
+    return (rank - local_world_size) % world_size
+
+
+@dataclass(frozen=True)
+class Held:
+    """One complete snapshot in this pod's memory, by the rank it was saved by."""
+
+    kind: files.Kind
+    rank: int
+    step: int
+    directory: Path
+
+
+def for_job(
+    *,
+    config: CheckpointConfig,
+    root: Path,
+    owner: str,
+    rank: int,
+    world_size: int,
+    events: EventLog,
+    published: Callable[[], None],
+) -> PeerCopies | None:
+    """The job's peer copies when ``checkpoint.peer_copy`` asks for them (None otherwise):
+    ``root`` and ``owner`` are the pod-memory snapshots' (``pod_memory.run_root``,
+    ``run_identity``), ``published`` waits until the newest own snapshot is complete. The
+    nodes are torchrun's: ``LOCAL_WORLD_SIZE`` ranks each. On one node it is off, said once."""
+    if not config.peer_copy:
+        return None
+    copies = PeerCopies(
+        root=root,
+        owner=owner,
+        rank=rank,
+        world_size=world_size,
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
+        events=events,
+        published=published,
+    )
+    copies.announce()
+    return copies if copies.enabled else None
+
+
+class PeerCopies:
+    """This rank's side of the ring (see the module docstring). Collective methods: call on
+    every rank at the same point."""
+
+    def __init__(
+        self,
+        *,
+        root: Path,
+        owner: str,
+        rank: int,
+        world_size: int,
+        local_world_size: int,
+        events: EventLog,
+        staging: torch.device | str | None = "auto",
+        bucket_bytes: int = BUCKET_BYTES,
+        published: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.root = Path(root)
+        self.owner = owner
+        self.rank = rank
+        self.world_size = world_size
+        self.local_world_size = local_world_size
+        self.events = events
+        self._staging = staging
+        self.bucket_bytes = bucket_bytes
+        self._published = published
+        self.problem = ring_problem(world_size=world_size, local_world_size=local_world_size)
+        self.holder = holder_of(rank, world_size=world_size, local_world_size=local_world_size)
+        self.source = source_of(rank, world_size=world_size, local_world_size=local_world_size)
+        self._pruned = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.problem is None
+
+    def announce(self) -> None:
+        """Say once, on rank 0, that the copy is off and why (a log line and an event)."""
+        if self.problem is not None and self.rank == 0:
+            log.warning("peer copy of pod-memory snapshots off: %s", self.problem)
+            print(f"peer copy of pod-memory snapshots off: {self.problem}", flush=True)
+            self.events.emit("peer_copy_off", reason=self.problem)
+
+    def staging(self) -> torch.device | None:
+        if self._staging == "auto":
+            return transfer_device()
+        return self._staging  # type: ignore[return-value]
+
+    # -- the exchange after each snapshot -------------------------------------------------------
+    def exchange(self) -> None:
+        """Send this rank's newest own snapshot to its holder and receive its source's into
+        this pod's memory (kind ``peer``). Collective over every rank."""
+        if not self.enabled:
+            return
+        assert self.holder is not None and self.source is not None
+        started = time.perf_counter()
+        self._published()  # the snapshot just taken is complete (its CRC32 and meta written)
+        self._prune()
+        own = self._newest_own()
+        outgoing = []
+        if own is not None:
+            directory, meta = own
+            outgoing = [
+                Outgoing(
+                    dst=self.holder,
+                    meta=meta.to_bytes(),
+                    data=files.map_data(directory, meta),
+                )
+            ]
+        else:  # nothing complete yet: an empty message keeps the ranks in step
+            outgoing = [Outgoing(dst=self.holder, meta=b"", data=_EMPTY)]
+        slot: list[files.SlotFile] = []
+        incoming = Incoming(src=self.source, into=lambda blob, n: self._peer_slot(blob, n, slot))
+        try:
+            (received,) = transfer(
+                outgoing=outgoing,
+                incoming=[incoming],
+                staging=self.staging(),
+                bucket_bytes=self.bucket_bytes,
+            )
+            problem = self._publish(received, slot[0] if slot else None)
+        finally:
+            for target in slot:
+                target.close()
+        sent = outgoing[0].data.numel()
+        seconds = time.perf_counter() - started
+        if problem is not None:
+            message = f"peer copy from rank {self.source} not kept: {problem}"
+            warnings.warn(message, stacklevel=2)
+            print(f"WARNING: {message}", flush=True)
+        self.events.emit(
+            "peer_copy",
+            step=None if own is None else own[1].step,
+            to=self.holder,
+            sent_bytes=sent,
+            received_bytes=received.data.numel(),
+            seconds=seconds,
+            problem=problem,
+        )
+
+    def _newest_own(self) -> tuple[Path, files.SnapshotMeta] | None:
+        for directory, meta in files.list_snapshots(self.root, kind="own", rank=self.rank):
+            if meta.refusal(owner=self.owner, rank=self.rank, world_size=self.world_size) is None:
+                return directory, meta
+        return None
+
+    def _peer_slot(self, blob: bytes, nbytes: int, out: list[files.SlotFile]) -> torch.Tensor:
+        """The receive buffer of a peer copy: the next peer slot of its rank, mapped; a scratch
+        tensor when the message is empty or unusable (its data is still received, so the
+        ranks stay in step, and thrown away)."""
+        meta = _meta_or_none(blob)
+        if meta is None or meta.nbytes != nbytes or meta.rank != self.source:
+            return torch.empty(nbytes, dtype=torch.uint8)
+        slot = files.next_slot(self.root, kind="peer", rank=meta.rank)
+        target = files.SlotFile(
+            files.slot_dir(self.root, kind="peer", rank=meta.rank, slot=slot), nbytes=nbytes
+        )
+        out.append(target)
+        return target.data
+
+    def _publish(self, received: Any, target: files.SlotFile | None) -> str | None:
+        """Publish a received copy once its bytes match its CRC32; the problem otherwise."""
+        if not received.meta:
+            return None  # the source had no snapshot yet
+        meta = _meta_or_none(received.meta)
+        if meta is None:
+            return "its meta is unreadable"
+        refusal = meta.refusal(owner=self.owner, rank=self.source, world_size=self.world_size)
+        if refusal is not None or target is None:
+            return refusal or "its size differs from its meta"
+        found = files.checksum(target.data)
+        if found != meta.crc32:
+            return f"data fails its checksum on arrival (CRC32 {found:08x}, meta {meta.crc32:08x})"
+        files.publish(target.directory, meta)
+        return None
+
+    def _prune(self) -> None:
+        """Once per manager: drop peer copies this pod no longer holds for (the ranks were
+        placed anew by the rendezvous). Every rank of the pod computes the same set."""
+        if self._pruned:
+            return
+        self._pruned = True
+        node = self.rank // self.local_world_size
+        kept = {
+            source_of(r, world_size=self.world_size, local_world_size=self.local_world_size)
+            for r in range(node * self.local_world_size, (node + 1) * self.local_world_size)
+        }
+        base = self.root / "peer"
+        for directory in sorted(base.glob("rank-*")) if base.is_dir() else []:
+            with contextlib.suppress(ValueError):
+                if int(directory.name.split("-", 1)[1]) not in kept:
+                    files.remove_rank(self.root, kind="peer", rank=int(directory.name[5:]))
+
+    def close(self) -> None:
+        """The run ended: remove the copies this rank holds (its source's), as the pod-memory
+        snapshots remove their own, so a finished run leaves nothing in ``/dev/shm``."""
+        if self.source is not None:
+            files.remove_rank(self.root, kind="peer", rank=self.source)
+
+    # -- the restore --------------------------------------------------------------------------
+    def holdings(self) -> list[Held]:
+        """The complete snapshots of this run and world size in this pod, own and peer, newest
+        first (every rank's: a pod's memory is shared by its ranks)."""
+        held = []
+        for kind in files.KINDS:
+            for directory, meta in files.list_snapshots(self.root, kind=kind):
+                refusal = meta.refusal(owner=self.owner, rank=meta.rank, world_size=self.world_size)
+                if refusal is None:
+                    held.append(
+                        Held(kind=kind, rank=meta.rank, step=meta.step, directory=directory)
+                    )
+        return held
+
+    def complete_steps(self) -> tuple[list[int], list[set[tuple[int, int]]], list[Held]]:
+        """The steps of which every saved rank's shard is held in some pod, newest first; what
+        every rank's pod holds, as (saved rank, step); this pod's holdings. Collective."""
+        mine = self.holdings()
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, [(h.rank, h.step) for h in mine])
+        pods = [{(rank, step) for rank, step in held} for held in gathered]
+        everyone = set(range(self.world_size))
+        steps = sorted({step for held in pods for _, step in held}, reverse=True)
+        complete = [
+            step
+            for step in steps
+            if {rank for held in pods for rank, s in held if s == step} >= everyone
+        ]
+        return complete, pods, mine
+
+    def restore(
+        self,
+        state: dict[str, Any],
+        *,
+        step: int,
+        pods: list[set[tuple[int, int]]],
+        mine: list[Held],
+    ) -> tuple[str | None, str, int]:
+        """Put this rank's shard of ``step`` (held somewhere, see :meth:`complete_steps`) into
+        ``state`` in place, once every rank has checked its own (collective). Returns the
+        problem (None when restored; every rank then gets the same one and ``state`` is
+        unchanged everywhere), where the shard came from, and the bytes this rank received."""
+        # Who sends what: for each rank whose pod lacks its shard, a rank whose pod holds it
+        # (matched by saved rank: the rendezvous may have placed ranks anew), the one of the
+        # same local rank first, so each GPU's own network interfaces carry one shard.
+        lws = self.local_world_size
+        senders = {
+            q: min(
+                (p for p in range(self.world_size) if (q, step) in pods[p]),
+                key=lambda p, q=q: (p % lws != q % lws, p),
+            )
+            for q in range(self.world_size)
+            if (q, step) not in pods[q]
+        }
+        outgoing = []
+        for q, p in sorted(senders.items()):
+            if p != self.rank:
+                continue
+            held = next(h for h in mine if h.rank == q and h.step == step)
+            meta = files.read_meta(held.directory)
+            outgoing.append(
+                Outgoing(
+                    dst=q,
+                    meta=b"" if meta is None else meta.to_bytes(),
+                    data=_EMPTY if meta is None else files.map_data(held.directory, meta),
+                )
+            )
+        slot: list[files.SlotFile] = []
+        incoming = []
+        if self.rank in senders:
+            incoming = [
+                Incoming(src=senders[self.rank], into=lambda blob, n: self._own_slot(blob, n, slot))
+            ]
+        key = files.walk(state)[1]
+        received_bytes = 0
+        directory: Path | None = None
+        try:
+            received = transfer(
+                outgoing=outgoing,
+                incoming=incoming,
+                staging=self.staging(),
+                bucket_bytes=self.bucket_bytes,
+            )
+            if received:
+                received_bytes = received[0].data.numel()
+                meta = _meta_or_none(received[0].meta)
+                where = f"{SOURCE}: rank {senders[self.rank]}"
+                problem = self._check(meta, key=key)
+                if problem is None and not slot:
+                    problem = "its size differs from its meta"
+                if problem is None:
+                    assert meta is not None
+                    crc = files.checksum(slot[0].data)
+                    if crc != meta.crc32:
+                        problem = (
+                            f"the copy from rank {senders[self.rank]} fails its checksum "
+                            f"(CRC32 {crc:08x}, meta {meta.crc32:08x})"
+                        )
+                if problem is None:
+                    assert meta is not None
+                    # Now this rank's own snapshot: a later in-pod restart finds it there.
+                    files.publish(slot[0].directory, meta)
+                    directory = slot[0].directory
+            else:
+                local = next(h for h in mine if h.rank == self.rank and h.step == step)
+                where = str(local.directory)
+                meta = files.read_meta(local.directory)
+                problem = self._check(meta, key=key)
+                if problem is None:
+                    assert meta is not None
+                    problem = files.verify(local.directory, meta)
+                directory = local.directory
+        finally:
+            for target in slot:
+                target.close()
+        problem = agree(problem)
+        if problem is not None:
+            for target in slot:
+                files.remove(target.directory)  # never published; nothing half-written stays
+            return problem, where, received_bytes
+        assert directory is not None and meta is not None
+        files.unpack(state, files.map_data(directory, meta), meta)
+        return None, where, received_bytes
+
+    def _own_slot(self, blob: bytes, nbytes: int, out: list[files.SlotFile]) -> torch.Tensor:
+        """The receive buffer of this rank's shard: its next own slot, mapped (a scratch
+        tensor when the meta is unusable: the bytes still arrive, and are dropped)."""
+        meta = _meta_or_none(blob)
+        if meta is None or meta.nbytes != nbytes:
+            return torch.empty(nbytes, dtype=torch.uint8)
+        slot = files.next_slot(self.root, kind="own", rank=self.rank)
+        target = files.SlotFile(
+            files.slot_dir(self.root, kind="own", rank=self.rank, slot=slot), nbytes=nbytes
+        )
+        out.append(target)
+        return target.data
+
+    def _check(self, meta: files.SnapshotMeta | None, *, key: tuple) -> str | None:
+        if meta is None:
+            return "its meta is unreadable"
+        return meta.refusal(owner=self.owner, rank=self.rank, world_size=self.world_size, key=key)
+
+
+class PeerTier:
+    """The ``peer`` restore tier (``tiers.RestoreTier``): a step every rank's shard of which is
+    in some pod's memory, own or peer, fetched from the pod that holds it."""
+
+    name = SOURCE
+
+    def __init__(self, copies: PeerCopies) -> None:
+        self.copies = copies
+        self._found: tuple[list[set[tuple[int, int]]], list[Held]] | None = None
+
+    def steps(self) -> list[int]:
+        if not self.copies.enabled:
+            return []
+        steps, pods, mine = self.copies.complete_steps()
+        self._found = (pods, mine)
+        return steps
+
+    def load(self, trainer: Any, *, step: int) -> Restored | Rejected:
+        assert self._found is not None, "steps() first"
+        pods, mine = self._found
+        state = trainer.state_dict()
+        problem, where, _ = self.copies.restore(state, step=step, pods=pods, mine=mine)
+        if problem is not None:
+            if self.copies.rank == 0:
+                message = f"peer copy of step {step} refused ({problem}); falling back"
+                warnings.warn(message, stacklevel=2)
+                print(f"WARNING: {message}", flush=True)
+            return Rejected(path=where, problem=problem)
+        trainer.load_state_dict(state)
+        return Restored(path=where, nbytes=state_bytes(state))
+
+
+_EMPTY = torch.empty(0, dtype=torch.uint8)
+
+
+def _meta_or_none(blob: bytes) -> files.SnapshotMeta | None:
+    if not blob:
+        return None
+    try:
+        return files.SnapshotMeta.from_bytes(blob)
+    except (ValueError, pickle.UnpicklingError, EOFError, AttributeError, TypeError):
+        return None

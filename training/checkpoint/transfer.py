@@ -1,0 +1,188 @@
+"""Byte buffers sent rank to rank in buckets, over the job's own process group.
+
+A transfer is a set of point-to-point messages, each a small ``meta`` (bytes) and a flat
+``data`` buffer (a 1-D uint8 host tensor: a snapshot file mapped into memory). Every rank calls
+:func:`transfer` with what it sends and what it receives, at the same point (it is collective
+over the ranks that take part). Three rounds: the sizes (two int64s per message), the metas,
+then the data in buckets of at most ``bucket_bytes``; every round is one
+``dist.batch_isend_irecv`` (sends and receives of one round in one batch, so a ring of sends
+never deadlocks) and is waited for before the next.
+
+Staging. gloo takes host tensors: with ``staging=None`` a bucket is sent straight from a view
+of the source buffer and received straight into a view of the target, so no buffer beyond the
+mapped files is needed. NCCL (EFA in the cluster) takes CUDA tensors only
+(``ProcessGroupNCCL``: "Tensors must be CUDA and dense"): with ``staging=cuda`` every message
+gets one device buffer of one bucket, reused for each of its buckets: a send copies the bucket
+host-to-device into it before the send, a receive copies it device-to-host after the wait.
+Ordering on the device needs no explicit synchronisation: NCCL's stream waits for the current
+stream when an operation is issued, and ``Work.wait()`` makes the current stream wait for
+NCCL's; a device-to-host copy into pageable (mapped) memory returns once the bytes are there,
+so the next bucket may reuse the buffer. The same code runs with ``staging=cpu`` on gloo, which
+is how the tests pin the staged path without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+BUCKET_BYTES = 256 << 20
+"""The most bytes one message moves per round: the staging memory per message on a GPU."""
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    dst: int
+    meta: bytes
+    data: torch.Tensor
+    """1-D, uint8, contiguous, on the host."""
+
+
+@dataclass(frozen=True)
+class Incoming:
+    src: int
+    into: Callable[[bytes, int], torch.Tensor]
+    """Called with the message's meta and data size once they have arrived: the 1-D uint8 host
+    tensor of that size to receive the data into (e.g. a snapshot file just mapped)."""
+
+
+@dataclass(frozen=True)
+class Received:
+    src: int
+    meta: bytes
+    data: torch.Tensor
+
+
+def transfer_device(group: dist.ProcessGroup | None = None) -> torch.device | None:
+    """The staging device for transfers on ``group``: the rank's GPU when the group has an NCCL
+    backend (also a "cpu:gloo,cuda:nccl" group: its CPU tensors would go over gloo's TCP, not
+    EFA), None (no staging) otherwise."""
+    if "nccl" in str(dist.get_backend(group)).lower():
+        return torch.device("cuda", torch.cuda.current_device())
+    return None
+
+
+def transfer(
+    *,
+    outgoing: list[Outgoing],
+    incoming: list[Incoming],
+    group: dist.ProcessGroup | None = None,
+    staging: torch.device | None = None,
+    bucket_bytes: int = BUCKET_BYTES,
+) -> list[Received]:
+    """Send ``outgoing`` and receive ``incoming`` (see the module docstring); returns what was
+    received, in the order of ``incoming``. Messages between one pair of ranks in one direction
+    are matched in list order (``batch_isend_irecv``'s rule)."""
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
+    for message in outgoing:
+        data = message.data
+        if data.dtype != torch.uint8 or data.dim() != 1 or not data.is_contiguous():
+            raise ValueError("transfer data must be a contiguous 1-D uint8 tensor")
+    device = staging or torch.device("cpu")
+
+    # Round 1: the sizes of every meta and data.
+    sizes_out = [
+        torch.tensor([len(m.meta), m.data.numel()], dtype=torch.int64, device=device)
+        for m in outgoing
+    ]
+    sizes_in = [torch.empty(2, dtype=torch.int64, device=device) for _ in incoming]
+    _round(
+        group,
+        sends=zip([m.dst for m in outgoing], sizes_out, strict=True),
+        recvs=_pairs(incoming, sizes_in),
+    )
+    sizes = [(int(s[0]), int(s[1])) for s in (t.cpu() for t in sizes_in)]
+
+    # Round 2: the metas.
+    metas_out = [_bytes_tensor(m.meta, device=device) for m in outgoing]
+    metas_in = [torch.empty(n, dtype=torch.uint8, device=device) for n, _ in sizes]
+    _round(
+        group,
+        sends=((m.dst, t) for m, t in zip(outgoing, metas_out, strict=True) if t.numel()),
+        recvs=((i.src, t) for i, t in zip(incoming, metas_in, strict=True) if t.numel()),
+    )
+    metas = [bytes(t.cpu().numpy().tobytes()) for t in metas_in]
+    targets = [
+        _target(i.into(meta, nbytes), nbytes)
+        for i, meta, (_, nbytes) in zip(incoming, metas, sizes, strict=True)
+    ]
+
+    # Round 3: the data, bucket by bucket.
+    def stage(nbytes: int) -> torch.Tensor | None:
+        if staging is None or nbytes == 0:
+            return None
+        return torch.empty(min(nbytes, bucket_bytes), dtype=torch.uint8, device=staging)
+
+    send_stages = [stage(m.data.numel()) for m in outgoing]
+    recv_stages = [stage(t.numel()) for t in targets]
+    rounds = max([_buckets(n, bucket_bytes) for n in [m.data.numel() for m in outgoing]] + [0])
+    rounds = max([rounds] + [_buckets(t.numel(), bucket_bytes) for t in targets])
+    for k in range(rounds):
+        lo = k * bucket_bytes
+        sends, recvs, copy_back = [], [], []
+        for message, buffer in zip(outgoing, send_stages, strict=True):
+            part = message.data[lo : lo + bucket_bytes]
+            if part.numel() == 0:
+                continue
+            if buffer is not None:
+                buffer[: part.numel()].copy_(part)
+                part = buffer[: part.numel()]
+            sends.append((message.dst, part))
+        for source, target, buffer in zip(incoming, targets, recv_stages, strict=True):
+            part = target[lo : lo + bucket_bytes]
+            if part.numel() == 0:
+                continue
+            if buffer is not None:
+                copy_back.append((part, buffer[: part.numel()]))
+                recvs.append((source.src, buffer[: part.numel()]))
+            else:
+                recvs.append((source.src, part))
+        _round(group, sends=sends, recvs=recvs)
+        for part, buffer in copy_back:
+            part.copy_(buffer)
+    return [
+        Received(src=i.src, meta=meta, data=target)
+        for i, meta, target in zip(incoming, metas, targets, strict=True)
+    ]
+
+
+def _pairs(incoming: list[Incoming], tensors: list[torch.Tensor]):
+    return zip([i.src for i in incoming], tensors, strict=True)
+
+
+def _round(group, *, sends, recvs) -> None:
+    """One batch of sends and receives, waited for."""
+    ops = [dist.P2POp(dist.isend, tensor, peer, group=group) for peer, tensor in sends]
+    ops += [dist.P2POp(dist.irecv, tensor, peer, group=group) for peer, tensor in recvs]
+    if not ops:
+        return
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+
+
+def _buckets(nbytes: int, bucket_bytes: int) -> int:
+    return -(-nbytes // bucket_bytes)
+
+
+def _bytes_tensor(data: bytes, *, device: torch.device) -> torch.Tensor:
+    if not data:
+        return torch.empty(0, dtype=torch.uint8, device=device)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+
+
+def _target(tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
+    if (
+        tensor.dtype != torch.uint8
+        or tensor.dim() != 1
+        or tensor.numel() != nbytes
+        or not tensor.is_contiguous()
+        or tensor.device.type != "cpu"
+    ):
+        raise ValueError(
+            f"a receive buffer must be a contiguous 1-D uint8 host tensor of {nbytes} bytes"
+        )
+    return tensor
