@@ -73,6 +73,16 @@ def expand(value: str, env: dict[str, str]) -> str:
     return value
 
 
+def _tmpfs_size(quantity: str) -> str:
+    """A Kubernetes binary quantity ("256Gi") as tmpfs's size option ("256g"); no limit: half
+    of RAM, tmpfs's own default."""
+    units = {"Ki": "k", "Mi": "m", "Gi": "g", "Ti": "t"}
+    for suffix, unit in units.items():
+        if quantity.endswith(suffix):
+            return quantity[: -len(suffix)] + unit
+    return quantity or "50%"
+
+
 @dataclass
 class Pod:
     name: str
@@ -343,20 +353,26 @@ class Cluster:
 
     def _memory_volumes(self, *, spec: dict, container: dict, owner: str) -> dict[str, Path]:
         """The container's memory-backed emptyDir volumes (the trainer's ``/dev/shm``), each the
-        pod's own tmpfs directory: Kubernetes mounts a tmpfs for ``emptyDir.medium: Memory``,
-        created when the pod is assigned to a node, shared by the pod's containers, kept across
-        container crashes, and deleted for good when the pod leaves the node (kubernetes.io,
-        "Volumes": emptyDir). Here each pod start gets a fresh directory on this machine's
-        ``/dev/shm`` (a tmpfs), removed at teardown: a replacement pod never sees its
-        predecessor's files, a process restarted inside the pod does."""
+        pod's own tmpfs: Kubernetes mounts a tmpfs for ``emptyDir.medium: Memory``, sized to the
+        volume's ``sizeLimit`` (SizeMemoryBackedVolumes, KEP-1967, GA in 1.32), created when the
+        pod is assigned to a node, shared by the pod's containers (bind-mounted into each),
+        kept across container crashes, and deleted for good when the pod leaves the node
+        (kubernetes.io, "Volumes": emptyDir). Here each pod start mounts a fresh tmpfs of that
+        size on this machine (a size is a limit, not an allocation), unmounted at teardown: a
+        replacement pod never sees its predecessor's files, a process restarted inside the pod
+        does, and ``statvfs`` in the pod reports the size the node would."""
         memory = {
-            v["name"] for v in spec["volumes"] if v.get("emptyDir", {}).get("medium") == "Memory"
+            v["name"]: v["emptyDir"].get("sizeLimit", "")
+            for v in spec["volumes"]
+            if v.get("emptyDir", {}).get("medium") == "Memory"
         }
         mounts = {}
         for mount in container.get("volumeMounts", []):
             if mount["name"] in memory:
                 directory = SHM / f"{NETNS}{owner}-{mount['name']}"
                 directory.mkdir(parents=True, exist_ok=True)
+                size = _tmpfs_size(memory[mount["name"]])
+                _sh("mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory))
                 self.memory_dirs.append(directory)
                 mounts[mount["mountPath"]] = directory
         return mounts
@@ -404,6 +420,7 @@ class Cluster:
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
         for directory in self.memory_dirs:
+            subprocess.run(["umount", "--lazy", str(directory)], capture_output=True)
             shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -427,6 +444,7 @@ def cluster(root: Path) -> Iterator[Cluster]:
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
     for directory in SHM.glob("fsdp*") if SHM.is_dir() else []:
         if _stale(directory.name):
+            subprocess.run(["umount", "--lazy", str(directory)], capture_output=True)
             shutil.rmtree(directory, ignore_errors=True)
     _sh("ip", "link", "add", BRIDGE, "type", "bridge")
     _sh("ip", "addr", "add", f"{SUBNET}.1/24", "dev", BRIDGE)
