@@ -729,9 +729,7 @@ def test_pod_memory_figure_follows_the_runs_peer_copy(overlay):
     params = RECIPES[size.recipe].params
     own = render.pod_memory_env(size=size)
     peer = render.pod_memory_env(
-        size=dataclasses.replace(
-            size, train_args=(*size.train_args, "--checkpoint.peer_copy=true")
-        )
+        size=dataclasses.replace(size, train_args=(*size.train_args, "--checkpoint.peer_copy=true"))
     )
     copies = 2 if size.nodes > 1 else 1
     assert int(own["POD_MEMORY_BYTES"]) == int(
