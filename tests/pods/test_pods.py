@@ -251,14 +251,21 @@ def _kill_pod(index: int, record: dict) -> Callable[[emulator.Cluster], None]:
 
 # name: (restart mode, trainer faults, or a pod to kill at step 6). NPROC_PER_NODE=1: rank i
 # is pod i. Nested mode (the EKS default) meets the faults only its in-job layer can mend.
+# The SIGKILLed rank's replacement, in the same pod, restores from the pod's memory
+# (POD_MEMORY_RESTORES: snapshots every step, at 5 and 6 here, step 4 being a checkpoint); the
+# fault comes at step 7, so that the slot of step 5 is complete even if the kill cuts the
+# publish of step 6 short (two slots: the previous snapshot stays whole).
 TWO_POD_FAULTS = {
-    "injob-sigkill-rank": ("injob", "sigkill@1:6", None),
+    "injob-sigkill-rank": ("injob", "sigkill@1:7", None),
     "injob-sigstop-rank": ("injob", "sigstop@1:6", None),
     "injob-kill-pod-1": ("injob", "", 1),
     "injob-kill-pod-0": ("injob", "", 0),
     "nested-sigstop-rank": ("nested", "sigstop@1:6", None),
     "nested-kill-pod-0": ("nested", "", 0),
 }
+
+
+POD_MEMORY_RESTORES = ("injob-sigkill-rank",)
 
 
 @pytest.mark.parametrize("name", list(TWO_POD_FAULTS))
@@ -272,7 +279,10 @@ def test_two_pods_survive_the_loss_of_any_rank_or_pod(
         TWO_NODES,
         restart=restart,
         env=TWO_PODS,
-        extra=(f"--faults={faults}",) if faults else (),
+        extra=(
+            *((f"--faults={faults}",) if faults else ()),
+            *(("--checkpoint.memory_interval=1",) if name in POD_MEMORY_RESTORES else ()),
+        ),
         when_step=(6, _kill_pod(pod, record)) if pod is not None else None,
     )
     assert result.status == "Complete", f"{result}\n{_logs(tmp_path)}"
@@ -289,6 +299,16 @@ def test_two_pods_survive_the_loss_of_any_rank_or_pod(
     _assert_identical(_final_state(tmp_path, job), reference)
     steps = {m["step"] for m in _metrics(tmp_path, job)}
     assert steps == set(range(1, STEPS + 1))
+    if name in POD_MEMORY_RESTORES:
+        # Every rank of the in-job restart loads the same snapshot from its pod's memory (the
+        # Job's memory-backed /dev/shm), newer than the newest checkpoint on storage (step 4).
+        loads = [
+            e
+            for e in _events(tmp_path, job)
+            if e["kind"] == "checkpoint_load" and e["time"] > fault_time
+        ]
+        assert {(e["rank"], e["source"]) for e in loads} == {(0, "pod_memory"), (1, "pod_memory")}
+        assert len({e["step"] for e in loads}) == 1 and loads[0]["step"] in (5, 6), loads
     print(f"\n[pod recovery] {name}: {_recovery_s(tmp_path, job, fault_time=fault_time):.1f} s")
 
 
