@@ -250,7 +250,8 @@ def test_checkpoint_waits_send_heartbeats_once_the_steps_have_begun(tmp_path: Pa
         hooks.close()
     beats = client.heartbeats()
     gaps = [b - a for a, b in itertools.pairwise(beats)]
-    assert 5 <= len(beats) <= 8 and max(gaps) < 0.3, gaps
+    # Throttled (no two closer than the interval), and kept coming through the 1 s wait.
+    assert len(beats) >= 4 and min(gaps) >= 0.19 and max(gaps) < 0.5, gaps
 
 
 def test_checkpoint_waits_report_progress_to_the_inprocess_wrapper() -> None:
@@ -266,7 +267,7 @@ def test_checkpoint_waits_report_progress_to_the_inprocess_wrapper() -> None:
         hooks.keepalive()
         time.sleep(0.02)
     gaps = [b - a for a, b in itertools.pairwise(wrapper.times)]
-    assert 5 <= len(wrapper.times) <= 7 and max(gaps) < 0.3, gaps
+    assert len(wrapper.times) >= 4 and min(gaps) >= 0.19 and max(gaps) < 0.5, gaps
     assert len(hooks.monitor.heartbeats()) == len(wrapper.times)
 
 
