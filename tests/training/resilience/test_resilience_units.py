@@ -256,8 +256,8 @@ def test_checkpoint_waits_send_heartbeats_once_the_steps_have_begun(tmp_path: Pa
 
 def test_checkpoint_waits_report_progress_to_the_inprocess_wrapper() -> None:
     """In-process: a wait outside a section (a snapshot's publish, the final commit) pings
-    NVRx's wrapper, throttled; inside a section the pinger thread and the waits share one
-    lock (the monitor's client is one socket)."""
+    NVRx's wrapper, throttled, for at most the I/O budget; inside a section the pinger thread
+    and the waits share one lock (the monitor's client is one socket)."""
     from training.resilience.inprocess import PingHooks
 
     wrapper = _CountingWrapper()
@@ -269,6 +269,20 @@ def test_checkpoint_waits_report_progress_to_the_inprocess_wrapper() -> None:
     gaps = [b - a for a, b in itertools.pairwise(wrapper.times)]
     assert len(wrapper.times) >= 4 and min(gaps) >= 0.19 and max(gaps) < 0.5, gaps
     assert len(hooks.monitor.heartbeats()) == len(wrapper.times)
+
+    # A wait that outlasts the I/O budget (a worker stuck on a dead file system) stops
+    # reporting, so the watchdog still fires; the next step boundary starts a new budget.
+    stuck = _CountingWrapper()
+    hooks = PingHooks(stuck, io_budget_s=0.4, interval_s=0.1)
+    hooks.after_step(1)
+    started = time.monotonic()
+    while time.monotonic() - started < 1.2:
+        hooks.keepalive()
+        time.sleep(0.02)
+    assert stuck.times and stuck.times[-1] - started < 0.5, [t - started for t in stuck.times]
+    hooks.after_step(2)
+    hooks.keepalive()
+    assert time.monotonic() - stuck.times[-1] < 0.1
 
 
 def test_calibrated_timeout_is_five_p99_with_a_floor() -> None:
