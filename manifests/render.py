@@ -507,7 +507,13 @@ def job_objects(
     command = pod_command(size=size, namespace=namespace, restart=restart, train_args=args)
     return [
         _service(size=size, namespace=namespace),
-        _job(size=size, namespace=namespace, image=image, command=command),
+        _job(
+            size=size,
+            namespace=namespace,
+            image=image,
+            command=command,
+            memory_env=pod_memory_env(size=size, restart=restart, train_args=args),
+        ),
     ]
 
 
@@ -563,17 +569,29 @@ def _service(*, size: OverlaySize, namespace: str) -> dict:
     }
 
 
-def pod_memory_env(*, size: OverlaySize, copies: int = 1) -> dict[str, str]:
+def pod_memory_env(
+    *,
+    size: OverlaySize,
+    restart: str | None = None,
+    train_args: Sequence[str] | None = None,
+) -> dict[str, str]:
     """The start-up check's figures for the memory snapshots in the pod's /dev/shm
     (training/startup_check.py ``check_pod_memory``): where they live (the run's
-    ``checkpoint.pod_memory_dir``) and the bytes this node needs for `copies` nodes' two slots
-    (``facts.checkpoint.snapshot_bytes_per_node``); none when the run takes no snapshots or the
-    recipe is not in ``facts.recipes``."""
+    ``checkpoint.pod_memory_dir``) and the bytes this node needs
+    (``facts.checkpoint.snapshot_bytes_per_node``): its own two slots, and with the run's
+    ``checkpoint.peer_copy`` on and more than one node, the two slots of the node before it
+    (training/checkpoint/peer.py; on one node the copy is off: ``peer.ring_problem``). None
+    when the run takes no snapshots or the recipe is not in ``facts.recipes``. ``restart`` and
+    ``train_args``: the Job's own (:func:`job_objects`), the overlay's row by default."""
     from facts.checkpoint import snapshot_bytes_per_node
     from facts.recipes import RECIPES
     from training.config import POD_MEMORY_MODES
 
-    args = trainer_args(size=size, restart=size.restart, train_args=size.train_args)
+    args = trainer_args(
+        size=size,
+        restart=restart or size.restart,
+        train_args=size.train_args if train_args is None else train_args,
+    )
     config, _ = build_config([a.replace("$(RECIPE)", size.recipe) for a in args])
     c = config.checkpoint
     facts = RECIPES.get(size.recipe)
@@ -581,11 +599,12 @@ def pod_memory_env(*, size: OverlaySize, copies: int = 1) -> dict[str, str]:
         return {}
     if config.resilience.restart not in POD_MEMORY_MODES:
         return {}
+    copies = 2 if c.peer_copy and size.nodes > 1 else 1
     needed = snapshot_bytes_per_node(params=facts.params, nodes=size.nodes, copies=copies)
     return {"POD_MEMORY_DIR": c.pod_memory_dir, "POD_MEMORY_BYTES": str(int(needed))}
 
 
-def _env(*, size: OverlaySize) -> list[dict]:
+def _env(*, size: OverlaySize, memory_env: dict[str, str]) -> list[dict]:
     values = {
         "JOB_NAME": size.job_name,
         # The launcher's node count, equal to the Job's completions (both from sizes.py).
@@ -601,7 +620,7 @@ def _env(*, size: OverlaySize) -> list[dict]:
         "FSX_MOUNT": FSX_MOUNT,
         "FSX_FSTYPE": FSX_FSTYPE,
         "TERMINATION_MESSAGE_PATH": TERMINATION_MESSAGE_PATH,
-        **pod_memory_env(size=size),
+        **memory_env,
     }
     downward = {
         # Unique per Job object: the rendezvous id (a resubmitted Job gets a fresh rendezvous).
@@ -617,7 +636,16 @@ def _env(*, size: OverlaySize) -> list[dict]:
     ]
 
 
-def _job(*, size: OverlaySize, namespace: str, image: str, command: list[str]) -> dict:
+def _job(
+    *,
+    size: OverlaySize,
+    namespace: str,
+    image: str,
+    command: list[str],
+    memory_env: dict[str, str],
+) -> dict:
+    """``memory_env``: the pod-memory figures of the Job's own trainer arguments
+    (:func:`pod_memory_env`)."""
     node = size.node_type
     # Extended resources (GPU, EFA) and huge pages need requests == limits.
     devices = {
@@ -636,7 +664,7 @@ def _job(*, size: OverlaySize, namespace: str, image: str, command: list[str]) -
         "workingDir": "/app",
         "command": ["python", "-m", "training.launch.pod"],
         "args": command,
-        "env": _env(size=size),
+        "env": _env(size=size, memory_env=memory_env),
         "envFrom": [{"configMapRef": {"name": CONFIG_MAP}}],
         "resources": {
             "requests": {"cpu": node.cpu, "memory": node.memory, **devices},

@@ -713,3 +713,28 @@ def test_the_trainer_may_only_cordon_its_own_node():
     for o in [*shared, *render.spare_objects(overlay="2node", namespace="ns", image="i")]:
         if o["kind"] == "Deployment":
             assert "automountServiceAccountToken" not in o["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("overlay", ["smoke", "16node"])
+def test_pod_memory_figure_follows_the_jobs_peer_copy(overlay):
+    """The Job's ``POD_MEMORY_BYTES`` (the start-up check's need) comes from the Job's own
+    trainer arguments: its own two slots, and the peer copy's two more when
+    ``--checkpoint.peer_copy=true`` is among them and there is a node before this one to hold
+    (one node: the copy is off, so nothing more)."""
+    from facts.checkpoint import snapshot_bytes_per_node
+    from facts.recipes import RECIPES
+
+    size = SIZES[overlay]
+    params = RECIPES[size.recipe].params
+
+    def needed(train_args: list[str]) -> int:
+        _, job = render.job_objects(
+            overlay=overlay, namespace="ns", image="img", train_args=train_args
+        )
+        (container,) = job["spec"]["template"]["spec"]["containers"]
+        return int(next(e["value"] for e in container["env"] if e["name"] == "POD_MEMORY_BYTES"))
+
+    own = snapshot_bytes_per_node(params=params, nodes=size.nodes, copies=1)
+    assert needed([*size.train_args]) == int(own)
+    with_peer = needed([*size.train_args, "--checkpoint.peer_copy=true"])
+    assert with_peer == int(own * (2 if size.nodes > 1 else 1))

@@ -17,11 +17,12 @@ arrival, the meta published last), over the job's own process group in buckets
 (``transfer.py``: gloo on host tensors, NCCL through one reusable device buffer per message).
 Cost per node and interval: it sends the shards of its L ranks and receives as many, i.e.
 the node's share of the state (``W / L`` nodes): 12 bytes per parameter (fp32 sharded params,
-AdamW's two fp32 moments), so 70B on 16 nodes sends and receives ~52.5 GB per node per
-interval. The wire time is short (32 x 400 Gb/s EFA: ~0.13 s); the host copies through the
-staging buffers and the CRC32 check on arrival are most of it (``bench/restore.py`` measures
-the exchange on CPU; docs/peer-copy.md). Memory: each node's ``/dev/shm`` holds two own slots
-and two peer slots, 4 x 52.5 GB = ~196 GiB of the pod's 256 GiB ``shm`` limit at 70B / 16.
+AdamW's two fp32 moments), so ``p5_70b`` (70.6B) on 16 nodes sends and receives ~52.9 GB per
+node per interval. The wire time is short (32 x 400 Gb/s EFA: ~0.13 s); the host copies through
+the staging buffers and the CRC32 check on arrival are most of it (``bench/restore.py`` measures
+the exchange on CPU; docs/restore-tiers.md, "Peer copy", weighs it against what it saves).
+Memory: each node's ``/dev/shm`` holds two own slots and two peer slots, 197.1 GiB of the pod's
+256 GiB ``shm`` limit at 70B / 16. The transfers call ``keepalive`` after every round.
 
 The restore (:meth:`PeerCopies.restore`), when some rank has no snapshot of its own (a pod
 replaced after its node was lost). Every rank lists what its pod holds, own and peer copies, by
@@ -118,10 +119,12 @@ def for_job(
     world_size: int,
     events: EventLog,
     published: Callable[[], None],
+    keepalive: Callable[[], None] = lambda: None,
 ) -> PeerCopies | None:
     """The job's peer copies when ``checkpoint.peer_copy`` asks for them (None otherwise):
     ``root`` and ``owner`` are the pod-memory snapshots' (``pod_memory.run_root``,
-    ``run_identity``), ``published`` waits until the newest own snapshot is complete. The
+    ``run_identity``), ``published`` waits until the newest own snapshot is complete,
+    ``keepalive`` is called between the transfers' rounds (``StepHooks.keepalive``). The
     nodes are torchrun's: ``LOCAL_WORLD_SIZE`` ranks each. On one node it is off, said once."""
     if not config.peer_copy:
         return None
@@ -133,6 +136,7 @@ def for_job(
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
         events=events,
         published=published,
+        keepalive=keepalive,
     )
     copies.announce()
     return copies if copies.enabled else None
@@ -154,6 +158,7 @@ class PeerCopies:
         staging: torch.device | str | None = "auto",
         bucket_bytes: int = BUCKET_BYTES,
         published: Callable[[], None] = lambda: None,
+        keepalive: Callable[[], None] = lambda: None,
     ) -> None:
         self.root = Path(root)
         self.owner = owner
@@ -164,6 +169,7 @@ class PeerCopies:
         self._staging = staging
         self.bucket_bytes = bucket_bytes
         self._published = published
+        self.keepalive = keepalive
         self.problem = ring_problem(world_size=world_size, local_world_size=local_world_size)
         self.holder = holder_of(rank, world_size=world_size, local_world_size=local_world_size)
         self.source = source_of(rank, world_size=world_size, local_world_size=local_world_size)
@@ -216,6 +222,7 @@ class PeerCopies:
                 incoming=[incoming],
                 staging=self.staging(),
                 bucket_bytes=self.bucket_bytes,
+                keepalive=self.keepalive,
             )
             problem = self._publish(received, slot[0] if slot else None)
         finally:
@@ -378,6 +385,7 @@ class PeerCopies:
                 incoming=incoming,
                 staging=self.staging(),
                 bucket_bytes=self.bucket_bytes,
+                keepalive=self.keepalive,
             )
             if received:
                 received_bytes = received[0].data.numel()

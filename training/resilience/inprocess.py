@@ -74,11 +74,32 @@ class PingHooks(StepHooks):
         self.interval_s = interval_s
         self.watchdog = watchdog
         self._between_steps = Throttle(every_s=interval_s)
+        # Where the current wait of the checkpoint path began (a step's end, a section's entry
+        # or exit): its keepalives stop ``io_budget_s`` later, like a section's pinger.
+        self._waiting_since = time.monotonic()
+        # The rank monitor's client is one socket with no lock of its own (a message, then its
+        # reply: NVRx 0.4.1 ``rank_monitor_client.py`` ``_send_heartbeat_impl``); a section's
+        # pinger thread and the main thread's keepalive may report at the same time.
+        self._reporting = threading.Lock()
 
     def _report(self) -> None:
-        self.call_wrapper.ping()
-        if self.monitor is not None:
-            self.monitor.send_heartbeat()
+        with self._reporting:
+            self.call_wrapper.ping()
+            if self.monitor is not None:
+                self.monitor.send_heartbeat()
+
+    def keepalive(self) -> None:
+        """Progress while the checkpoint manager waits outside a section (a pod-memory
+        snapshot's publish, the peer exchange, the commit wait after the final save): NVRx's
+        wrapper times out on its manual timestamp, which only ``ping`` moves
+        (``progress_watchdog.py``: ``Timestamp.is_timed_out`` checks ``auto`` and ``manual``),
+        and nested, the rank monitor on its heartbeat. For at most ``io_budget_s`` after the
+        last step or section boundary, as the sections' pinger: a wait that outlasts it (a
+        worker stuck on a dead file system) is a hang to the watchdog."""
+        if time.monotonic() - self._waiting_since > self.io_budget_s:
+            return
+        if self._between_steps.due():
+            self._report()
 
     def before_step(self, step: int) -> None:
         if self._between_steps.due():
@@ -87,6 +108,7 @@ class PingHooks(StepHooks):
             self.watchdog.step_started()
 
     def after_step(self, step: int) -> None:
+        self._waiting_since = time.monotonic()
         if self.watchdog is not None:
             self.watchdog.step_finished()
 
@@ -100,6 +122,7 @@ class PingHooks(StepHooks):
                 self._report()  # multiprocessing queue / socket: safe from a second thread
 
         self._report()
+        self._waiting_since = time.monotonic()
         if self.watchdog is not None:
             self.watchdog.pause()
         pinger = threading.Thread(target=keep_reporting, name=f"ping-{name}", daemon=True)
@@ -112,6 +135,7 @@ class PingHooks(StepHooks):
             if self.watchdog is not None:
                 self.watchdog.resume()
             self._report()
+            self._waiting_since = time.monotonic()  # the wait after it (the final commit) anew
 
 
 def give_up_cause(
