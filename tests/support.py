@@ -219,9 +219,16 @@ class CpuQuota:
         v2 = Path("/sys/fs/cgroup/cgroup.controllers")
         v1 = Path("/sys/fs/cgroup/cpu")
         if v2.is_file() and "cpu" in v2.read_text().split():
-            # The root cgroup may hold processes and enable controllers for its children.
+            # The root cgroup may hold processes and enable controllers for its children; a
+            # container's cgroup namespace root may not (the no-internal-process rule).
             self.parent = v2.parent
-            (self.parent / "cgroup.subtree_control").write_text("+cpu")
+            try:
+                (self.parent / "cgroup.subtree_control").write_text("+cpu")
+            except OSError as err:
+                raise RuntimeError(
+                    f"cannot enable the cpu controller under {self.parent} ({err}): run the "
+                    "slow-node test on a host or VM whose cgroup root this process owns"
+                ) from err
             self.group = self.parent / name
             self.group.mkdir()
             (self.group / "cpu.max").write_text(f"{quota_us} {period_us}")
