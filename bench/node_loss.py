@@ -13,7 +13,7 @@ pod), ``replacement_running`` (the replacement's container starts on a node) and
 (the start of the first step trained after the fault); ``restart_p50_s`` is
 first_step - replacement_running, the product's own part.
 
-    sudo .venv/bin/python -m bench.node_loss            # 1 run per case, ~4 min
+    sudo .venv/bin/python -m bench.node_loss            # 1 run per case, ~11 min on 2 busy cores
     sudo .venv/bin/python -m bench.node_loss --runs 2
 
 Needs root (network and mount namespaces). Writes bench/results/node_loss.json (the planner

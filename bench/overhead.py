@@ -30,9 +30,18 @@ modes NVRx async ones), reporting the median and the mean step interval.
     python -m bench.overhead --quick      # 20 steps each
     python -m bench.overhead --nprocs 4   # one rank count
     python -m bench.overhead --diagnose   # 5 runs x 100 steps, ~4 min
+    python -m bench.overhead --straggler  # the straggler detector on vs off, ~3 min
+
+``--straggler`` (not part of ``make bench``) measures the straggler detector's cost as it runs
+by default (``straggler.enabled``, a report every ``straggler.report_every`` = 20 steps; the
+policy off): 2 ranks, plain torchrun, detector on and off in alternating order over rounds,
+60 steps each (reports at steps 20, 40 and 60). The figure is the mean step interval (a mean,
+so that the reports count), the fastest round of each, on / off - 1; beside it the mean time
+between steps that is not the step, whose difference is the detector's own time per step.
 
 Writes bench/results/overhead.json (``overhead_inprocess``, ``overhead_injob`` at 2 ranks;
-``overhead_<layer>_<n>ranks``: ratio - 1) and, with ``--diagnose``, overhead_diagnosis.json.
+``overhead_<layer>_<n>ranks``: ratio - 1), with ``--diagnose`` overhead_diagnosis.json, with
+``--straggler`` straggler_overhead.json (``overhead_straggler``: on / off - 1).
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ from bench.common import (
     wait_until_quiet,
     write_result,
 )
+from training.config import StragglerConfig
 from training.runlog.files import METRICS_FILE
 
 MODES = ("none", "inprocess", "injob")
@@ -323,6 +333,61 @@ def diagnose(*, steps: int = 150) -> dict[str, Any]:
     return result
 
 
+STRAGGLER_STEPS = 60
+STRAGGLER_ROUNDS = 2
+
+
+def straggler(*, rounds: int = STRAGGLER_ROUNDS, steps: int = STRAGGLER_STEPS) -> dict[str, Any]:
+    """The straggler detector at its defaults vs off, same job, alternating order."""
+    variants = {"on": (), "off": ("--straggler.enabled=false",)}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+    for round_ in range(rounds):
+        order = ("on", "off") if round_ % 2 == 0 else ("off", "on")
+        for name in order:
+            run_dir = RUNS_DIR / "overhead" / f"straggler_{name}_{round_}"
+            runs[name].append(
+                _one(nproc=2, mode="none", steps=steps, run_dir=run_dir, overrides=variants[name])
+            )
+    rows = {}
+    for name, rs in runs.items():
+        fastest = min(rs, key=lambda r: r["interval_mean_s"])
+        rows[name] = {
+            "interval_mean_s": fastest["interval_mean_s"],
+            "interval_s": fastest["interval_s"],
+            "step_time_s": fastest["step_time_s"],
+            "outside_step_s": median(r["outside_step_s"] for r in rs),
+            "runs": rs,
+        }
+    on, off = rows["on"], rows["off"]
+    result: dict[str, Any] = {
+        "machine": machine(),
+        "steps": steps,
+        "warmup_steps": WARMUP,
+        "rounds": rounds,
+        "nproc": 2,
+        "restart": "none",
+        "report_every": StragglerConfig().report_every,
+        "variants": rows,
+        "overhead_straggler": ratio(on["interval_mean_s"], off["interval_mean_s"]) - 1.0,
+        "detector_s_per_step": on["outside_step_s"] - off["outside_step_s"],
+    }
+    print(
+        table(
+            ["detector", "step interval s (mean)", "step interval s (median)", "between steps ms"],
+            [
+                (name, r["interval_mean_s"], r["interval_s"], r["outside_step_s"] * 1e3)
+                for name, r in rows.items()
+            ],
+        )
+    )
+    print(
+        f"straggler detector: on / off - 1 = {result['overhead_straggler']:+.2%} of the step "
+        f"interval; {result['detector_s_per_step'] * 1e3:+.2f} ms per step between steps"
+    )
+    write_result("straggler_overhead", result)
+    return result
+
+
 def report(result: dict[str, Any]) -> str:
     lines = []
     for nproc, modes in result["by_nproc"].items():
@@ -373,7 +438,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="4 ranks, tiny model, checkpoints every 25 steps: layer x engine (not in make bench)",
     )
+    parser.add_argument(
+        "--straggler",
+        action="store_true",
+        help="the straggler detector on vs off, 2 ranks (not in make bench)",
+    )
     args = parser.parse_args(argv)
+    if args.straggler:
+        straggler(rounds=max(1, args.rounds or STRAGGLER_ROUNDS))
+        return 0
     if args.diagnose:
         diagnose()
         return 0

@@ -5,14 +5,12 @@ Not a test module: it only builds corpora, starts real training jobs and reads t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -206,33 +204,66 @@ def events(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-class DutyCycle:
-    """Stops `pids` for ``stop_s`` of every ``period_s`` until closed (then continues them): the
-    shape of a CPU quota (CFS bandwidth control stops a group's threads for the rest of its
-    period once its quota is spent: kernel docs, scheduler/sched-bwc) at a short period, with
-    no privilege or cgroup delegation needed (this machine's cgroup v2 has no cpu controller)."""
+class CpuQuota:
+    """A CPU quota on `pids` and on every process they start later (children stay in their
+    parent's cgroup): CFS bandwidth control, the kernel's throttling of a CPU-starved container,
+    lets the group run ``quota_us`` of every ``period_us`` and stops its threads for the rest
+    of the period (kernel docs, scheduler/sched-bwc.rst). cgroup v2 ``cpu.max`` where the
+    unified hierarchy has the cpu controller, else cgroup v1's ``cpu.cfs_quota_us`` (this
+    development machine mounts v1 ``cpu`` beside a v2 hierarchy without controllers). Needs
+    root. ``close`` moves what is left back to the hierarchy's root and removes the group."""
 
-    def __init__(self, pids: list[int], *, period_s: float = 0.010, stop_s: float = 0.009) -> None:
-        self.pids, self.period_s, self.stop_s = list(pids), period_s, stop_s
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _signal(self, sig: int) -> None:
-        for pid in list(self.pids):
+    def __init__(
+        self, pids: list[int], *, name: str, quota_us: int = 1000, period_us: int = 10000
+    ) -> None:
+        v2 = Path("/sys/fs/cgroup/cgroup.controllers")
+        v1 = Path("/sys/fs/cgroup/cpu")
+        if v2.is_file() and "cpu" in v2.read_text().split():
+            # The root cgroup may hold processes and enable controllers for its children; a
+            # container's cgroup namespace root may not (the no-internal-process rule).
+            self.parent = v2.parent
             try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                self.pids.remove(pid)
+                (self.parent / "cgroup.subtree_control").write_text("+cpu")
+            except OSError as err:
+                raise RuntimeError(
+                    f"cannot enable the cpu controller under {self.parent} ({err}): run the "
+                    "slow-node test on a host or VM whose cgroup root this process owns"
+                ) from err
+            self.group = self.parent / name
+            self.group.mkdir()
+            (self.group / "cpu.max").write_text(f"{quota_us} {period_us}")
+        elif (v1 / "cpu.cfs_quota_us").is_file():
+            self.parent = v1
+            self.group = v1 / name
+            self.group.mkdir()
+            (self.group / "cpu.cfs_period_us").write_text(str(period_us))
+            (self.group / "cpu.cfs_quota_us").write_text(str(quota_us))
+        else:
+            raise RuntimeError(
+                "no cgroup cpu controller (v2 /sys/fs/cgroup/cgroup.controllers without cpu, "
+                "no v1 /sys/fs/cgroup/cpu): mount one to run the slow-node test"
+            )
+        try:
+            for pid in pids:
+                self._move(pid, self.group)
+        except BaseException:
+            self.close()
+            raise
 
-    def _run(self) -> None:
-        while self.pids and not self._done.is_set():
-            self._signal(signal.SIGSTOP)
-            time.sleep(self.stop_s)
-            self._signal(signal.SIGCONT)
-            time.sleep(self.period_s - self.stop_s)
+    @staticmethod
+    def _move(pid: int, group: Path) -> None:
+        with contextlib.suppress(ProcessLookupError):  # it has exited
+            (group / "cgroup.procs").write_text(str(pid))
+
+    def pids(self) -> list[int]:
+        return [int(p) for p in (self.group / "cgroup.procs").read_text().split()]
+
+    def throttled(self) -> int:
+        """How many periods the group has been stopped in so far (cpu.stat nr_throttled)."""
+        stat = dict(line.split() for line in (self.group / "cpu.stat").read_text().splitlines())
+        return int(stat["nr_throttled"])
 
     def close(self) -> None:
-        self._done.set()
-        self._thread.join()
-        self._signal(signal.SIGCONT)
+        for pid in self.pids():
+            self._move(pid, self.parent)
+        self.group.rmdir()

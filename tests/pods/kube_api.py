@@ -68,7 +68,11 @@ def serve(root: Path, *, ip: str, on_cordon: Callable[[str], None]) -> Iterator[
         def do_PATCH(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
             prefix = "/api/v1/nodes/"
-            if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+            # The scheme is case-insensitive (RFC 7235 2.1; the API server's bearer-token
+            # authenticator compares it with strings.EqualFold: k8s.io/apiserver
+            # pkg/authentication/request/bearertoken); the Python client sends "bearer".
+            scheme, _, token = self.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or token.strip() != TOKEN:
                 return self._reply(401, {"kind": "Status", "code": 401})
             if not self.path.startswith(prefix) or body != {"spec": {"unschedulable": True}}:
                 return self._reply(404, {"kind": "Status", "code": 404})

@@ -17,6 +17,7 @@ bit for bit: model and optimizer, `torch.equal` per tensor.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -31,7 +32,7 @@ import emulator
 import kube_api
 import pytest
 from control_plane import EKS, SCALE, ControlPlane
-from support import TINY_MODEL, DutyCycle, assert_identical, final_state
+from support import TINY_MODEL, CpuQuota, assert_identical, final_state
 
 from manifests import render, sizes
 from training import exits, startup_check
@@ -65,6 +66,21 @@ FAST = [
     "--resilience.max_restarts=4",
     "--parallel.pg_timeout_s=30",
 ]
+STRAGGLER_EVERY = 3
+STRAGGLER_POLICY = (
+    f"--straggler.report_every={STRAGGLER_EVERY}",
+    "--straggler.reports=2",
+    # Above the quota'd node's scores (0.03-0.13); a fault-free report on a loaded 2-core
+    # machine dips below it at times (0.09 once, in steps 1-3) but never twice in a row here.
+    "--straggler.threshold=0.3",
+    "--straggler.evict=true",
+)
+"""The slow-node test's policy (a report every 3 steps, a node evicted after 2 slow ones);
+the fault-free reference runs with it too, and must evict nothing."""
+SLOW_NODE_TIMEOUTS = ("--resilience.soft_timeout_s=30", "--resilience.hard_timeout_s=60")
+"""The in-process layer's hang timeouts for a node at a tenth of its CPU: its work between
+heartbeats (the checkpoint writer's shutdown after the eviction) runs 10x longer, beyond the
+6 s soft timeout of the other runs, which would read it as a hang."""
 ONE_POD = {"RECIPE": "debug_cpu", "NPROC_PER_NODE": "2", "NNODES": "1"}
 TWO_PODS = {"RECIPE": "debug_cpu", "NPROC_PER_NODE": "1"}
 
@@ -116,6 +132,15 @@ def _metrics(root: Path, job: dict) -> list[dict]:
     ]
 
 
+def _complete_events(run_dir: Path) -> list[dict]:
+    """The events written so far (a line being appended right now is left for later)."""
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines(keepends=True)
+    return [json.loads(line) for line in lines if line.endswith("\n") and line.strip()]
+
+
 def _events(root: Path, job: dict) -> list[dict]:
     path = _run_dir(root, job) / "events.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -153,6 +178,7 @@ def _run(
             _prepare_data(root)
         if not expect_lustre:
             env = {"FSX_FSTYPE": _fstype(root / "fsx"), **env}
+        env = {**_pod_memory_env(overlay, env=env), **env}
         shared, job, config_map = _objects(overlay, restart=restart, train_args=[*FAST, *extra])
         if nodes is not None:
             job = emulator.scaled(job, nodes=nodes)
@@ -198,6 +224,16 @@ def _run(
     return result, job
 
 
+def _pod_memory_env(overlay: str, *, env: dict[str, str]) -> dict[str, str]:
+    """The start-up check's pod-memory figures for the recipe the emulated pods run (RECIPE
+    from `env`), as the renderer derives them (render.pod_memory_env); empty values where it
+    sets none, so the overlay's GPU-recipe figures do not reach a CPU-recipe pod."""
+    size = render.size_of(overlay)
+    if "RECIPE" in env:
+        size = dataclasses.replace(size, recipe=env["RECIPE"])
+    return {"POD_MEMORY_DIR": "", "POD_MEMORY_BYTES": "", **render.pod_memory_env(size=size)}
+
+
 def _fstype(path: Path) -> str:
     """The type of the file system holding `path` (util-linux findmnt, not the check's own
     mountinfo parser)."""
@@ -221,11 +257,19 @@ def _recovery_s(root: Path, job: dict, *, fault_time: float) -> float:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The fault-free run: the 2-node overlay's Job on two emulated pods."""
+    """The fault-free run: the 2-node overlay's Job on two emulated pods, with the straggler
+    policy of the slow-node test on: no node is evicted, and every report names both."""
     root = tmp_path_factory.mktemp("reference")
-    result, job = _run(root, TWO_NODES, restart="injob", env=TWO_PODS)
+    result, job = _run(root, TWO_NODES, restart="injob", env=TWO_PODS, extra=STRAGGLER_POLICY)
     assert result.status == "Complete", _logs(root)
     assert result.exit_codes == {0: [0], 1: [0]}
+    events = _events(root, job)
+    reports = [e for e in events if e["kind"] == "straggler_report"]
+    print("\n[fault-free] straggler scores by step:", {e["step"]: e["nodes"] for e in reports})
+    # (A restart under load repeats some reports.)
+    assert {e["step"] for e in reports} == set(range(STRAGGLER_EVERY, STEPS + 1, STRAGGLER_EVERY))
+    assert all(len(e["nodes"]) == 2 for e in reports), reports
+    assert not [e for e in events if e["kind"] == "straggler_eviction"], reports
     return _final_state(root, job)
 
 
@@ -643,14 +687,17 @@ def test_a_lost_node_that_comes_back_mid_run_does_not_corrupt_it(
 
 
 def test_a_slow_node_is_cordoned_and_moved_to_a_spare(tmp_path: Path, reference: dict) -> None:
-    """Pod 1's node is slowed from step 1 (every process of the pod stopped 9 ms of every 10 ms,
-    the shape of a CPU quota: support.DutyCycle) in nested mode, the EKS default, with the
-    straggler policy on. Its node is named and evicted: every rank takes the final checkpoint;
-    pod 1's ranks ask their launcher to leave the rendezvous (NVRx ExcludeThisNode), its
-    supervisor cordons the node through the Kubernetes client (in-cluster config) and exits
-    NODE_UNFIT; pod 0 keeps its launcher, which restarts its worker in-job. The Job's
-    replacement skips the cordoned node (free again, but unschedulable) and lands on the spare;
-    the run resumes from the final checkpoint and ends bit-identical to the fault-free one.
+    """Pod 1's node is CPU-starved once the step-1 checkpoint is committed: every
+    process of the pod, and every process they start later, in one cgroup with a CFS quota of
+    1 ms in every 10 ms (support.CpuQuota; how a throttled container or a slow node's host
+    behaves), in nested mode, the EKS default, with
+    the straggler policy on. Its node is named and evicted: every rank takes the final
+    checkpoint; pod 1's rank writes the verdict and asks its launcher to leave the rendezvous
+    (NVRx ExcludeThisNode), its supervisor cordons the node through the Kubernetes client
+    (in-cluster config) and exits NODE_UNFIT; pod 0 keeps its launcher, which restarts its
+    worker in-job. The Job's replacement skips the cordoned node (free again, but
+    unschedulable) and lands on the spare; the run resumes from the final checkpoint and ends
+    bit-identical to the fault-free one (which ran the same policy and evicted nothing).
 
     Emulated: the API server (kube_api.py answers the one PATCH a cordon is; no RBAC or
     admission policy) and the scheduler (control_plane.py: NodeUnschedulable, preemption)."""
@@ -669,35 +716,54 @@ def test_a_slow_node_is_cordoned_and_moved_to_a_spare(tmp_path: Path, reference:
         return state["plane"]
 
     def slow_down(pods: emulator.Cluster) -> None:
-        state["throttle"] = DutyCycle(pods.netns_pids(state["plane"].pods[1].netns))
+        # Once the first checkpoint (step 1) is committed: the first save waits for the pod's
+        # NVRx writer process to start (it imports torch), seconds of CPU that a tenth of a
+        # CPU would stretch past every timeout. Steps 4-9, which two reports time, are slow.
+        run_dir = tmp_path / "fsx" / "runs" / render.size_of(TWO_NODES).job_name
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any(
+            e["kind"] == "checkpoint_committed" and e["step"] == 1
+            for e in _complete_events(run_dir)
+        ):
+            time.sleep(0.05)
+        pids = pods.netns_pids(state["plane"].pods[1].netns)
+        state["quota"] = CpuQuota(pids, name=f"slow-node-{os.getpid()}")
 
-    policy = ("--straggler.report_every=2", "--straggler.reports=2", "--straggler.evict=true")
     try:
         result, job = _run(
             tmp_path,
             TWO_NODES,
             restart="nested",
             env=TWO_PODS,
-            extra=policy,
+            extra=(*STRAGGLER_POLICY, *SLOW_NODE_TIMEOUTS, "--checkpoint.interval=1"),
             when_step=(1, slow_down),
             control_plane=plane,
         )
+        throttled = state["quota"].throttled() if "quota" in state else 0
     finally:
-        if "throttle" in state:
-            state["throttle"].close()
+        if "quota" in state:
+            state["quota"].close()
     log = _logs(tmp_path)
+    events = _events(tmp_path, job)
+    reports = {e["step"]: e["nodes"] for e in events if e["kind"] == "straggler_report"}
+    print(f"\n[straggler] scores by step: {reports}; periods throttled: {throttled}")
+    assert throttled > 0, "the quota never stopped the slow pod"
     assert result.status == "Complete", f"{result}\n{log}"
     assert result.exit_codes == {0: [0], 1: [exits.NODE_UNFIT, 0]}, f"{result}\n{log}"
     slow_node, new_node = result.nodes[1]
     assert state["plane"].cordoned == {slow_node}
     assert new_node == state["spare"]
-    events = _events(tmp_path, job)
     (eviction,) = [e for e in events if e["kind"] == "straggler_eviction"]
     assert eviction["node"] == slow_node and eviction["ranks"] == [1]
+    # The reports of steps 4-6 and 7-9, both slow, evict it at step 9.
+    assert eviction["step"] == 3 * STRAGGLER_EVERY, reports
+    assert all(reports[s][slow_node] < 0.3 for s in (6, 9)), reports
+    ends = [e["status"] for e in events if e["kind"] == "run_end"]
+    assert "evicted" in ends and ends[-1] == "completed", ends
     loads = [e for e in events if e["kind"] == "checkpoint_load"]
     assert loads and loads[-1]["step"] == eviction["step"], "resumed from the final checkpoint"
     _assert_identical(_final_state(tmp_path, job), reference)
     print(
-        f"\n[straggler] {slow_node} evicted at step {eviction['step']}, cordoned; "
+        f"[straggler] {slow_node} evicted at step {eviction['step']}, cordoned; "
         f"replacement on {new_node}\n{state['plane'].timeline(since=state['plane'].events[0][0])}"
     )
