@@ -17,7 +17,6 @@ bit for bit: model and optimizer, `torch.equal` per tensor.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import signal
@@ -178,7 +177,6 @@ def _run(
             _prepare_data(root)
         if not expect_lustre:
             env = {"FSX_FSTYPE": _fstype(root / "fsx"), **env}
-        env = {**_pod_memory_env(overlay, env=env), **env}
         shared, job, config_map = _objects(overlay, restart=restart, train_args=[*FAST, *extra])
         if nodes is not None:
             job = emulator.scaled(job, nodes=nodes)
@@ -222,16 +220,6 @@ def _run(
         if after is not None:
             after(pods)
     return result, job
-
-
-def _pod_memory_env(overlay: str, *, env: dict[str, str]) -> dict[str, str]:
-    """The start-up check's pod-memory figures for the recipe the emulated pods run (RECIPE
-    from `env`), as the renderer derives them (render.pod_memory_env); empty values where it
-    sets none, so the overlay's GPU-recipe figures do not reach a CPU-recipe pod."""
-    size = render.size_of(overlay)
-    if "RECIPE" in env:
-        size = dataclasses.replace(size, recipe=env["RECIPE"])
-    return {"POD_MEMORY_DIR": "", "POD_MEMORY_BYTES": "", **render.pod_memory_env(size=size)}
 
 
 def _fstype(path: Path) -> str:
