@@ -22,9 +22,10 @@ which is never offered. Each rank keeps :data:`SLOTS` slots and writes them in t
 (:func:`next_slot`), so the previous snapshot stays whole while the next is written.
 
 A snapshot is offered only to the same owner, rank and world size, and restored only into a
-state of the same structure (:meth:`SnapshotMeta.refusal`); its bytes are checked against the
-CRC32 before they are restored (:func:`verify`), which also catches a copy damaged on its way
-across the network (``peer``).
+state of the same structure (:meth:`SnapshotMeta.refusal`). The CRC32 catches a copy damaged
+on its way across the network (``peer``): checked on arrival (:func:`write_snapshot`, the peer
+exchange) and before a ``peer`` copy is restored (:func:`verify`); a rank's ``own`` snapshot
+is restored without a CRC pass (``pod_memory.PodMemorySnapshots.check`` says why).
 """
 
 from __future__ import annotations
