@@ -58,6 +58,13 @@ class StepHooks:
         """Around checkpoint load and save staging."""
         return nullcontext()
 
+    def keepalive(self) -> None:
+        """Called by the checkpoint manager between the passes of its blocking waits (the NVRx
+        worker's start, an earlier save's write, the commit, a pod-memory snapshot's publish,
+        the peer exchange's rounds): this rank is waiting on progress it checks, not hung.
+        Called often (every ~50 ms of a wait): an implementation that reports to another
+        process throttles."""
+
     def timing(self, name: str) -> AbstractContextManager[None]:
         """Around parts of a step whose time says how fast this rank is: ``step`` (the whole
         step, peers' waits included) and ``optimizer`` (the optimizer's update: rank-local)."""
@@ -92,6 +99,10 @@ class HookChain(StepHooks):
             for hook in self.hooks:
                 stack.enter_context(hook.section(name))
             yield
+
+    def keepalive(self) -> None:
+        for hook in self.hooks:
+            hook.keepalive()
 
     @contextmanager
     def timing(self, name: str) -> Iterator[None]:

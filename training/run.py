@@ -139,6 +139,7 @@ def run_training(
             world_size=env.world_size,
             events=events,
             point_hook=step_hooks.checkpoint_point,
+            keepalive=step_hooks.keepalive,
         )
         resume = checkpoints.resume_expected()
         trainer = Trainer(

@@ -20,6 +20,9 @@ import queue
 import threading
 from collections.abc import Callable
 
+POLL_S = 0.05
+"""The longest pause between two ``keepalive`` calls of :meth:`Committer.drain`."""
+
 
 class Committer:
     def __init__(self) -> None:
@@ -34,10 +37,17 @@ class Committer:
             self._thread.start()
         self._jobs.put(job)
 
-    def drain(self) -> None:
-        """Wait until every submitted job has run; raise the first one's failure."""
+    def drain(self, *, keepalive: Callable[[], None] = lambda: None) -> None:
+        """Wait until every submitted job has run, calling ``keepalive`` every ``POLL_S``
+        meanwhile (a commit on a busy file system takes seconds); raise the first failure."""
         if self._thread is not None:
-            self._jobs.join()
+            done = self._jobs.all_tasks_done  # ``Queue.join``'s own condition, with a timeout
+            while True:
+                with done:
+                    if not self._jobs.unfinished_tasks:
+                        break
+                    done.wait(timeout=POLL_S)
+                keepalive()  # outside the queue's lock: the thread may finish a job meanwhile
         self.raise_if_failed()
 
     def raise_if_failed(self) -> None:

@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -399,9 +400,16 @@ class LocalCheckpoints:
         request = self._manager.save(BasicTensorAwareStateDict(local_state), step, is_async=True)
         self._queue.schedule_async_request(request)
 
-    def poll(self, *, blocking: bool) -> None:
-        """Finalize the local saves every rank has finished (collective)."""
-        self._queue.maybe_finalize_async_calls(blocking=blocking)
+    def poll(self, *, blocking: bool, keepalive: Callable[[], None] = lambda: None) -> None:
+        """Finalize the local saves every rank has finished (collective). ``blocking``: until
+        all are, one non-blocking pass at a time with ``keepalive`` between the passes (NVRx's
+        blocking wait sleeps in its own loop, where no liveness report can run); every rank
+        sees each pass's all-reduced verdict, so all make the same passes."""
+        self._queue.maybe_finalize_async_calls(blocking=False)
+        while blocking and self._queue.get_num_unfinalized_calls():
+            keepalive()
+            time.sleep(0.05)
+            self._queue.maybe_finalize_async_calls(blocking=False)
 
     def pending(self) -> int:
         return self._queue.get_num_unfinalized_calls()

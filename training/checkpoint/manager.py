@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -115,6 +115,7 @@ class CheckpointManager:
         world_size: int,
         events: EventLog,
         point_hook=None,
+        keepalive: Callable[[], None] | None = None,
     ) -> CheckpointManager:
         """The job's checkpoint manager: ``config.checkpoint`` under ``config.checkpoint_dir``,
         and the restore tiers of the job's restart mode.
@@ -151,7 +152,8 @@ class CheckpointManager:
                 rank=rank,
                 world_size=world_size,
                 events=events,
-                published=pod_memory.wait,
+                published=partial(pod_memory.wait, keepalive=keepalive or _nothing),
+                keepalive=keepalive or _nothing,
             )
             if copies is not None:
                 tiers.append(peer.PeerTier(copies))
@@ -164,6 +166,7 @@ class CheckpointManager:
             world_size=world_size,
             events=events,
             point_hook=point_hook,
+            keepalive=keepalive,
             memory=memory,
             pod_memory=pod_memory,
             tiers=tiers,
@@ -178,6 +181,7 @@ class CheckpointManager:
         world_size: int,
         events: EventLog,
         point_hook=None,
+        keepalive: Callable[[], None] | None = None,
         memory: MemorySnapshots | None = None,
         pod_memory: PodMemorySnapshots | None = None,
         tiers: Sequence[RestoreTier] = (),
@@ -193,6 +197,10 @@ class CheckpointManager:
         self.events = events
         # Called at each point of a save (staged, written, commit): fault injection uses it.
         self.point_hook = point_hook or (lambda point, step: None)
+        # Called between the passes of every blocking wait of a save, a snapshot or the final
+        # commit (``StepHooks.keepalive``): the restart layer's heartbeat or progress report,
+        # which its timeouts would otherwise miss for as long as the wait lasts.
+        self.keepalive = keepalive or _nothing
         self._pending: list[_Pending] = []
         self._latest_committed: int | None = None
         self._committer = Committer()  # rank 0's commits of asynchronous saves
@@ -210,7 +218,7 @@ class CheckpointManager:
         if config.engine == "nvrx":
             from training.checkpoint.nvrx_async import AsyncCheckpointQueue
 
-            self._nvrx = AsyncCheckpointQueue()
+            self._nvrx = AsyncCheckpointQueue(keepalive=self.keepalive)
         self._worker_started = False
         self._local_pending = False
         restore: list[RestoreTier] = list(tiers)
@@ -417,6 +425,7 @@ class CheckpointManager:
         for pending in list(self._pending):
             manifest = pending.path / SHARDS / f"rank_{self.rank:05d}.json"
             while not manifest.exists() and self._nvrx is not None and self._nvrx.worker_alive():
+                self.keepalive()
                 time.sleep(0.05)
 
     def save_local(self, trainer: StatefulTrainer, *, step: int) -> None:
@@ -439,7 +448,7 @@ class CheckpointManager:
             return
         started = time.perf_counter()
         if self._pod_memory is not None:
-            self._pod_memory.take(trainer.state_dict(), step=step)
+            self._pod_memory.take(trainer.state_dict(), step=step, keepalive=self.keepalive)
             tier = "pod_memory"
         else:
             self._memory.take(
@@ -490,17 +499,18 @@ class CheckpointManager:
         if self._nvrx is not None:
             self._nvrx.poll(blocking=True)
         if self._local is not None:
-            self._local.poll(blocking=True)
+            self._local.poll(blocking=True, keepalive=self.keepalive)
             self._local_pending = False
         if self.config.engine == "torch_async" and self._pending:
             self._poll_torch_async(blocking=True)
-        self._committer.drain()
+        self._committer.drain(keepalive=self.keepalive)
 
     def _poll_torch_async(self, *, blocking: bool) -> None:
         while self._pending:
             head = self._pending[0]
-            if blocking:
-                head.future.result()
+            while blocking and not head.future.done():
+                self.keepalive()
+                time.sleep(0.05)
             done = torch.tensor(
                 [1 if head.future.done() else 0], dtype=torch.int32, device=collective_device()
             )
@@ -638,6 +648,10 @@ def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
     if backend == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def _nothing() -> None:
+    pass
 
 
 def _snapshot(state: Any) -> Any:

@@ -196,6 +196,9 @@ def _write_then(
     after_write(files)
 
 
+POLL_S = 0.05
+"""The pause between two passes of a blocking wait for the worker."""
+
 # The stop signal our worker handles by exiting cleanly (SIGTERM is ignored on purpose).
 WORKER_STOP_SIGNAL = signal.SIGUSR2
 
@@ -287,8 +290,11 @@ class _CachedPlan:
 class AsyncCheckpointQueue:
     """NVRx async checkpointing with a persistent background worker per rank."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, keepalive: Callable[[], None] = lambda: None) -> None:
+        """``keepalive``: called between the passes of every blocking wait (the restart layer's
+        liveness report, ``StepHooks.keepalive``)."""
         self._queue = AsyncCallsQueue(persistent=True)
+        self._keepalive = keepalive
         # Per queue, so per CheckpointManager, so per attempt: a restart (new world size, new
         # shards) never reuses a plan or a staging layout made for another state.
         self._plan: _CachedPlan | None = None
@@ -330,25 +336,31 @@ class AsyncCheckpointQueue:
     def await_worker(self, *, blocking: bool = True) -> bool:
         """Finalize the binding request once every rank's worker has run it (collective: NVRx's
         all-reduce of the ranks' states, so every rank sees the worker ready at the same call).
-        ``blocking``: wait for it (polling in Python, so watchdogs see progress meanwhile);
-        otherwise one check. Returns whether the worker is ready; a no-op once it is. A worker
-        that died first is a :class:`CheckpointError` either way."""
+        ``blocking``: wait for it (polling in Python, with ``keepalive`` between the passes: a
+        fresh worker imports torch for seconds, longer than a heartbeat timeout on a busy
+        node); otherwise one check. Returns whether the worker is ready; a no-op once it is. A
+        worker that died first is a :class:`CheckpointError` either way."""
         while self._binding:
             # One check per pass (NVRx's blocking wait would spin on a dead worker for good):
             # every rank takes part in each pass's all-reduce, and all see it done at once.
-            self.poll(blocking=False)
+            self._finalize_done()
             if not self._binding:
                 break
-            if not self.worker_alive():
-                code = getattr(self._queue.persistent_caller.process, "exitcode", None)
-                raise CheckpointError(
-                    f"the NVRx checkpoint worker died before it was ready (exit code {code}): "
-                    "see this rank's log; the restart layer starts a new one"
-                )
+            self._raise_if_worker_died("before it was ready")
             if not blocking:
                 break
-            time.sleep(0.05)
+            self._keepalive()
+            time.sleep(POLL_S)
         return not self._binding
+
+    def _raise_if_worker_died(self, when: str) -> None:
+        if not self.worker_alive():
+            process = getattr(self._queue.persistent_caller, "process", None)
+            code = getattr(process, "exitcode", None)
+            raise CheckpointError(
+                f"the NVRx checkpoint worker died {when} (exit code {code}): "
+                "see this rank's log; the restart layer starts a new one"
+            )
 
     def schedule_save(
         self,
@@ -471,9 +483,25 @@ class AsyncCheckpointQueue:
         self._queue.schedule_async_request(request)
 
     def poll(self, *, blocking: bool) -> list[int]:
-        """Finalize the saves that every rank has finished (collective: call on all ranks)."""
+        """Finalize the saves that every rank has finished (collective: call on all ranks).
+        ``blocking``: until every scheduled request is finalized, one check per pass with
+        ``keepalive`` between the passes. NVRx's own blocking wait sleeps in a loop of its own
+        (``PersistentAsyncCaller.is_current_async_call_done``) where no liveness report can
+        run, and spins for good on a dead worker; here a dead one is a
+        :class:`CheckpointError`. Every rank sees each pass's all-reduced verdict, so all make
+        the same passes."""
+        finalized = self._finalize_done()
+        while blocking and self._queue.async_calls:
+            self._raise_if_worker_died("with a save in flight")
+            self._keepalive()
+            time.sleep(POLL_S)
+            finalized += self._finalize_done()
+        return finalized
+
+    def _finalize_done(self) -> list[int]:
+        """One non-blocking pass of NVRx's finalization (one all-reduce per request checked)."""
         with cpu_collectives():
-            finalized = self._queue.maybe_finalize_async_calls(blocking=blocking)
+            finalized = self._queue.maybe_finalize_async_calls(blocking=False)
         # Nothing is scheduled behind the binding before it is finalized (every request waits
         # for it first, :meth:`await_worker`): an empty queue means the binding is done.
         self._binding = self._binding and bool(self._queue.async_calls)
@@ -485,8 +513,7 @@ class AsyncCheckpointQueue:
     def close(self) -> None:
         """Finish pending saves and stop the worker (collective)."""
         global _SHARED_CALLER
-        with cpu_collectives():
-            self._queue.maybe_finalize_async_calls(blocking=True)
+        self.poll(blocking=True)
         self._binding = False
         # Every write is finalized: the worker is idle and stops at once on 'DONE'. Bounded,
         # unlike NVRx's ``PersistentAsyncCaller.close`` (queue and process joins without limit).

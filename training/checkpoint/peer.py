@@ -119,10 +119,12 @@ def for_job(
     world_size: int,
     events: EventLog,
     published: Callable[[], None],
+    keepalive: Callable[[], None] = lambda: None,
 ) -> PeerCopies | None:
     """The job's peer copies when ``checkpoint.peer_copy`` asks for them (None otherwise):
     ``root`` and ``owner`` are the pod-memory snapshots' (``pod_memory.run_root``,
-    ``run_identity``), ``published`` waits until the newest own snapshot is complete. The
+    ``run_identity``), ``published`` waits until the newest own snapshot is complete,
+    ``keepalive`` is called between the transfers' rounds (``StepHooks.keepalive``). The
     nodes are torchrun's: ``LOCAL_WORLD_SIZE`` ranks each. On one node it is off, said once."""
     if not config.peer_copy:
         return None
@@ -134,6 +136,7 @@ def for_job(
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
         events=events,
         published=published,
+        keepalive=keepalive,
     )
     copies.announce()
     return copies if copies.enabled else None
@@ -155,6 +158,7 @@ class PeerCopies:
         staging: torch.device | str | None = "auto",
         bucket_bytes: int = BUCKET_BYTES,
         published: Callable[[], None] = lambda: None,
+        keepalive: Callable[[], None] = lambda: None,
     ) -> None:
         self.root = Path(root)
         self.owner = owner
@@ -165,6 +169,7 @@ class PeerCopies:
         self._staging = staging
         self.bucket_bytes = bucket_bytes
         self._published = published
+        self.keepalive = keepalive
         self.problem = ring_problem(world_size=world_size, local_world_size=local_world_size)
         self.holder = holder_of(rank, world_size=world_size, local_world_size=local_world_size)
         self.source = source_of(rank, world_size=world_size, local_world_size=local_world_size)
@@ -217,6 +222,7 @@ class PeerCopies:
                 incoming=[incoming],
                 staging=self.staging(),
                 bucket_bytes=self.bucket_bytes,
+                keepalive=self.keepalive,
             )
             problem = self._publish(received, slot[0] if slot else None)
         finally:
@@ -379,6 +385,7 @@ class PeerCopies:
                 incoming=incoming,
                 staging=self.staging(),
                 bucket_bytes=self.bucket_bytes,
+                keepalive=self.keepalive,
             )
             if received:
                 received_bytes = received[0].data.numel()

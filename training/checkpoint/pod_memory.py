@@ -35,6 +35,7 @@ import os
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,9 @@ import torch
 from training.checkpoint import snapshot_files as sf
 from training.checkpoint.tiers import Rejected, Restored, agree, common_steps
 from training.runlog.verdict import RUN_ID_ENV
+
+PUBLISH_POLL_S = 0.05
+"""The longest pause between two ``keepalive`` calls while a publish is waited for."""
 
 
 def run_identity(checkpoint_root: Path) -> str:
@@ -88,10 +92,13 @@ class PodMemorySnapshots:
 
     # -- taking --------------------------------------------------------------------------------
     @torch.no_grad()
-    def take(self, state: dict[str, Any], *, step: int) -> None:
+    def take(
+        self, state: dict[str, Any], *, step: int, keepalive: Callable[[], None] = lambda: None
+    ) -> None:
         """Copy ``state`` (a trainer's ``state_dict()``) into the next slot; complete once the
         background publish is (:meth:`wait`)."""
-        self.wait()  # the previous snapshot is published before its slot's neighbour is chosen
+        # The previous snapshot is published before its slot's neighbour is chosen.
+        self.wait(keepalive=keepalive)
         meta = sf.meta_for(
             state, owner=self.owner, rank=self.rank, world_size=self.world_size, step=step
         )
@@ -143,10 +150,13 @@ class PodMemorySnapshots:
                 return
         sf.publish(target.directory, sf.with_checksum(meta, target.data))
 
-    def wait(self) -> None:
-        """Until the newest snapshot is published (complete)."""
+    def wait(self, *, keepalive: Callable[[], None] = lambda: None) -> None:
+        """Until the newest snapshot is published (complete), calling ``keepalive`` every
+        ``PUBLISH_POLL_S`` meanwhile (the CRC32 of a big shard takes seconds)."""
         if self._publisher is not None:
-            self._publisher.join()
+            while self._publisher.is_alive():
+                self._publisher.join(timeout=PUBLISH_POLL_S)
+                keepalive()
             self._publisher = None
 
     def before_update(self) -> None:

@@ -72,10 +72,12 @@ def transfer(
     group: dist.ProcessGroup | None = None,
     staging: torch.device | None = None,
     bucket_bytes: int = BUCKET_BYTES,
+    keepalive: Callable[[], None] = lambda: None,
 ) -> list[Received]:
     """Send ``outgoing`` and receive ``incoming`` (see the module docstring); returns what was
     received, in the order of ``incoming``. Messages between one pair of ranks in one direction
-    are matched in list order (``batch_isend_irecv``'s rule)."""
+    are matched in list order (``batch_isend_irecv``'s rule). ``keepalive`` is called after
+    every round: a snapshot's transfer takes many rounds, seconds in all at 70B."""
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
     for message in outgoing:
@@ -144,6 +146,7 @@ def transfer(
         _round(group, sends=sends, recvs=recvs)
         for part, buffer in copy_back:
             part.copy_(buffer)
+        keepalive()
     return [
         Received(src=i.src, meta=meta, data=target)
         for i, meta, target in zip(incoming, metas, targets, strict=True)

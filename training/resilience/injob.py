@@ -112,6 +112,7 @@ class MonitorHooks(StepHooks):
         self.steps_seen = 0
         self.calibrated = False
         self._step_opened: float | None = None
+        self._beating = False  # the steps' heartbeats have begun
         self._closed = threading.Event()
         self._witness = threading.Thread(
             target=self._witness_loop, name="hang-witness", daemon=True
@@ -154,6 +155,7 @@ class MonitorHooks(StepHooks):
     def before_step(self, step: int) -> None:
         # Each call is a round trip to the rank monitor; the step section (two more) is what
         # times a step, the heartbeat only needs to beat well within its fixed timeout.
+        self._beating = True
         if self._heartbeats.due():
             self.client.send_heartbeat()
         self.client.start_section(STEP)
@@ -170,6 +172,22 @@ class MonitorHooks(StepHooks):
                 self.events.emit(
                     "hang_timeout_calibrated", step=step, mode="injob", timeout_s=round(timeout, 3)
                 )
+
+    def keepalive(self) -> None:
+        """A heartbeat (throttled like the steps') while the checkpoint manager waits. The rank
+        monitor checks the heartbeat timeout on every pass whether or not a section is open
+        (NVRx 0.4.1 ``rank_monitor_server.py``: ``_periodic_rank_check`` calls
+        ``_is_hb_timeout_elapsed`` and ``_is_section_timeout_elapsed`` side by side, and only
+        ``_handle_heartbeat_msg`` moves ``last_hb_time``; a section message does not), so a
+        wait inside the checkpoint section longer than the heartbeat timeout kills the rank.
+        Not before the first step's heartbeat: until then the monitor applies the initial
+        heartbeat timeout to start-up and the checkpoint load together, and a heartbeat from
+        the load would switch it to the shorter subsequent timeout for the rest of the load
+        (``_is_hb_timeout_elapsed``: the initial timeout applies while ``last_hb_time`` is
+        None). A wait that never ends is still bounded by its section's timeout, or outside
+        one by the out-of-section timeout."""
+        if self._beating and self._heartbeats.due():
+            self.client.send_heartbeat()
 
     @contextlib.contextmanager
     def section(self, name: str) -> Iterator[None]:

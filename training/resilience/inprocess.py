@@ -74,11 +74,25 @@ class PingHooks(StepHooks):
         self.interval_s = interval_s
         self.watchdog = watchdog
         self._between_steps = Throttle(every_s=interval_s)
+        # The rank monitor's client is one socket with no lock of its own (a message, then its
+        # reply: NVRx 0.4.1 ``rank_monitor_client.py`` ``_send_heartbeat_impl``); a section's
+        # pinger thread and the main thread's keepalive may report at the same time.
+        self._reporting = threading.Lock()
 
     def _report(self) -> None:
-        self.call_wrapper.ping()
-        if self.monitor is not None:
-            self.monitor.send_heartbeat()
+        with self._reporting:
+            self.call_wrapper.ping()
+            if self.monitor is not None:
+                self.monitor.send_heartbeat()
+
+    def keepalive(self) -> None:
+        """Progress while the checkpoint manager waits outside a section (a pod-memory
+        snapshot's publish, the peer exchange, the commit wait after the final save): NVRx's
+        wrapper times out on its manual timestamp, which only ``ping`` moves
+        (``progress_watchdog.py``: ``Timestamp.is_timed_out`` checks ``auto`` and ``manual``),
+        and nested, the rank monitor on its heartbeat."""
+        if self._between_steps.due():
+            self._report()
 
     def before_step(self, step: int) -> None:
         if self._between_steps.due():

@@ -1,5 +1,6 @@
 """NVRx's persistent checkpoint worker: device binding, staging on the right device, release of
-the request's tensors, and a graceful stop (training/checkpoint/nvrx_async.py).
+the request's tensors, a graceful stop, and liveness reports while a save waits for the worker
+(training/checkpoint/nvrx_async.py).
 
 Run: ``.venv/bin/pytest tests/training/checkpoint/test_nvrx_worker.py`` (CPU; the CUDA calls are
 recorded through fakes, the stop sequence runs on real spawned workers of a 1-rank gloo group).
@@ -8,10 +9,12 @@ recorded through fakes, the stop sequence runs on real spawned workers of a 1-ra
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import os
 import pickle
 import signal
+import threading
 import time
 import weakref
 from functools import partial
@@ -286,3 +289,73 @@ def test_a_worker_that_dies_before_it_is_ready_is_an_error_not_a_hang(one_rank_g
     assert time.monotonic() - started < 30
     queue.abandon()
     nvrx.stop_shared_worker()
+
+
+class _Trainer:
+    """The least ``StatefulTrainer``: one tensor and the step."""
+
+    def __init__(self) -> None:
+        self.step = 1
+        self.weights = torch.arange(1 << 16, dtype=torch.float32)
+
+    def state_dict(self) -> dict:
+        return {"weights": self.weights, "step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.weights.copy_(state["weights"])
+
+
+HEARTBEAT_TIMEOUT_S = 1.0
+"""The rank monitor's heartbeat timeout in this test, shorter than the worker's start."""
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_a_save_reports_liveness_while_the_worker_starts_slowly(
+    one_rank_group, tmp_path: Path
+) -> None:
+    """A save waits for the NVRx worker's start when it comes before the worker is ready (the
+    final save of an attempt that restored a few steps before the end). The wait must report
+    liveness (``StepHooks.keepalive``: the in-job layer's heartbeat) more often than the
+    heartbeat timeout, which NVRx's rank monitor checks whether or not a section is open
+    (``rank_monitor_server.py`` ``_periodic_rank_check``): the fault matrix's in-job run was
+    killed by it until its restart cap. The worker's start is slow for real: the fresh worker
+    is SIGSTOPped for 3 s while it imports torch. The test applies the monitor's check
+    (``_is_hb_timeout_elapsed``: the time since the last heartbeat) to every silence of the
+    save, from its start to its commit."""
+    from training.checkpoint.layout import committed_steps
+    from training.checkpoint.manager import CheckpointManager
+    from training.config import CheckpointConfig
+    from training.runlog.metrics import EventLog
+
+    nvrx.stop_shared_worker()  # a fresh worker: its start is what the save waits for
+    beats: list[float] = []
+    root = tmp_path / "checkpoints"
+    manager = CheckpointManager(
+        config=CheckpointConfig(dir=str(root), engine="nvrx", interval=1),
+        root=root,
+        rank=0,
+        world_size=1,
+        events=EventLog(run_dir=tmp_path, rank=0),
+        keepalive=lambda: beats.append(time.monotonic()),
+    )
+    trainer = _Trainer()
+    manager.start()
+    manager.prepare(trainer)  # spawns the worker, does not wait for it
+    worker = nvrx._SHARED_CALLER.process
+    os.kill(worker.pid, signal.SIGSTOP)
+    resume = threading.Timer(3.0, os.kill, (worker.pid, signal.SIGCONT))
+    resume.start()
+    try:
+        started = time.monotonic()
+        manager.save(trainer, step=1, blocking=True)
+        ended = time.monotonic()
+    finally:
+        resume.join()
+    manager.close()
+    assert committed_steps(root) == [1]
+    assert ended - started > 3.0, "the save did not wait for the worker: nothing was tested"
+    silences = [b - a for a, b in itertools.pairwise([started, *beats, ended])]
+    assert max(silences) < HEARTBEAT_TIMEOUT_S, (
+        f"silent for {max(silences):.1f} s while the save waited ({len(beats)} reports)"
+    )

@@ -197,6 +197,79 @@ def test_step_boundaries_report_progress_at_most_once_per_interval() -> None:
     assert liveness_report_interval_s(120.0) == 1.0
 
 
+class _CountingClient:
+    """Stands in for NVRx's RankMonitorClient: heartbeats and sections, recorded."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, float]] = []
+
+    def send_heartbeat(self) -> None:
+        self.messages.append(("heartbeat", time.monotonic()))
+
+    def start_section(self, name: str) -> None:
+        self.messages.append((f"open {name}", time.monotonic()))
+
+    def end_section(self, name: str) -> None:
+        self.messages.append((f"close {name}", time.monotonic()))
+
+    def heartbeats(self) -> list[float]:
+        return [at for kind, at in self.messages if kind == "heartbeat"]
+
+
+def test_checkpoint_waits_send_heartbeats_once_the_steps_have_begun(tmp_path: Path) -> None:
+    """In-job: the checkpoint manager's waits (``keepalive``) beat like the steps, throttled;
+    before the first step's heartbeat they send none, so the checkpoint load keeps the
+    initial heartbeat timeout (NVRx's monitor switches to the shorter one at the first)."""
+    from training.resilience.injob import MonitorHooks
+    from training.runlog.metrics import EventLog
+
+    client = _CountingClient()
+    hooks = MonitorHooks(
+        client,
+        calibrate_after=0,
+        floor_s=1.0,
+        events=EventLog(run_dir=tmp_path, rank=0),
+        attempt=0,
+        mode="injob",
+        heartbeat_every_s=0.2,
+    )
+    try:
+        with hooks.section("checkpoint_load"):
+            for _ in range(10):
+                hooks.keepalive()
+                time.sleep(0.05)
+        assert client.heartbeats() == [], "a heartbeat during the load ends its initial timeout"
+        hooks.before_step(1)
+        hooks.after_step(1)
+        with hooks.section("checkpoint_save"):
+            started = time.monotonic()
+            while time.monotonic() - started < 1.0:  # a save waiting on its worker
+                hooks.keepalive()
+                time.sleep(0.02)
+    finally:
+        hooks.close()
+    beats = client.heartbeats()
+    gaps = [b - a for a, b in itertools.pairwise(beats)]
+    assert 5 <= len(beats) <= 8 and max(gaps) < 0.3, gaps
+
+
+def test_checkpoint_waits_report_progress_to_the_inprocess_wrapper() -> None:
+    """In-process: a wait outside a section (a snapshot's publish, the final commit) pings
+    NVRx's wrapper, throttled; inside a section the pinger thread and the waits share one
+    lock (the monitor's client is one socket)."""
+    from training.resilience.inprocess import PingHooks
+
+    wrapper = _CountingWrapper()
+    hooks = PingHooks(wrapper, monitor=_CountingClient(), io_budget_s=60, interval_s=0.2)
+    started = time.monotonic()
+    while time.monotonic() - started < 1.0:
+        hooks.keepalive()
+        time.sleep(0.02)
+    gaps = [b - a for a, b in itertools.pairwise(wrapper.times)]
+    assert 5 <= len(wrapper.times) <= 7 and max(gaps) < 0.3, gaps
+    assert len(hooks.monitor.heartbeats()) == len(wrapper.times)
+
+
 def test_calibrated_timeout_is_five_p99_with_a_floor() -> None:
     from training.resilience.hang import calibrated_timeout
 
