@@ -427,7 +427,7 @@ class PeerCopies:
                 files.remove(target.directory)  # never published; nothing half-written stays
             return problem, where, received_bytes
         assert directory is not None and meta is not None
-        files.unpack(state, files.map_data(directory, meta), meta)
+        files.load(state, directory, meta)
         return None, where, received_bytes
 
     def _own_slot(self, blob: bytes, nbytes: int, out: list[files.SlotFile]) -> torch.Tensor:

@@ -202,7 +202,7 @@ class PodMemorySnapshots:
         meta = sf.read_meta(path)
         if meta is None:
             raise ValueError(f"{path}: the snapshot is no longer complete")
-        sf.unpack(state, sf.map_data(path, meta), meta)
+        sf.load(state, path, meta)
         return meta.nbytes
 
     # -- the end -------------------------------------------------------------------------------

@@ -76,6 +76,13 @@ def test_a_snapshot_round_trips_through_its_files(root: Path) -> None:
     into = _state(0.0, step=0)
     sf.unpack(into, sf.map_data(found, meta), meta)
     assert _equal(into, state)
+    # Read from the file (what a restore does), also into a strided leaf, which is copied from
+    # the mapping instead.
+    into = _state(0.0, step=0)
+    strided = torch.zeros(8, 64).t()
+    into["model"]["w"] = strided
+    sf.load(into, found, meta)
+    assert into["model"]["w"] is strided and _equal(into, state)
     # Each tensor leaf starts aligned, and the data holds exactly what the plan says.
     assert all(t.offset % sf.ALIGN == 0 for t in meta.tensors)
     assert meta.nbytes == sf.snapshot_bytes(state)
@@ -109,6 +116,14 @@ def test_refusals_name_owner_rank_world_and_structure(root: Path) -> None:
             sf.map_data(sf.slot_dir(root, kind="own", rank=0, slot=0), meta),
             meta,
         )
+
+
+def test_a_file_shorter_than_its_meta_is_not_loaded_quietly(root: Path) -> None:
+    directory = _write_own(root, _state(1.0, step=3), step=3, slot=0)
+    [(_, meta)] = sf.list_snapshots(root, kind="own", rank=0)
+    os.truncate(directory / sf.DATA, meta.tensors[-1].offset)
+    with pytest.raises(OSError, match="short"):
+        sf.load(_state(0.0, step=0), directory, meta)
 
 
 def test_damaged_data_fails_its_checksum(root: Path) -> None:
