@@ -351,8 +351,10 @@ def window_stats(*, run_dir: Path, t_first: float, window_s: float) -> dict[str,
         if cost["resumed"]:
             per_kind.setdefault(cost["fault"], []).append(cost["lost_s"])
     restored_from: dict[str, int] = {}
-    for e in logs.events:
-        if e["kind"] == "checkpoint_load" and t_first < float(e["time"]) <= t_cut:
+    for e in logs.events:  # rank 0's: one per restart
+        if e["kind"] != "checkpoint_load" or e.get("rank", 0) != 0:
+            continue
+        if t_first < float(e["time"]) <= t_cut:
             source = str(e.get("source"))
             restored_from[source] = restored_from.get(source, 0) + 1
     summary = summarize(run_dir=run_dir)
