@@ -563,12 +563,14 @@ def _service(*, size: OverlaySize, namespace: str) -> dict:
     }
 
 
-def pod_memory_env(*, size: OverlaySize, copies: int = 1) -> dict[str, str]:
+def pod_memory_env(*, size: OverlaySize) -> dict[str, str]:
     """The start-up check's figures for the memory snapshots in the pod's /dev/shm
     (training/startup_check.py ``check_pod_memory``): where they live (the run's
-    ``checkpoint.pod_memory_dir``) and the bytes this node needs for `copies` nodes' two slots
-    (``facts.checkpoint.snapshot_bytes_per_node``); none when the run takes no snapshots or the
-    recipe is not in ``facts.recipes``."""
+    ``checkpoint.pod_memory_dir``) and the bytes this node needs
+    (``facts.checkpoint.snapshot_bytes_per_node``): its own two slots, and with the run's
+    ``checkpoint.peer_copy`` on and more than one node, the two slots of the node before it
+    (training/checkpoint/peer.py; on one node the copy is off: ``peer.ring_problem``). None
+    when the run takes no snapshots or the recipe is not in ``facts.recipes``."""
     from facts.checkpoint import snapshot_bytes_per_node
     from facts.recipes import RECIPES
     from training.config import POD_MEMORY_MODES
@@ -581,6 +583,7 @@ def pod_memory_env(*, size: OverlaySize, copies: int = 1) -> dict[str, str]:
         return {}
     if config.resilience.restart not in POD_MEMORY_MODES:
         return {}
+    copies = 2 if c.peer_copy and size.nodes > 1 else 1
     needed = snapshot_bytes_per_node(params=facts.params, nodes=size.nodes, copies=copies)
     return {"POD_MEMORY_DIR": c.pod_memory_dir, "POD_MEMORY_BYTES": str(int(needed))}
 

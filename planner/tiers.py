@@ -1,8 +1,8 @@
 """Restore tiers: what each failure restores from, what it recomputes and what it reads.
 
 The product keeps the newest state in several places (training/checkpoint/tiers.py names them;
-the names below are the same strings, kept equal by hand because the planner must not load the
-trainer's torch code):
+the names below are the same strings, in the same order: the planner must not load the
+trainer's torch code, so tests/planner/test_tiers.py holds them equal):
 
 - ``memory``: each rank's snapshot in its own process memory, every ``checkpoint.memory_interval``
   steps (training/checkpoint/memory.py); survives a restart that keeps the processes (NVRx's

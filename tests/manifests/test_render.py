@@ -713,3 +713,28 @@ def test_the_trainer_may_only_cordon_its_own_node():
     for o in [*shared, *render.spare_objects(overlay="2node", namespace="ns", image="i")]:
         if o["kind"] == "Deployment":
             assert "automountServiceAccountToken" not in o["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("overlay", ["smoke", "16node"])
+def test_pod_memory_figure_follows_the_runs_peer_copy(overlay):
+    """``POD_MEMORY_BYTES`` (the start-up check's need) comes from the run's own config: its own
+    two slots, and the peer copy's two more when ``checkpoint.peer_copy`` is on and there is a
+    node before this one to hold (one node: the copy is off, so nothing more)."""
+    import dataclasses
+
+    from facts.checkpoint import snapshot_bytes_per_node
+    from facts.recipes import RECIPES
+
+    size = SIZES[overlay]
+    params = RECIPES[size.recipe].params
+    own = render.pod_memory_env(size=size)
+    peer = render.pod_memory_env(
+        size=dataclasses.replace(size, train_args=(*size.train_args, "--checkpoint.peer_copy=true"))
+    )
+    copies = 2 if size.nodes > 1 else 1
+    assert int(own["POD_MEMORY_BYTES"]) == int(
+        snapshot_bytes_per_node(params=params, nodes=size.nodes, copies=1)
+    )
+    assert int(peer["POD_MEMORY_BYTES"]) == int(
+        snapshot_bytes_per_node(params=params, nodes=size.nodes, copies=copies)
+    )

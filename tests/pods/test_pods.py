@@ -17,6 +17,7 @@ bit for bit: model and optimizer, `torch.equal` per tensor.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -153,6 +154,7 @@ def _run(
             _prepare_data(root)
         if not expect_lustre:
             env = {"FSX_FSTYPE": _fstype(root / "fsx"), **env}
+        env = {**_pod_memory_env(overlay, env=env), **env}
         shared, job, config_map = _objects(overlay, restart=restart, train_args=[*FAST, *extra])
         if nodes is not None:
             job = emulator.scaled(job, nodes=nodes)
@@ -196,6 +198,16 @@ def _run(
         if after is not None:
             after(pods)
     return result, job
+
+
+def _pod_memory_env(overlay: str, *, env: dict[str, str]) -> dict[str, str]:
+    """The start-up check's pod-memory figures for the recipe the emulated pods run (RECIPE
+    from `env`), as the renderer derives them (render.pod_memory_env); empty values where it
+    sets none, so the overlay's GPU-recipe figures do not reach a CPU-recipe pod."""
+    size = render.size_of(overlay)
+    if "RECIPE" in env:
+        size = dataclasses.replace(size, recipe=env["RECIPE"])
+    return {"POD_MEMORY_DIR": "", "POD_MEMORY_BYTES": "", **render.pod_memory_env(size=size)}
 
 
 def _fstype(path: Path) -> str:
@@ -251,14 +263,21 @@ def _kill_pod(index: int, record: dict) -> Callable[[emulator.Cluster], None]:
 
 # name: (restart mode, trainer faults, or a pod to kill at step 6). NPROC_PER_NODE=1: rank i
 # is pod i. Nested mode (the EKS default) meets the faults only its in-job layer can mend.
+# The SIGKILLed rank's replacement, in the same pod, restores from the pod's memory
+# (POD_MEMORY_RESTORES: snapshots every step, at 5 and 6 here, step 4 being a checkpoint); the
+# fault comes at step 7, so that the slot of step 5 is complete even if the kill cuts the
+# publish of step 6 short (two slots: the previous snapshot stays whole).
 TWO_POD_FAULTS = {
-    "injob-sigkill-rank": ("injob", "sigkill@1:6", None),
+    "injob-sigkill-rank": ("injob", "sigkill@1:7", None),
     "injob-sigstop-rank": ("injob", "sigstop@1:6", None),
     "injob-kill-pod-1": ("injob", "", 1),
     "injob-kill-pod-0": ("injob", "", 0),
     "nested-sigstop-rank": ("nested", "sigstop@1:6", None),
     "nested-kill-pod-0": ("nested", "", 0),
 }
+
+
+POD_MEMORY_RESTORES = ("injob-sigkill-rank",)
 
 
 @pytest.mark.parametrize("name", list(TWO_POD_FAULTS))
@@ -272,7 +291,10 @@ def test_two_pods_survive_the_loss_of_any_rank_or_pod(
         TWO_NODES,
         restart=restart,
         env=TWO_PODS,
-        extra=(f"--faults={faults}",) if faults else (),
+        extra=(
+            *((f"--faults={faults}",) if faults else ()),
+            *(("--checkpoint.memory_interval=1",) if name in POD_MEMORY_RESTORES else ()),
+        ),
         when_step=(6, _kill_pod(pod, record)) if pod is not None else None,
     )
     assert result.status == "Complete", f"{result}\n{_logs(tmp_path)}"
@@ -289,6 +311,16 @@ def test_two_pods_survive_the_loss_of_any_rank_or_pod(
     _assert_identical(_final_state(tmp_path, job), reference)
     steps = {m["step"] for m in _metrics(tmp_path, job)}
     assert steps == set(range(1, STEPS + 1))
+    if name in POD_MEMORY_RESTORES:
+        # Every rank of the in-job restart loads the same snapshot from its pod's memory (the
+        # Job's memory-backed /dev/shm), newer than the newest checkpoint on storage (step 4).
+        loads = [
+            e
+            for e in _events(tmp_path, job)
+            if e["kind"] == "checkpoint_load" and e["time"] > fault_time
+        ]
+        assert {(e["rank"], e["source"]) for e in loads} == {(0, "pod_memory"), (1, "pod_memory")}
+        assert len({e["step"] for e in loads}) == 1 and loads[0]["step"] in (5, 6), loads
     print(f"\n[pod recovery] {name}: {_recovery_s(tmp_path, job, fault_time=fault_time):.1f} s")
 
 

@@ -17,11 +17,12 @@ arrival, the meta published last), over the job's own process group in buckets
 (``transfer.py``: gloo on host tensors, NCCL through one reusable device buffer per message).
 Cost per node and interval: it sends the shards of its L ranks and receives as many, i.e.
 the node's share of the state (``W / L`` nodes): 12 bytes per parameter (fp32 sharded params,
-AdamW's two fp32 moments), so 70B on 16 nodes sends and receives ~52.5 GB per node per
-interval. The wire time is short (32 x 400 Gb/s EFA: ~0.13 s); the host copies through the
-staging buffers and the CRC32 check on arrival are most of it (``bench/restore.py`` measures
-the exchange on CPU; docs/peer-copy.md). Memory: each node's ``/dev/shm`` holds two own slots
-and two peer slots, 4 x 52.5 GB = ~196 GiB of the pod's 256 GiB ``shm`` limit at 70B / 16.
+AdamW's two fp32 moments), so ``p5_70b`` (70.6B) on 16 nodes sends and receives ~52.9 GB per
+node per interval. The wire time is short (32 x 400 Gb/s EFA: ~0.13 s); the host copies through
+the staging buffers and the CRC32 check on arrival are most of it (``bench/restore.py`` measures
+the exchange on CPU; docs/restore-tiers.md, "Peer copy", weighs it against what it saves).
+Memory: each node's ``/dev/shm`` holds two own slots and two peer slots, 197.1 GiB of the pod's
+256 GiB ``shm`` limit at 70B / 16. The transfers call ``keepalive`` after every round.
 
 The restore (:meth:`PeerCopies.restore`), when some rank has no snapshot of its own (a pod
 replaced after its node was lost). Every rank lists what its pod holds, own and peer copies, by
