@@ -41,11 +41,11 @@ Each mode restores from the restore tiers of its ``tiers`` column (``TIERS``):
   restart starts new processes and loads from storage.
 - ``nested_tiers``: the same with the tiers on: both halves restore the pod-memory snapshots.
 
-"Tiers on" is ``memory_interval`` = ``MEMORY_EVERY`` with the default ``pod_memory_dir`` and
-``checkpoint.peer_copy`` set. On this one machine, one node, the peer copy is off by design
-(no other node to hold it; the run logs why): what "on" measures here is the pod-memory tier,
-which serves every fault in this schedule (none loses the node). A lost node's restore from its
-peer is measured by ``bench/restore.py``.
+"Tiers on" is ``memory_interval`` = ``MEMORY_EVERY``, ``pod_memory_dir`` in /dev/shm (a
+directory per run, removed after it) and ``checkpoint.peer_copy`` set. On this one machine, one
+node, the peer copy is off by design (no other node to hold it; the run logs why): what "on"
+measures here is the pod-memory tier, which serves every fault in this schedule (none loses the
+node). A lost node's restore from its peer is measured by ``bench/restore.py``.
 
 Fault kinds, chosen per mode by what the mode can recover from (the schedule cycles through
 them in this order): the baseline, in-job and nested get ``exception``, ``hang`` and ``sigkill``;
@@ -80,6 +80,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -398,6 +399,11 @@ def run(*, quick: bool = False, only: tuple[str, ...] = ()) -> dict[str, Any]:
                 kinds=mode["kinds"], faults=8, first_s=FAULT_FIRST_S, every_s=FAULT_EVERY_S
             )
         run_dir = RUNS_DIR / "goodput" / name
+        # The run is killed at the end of its window, before it removes its pod-memory files
+        # (a pod's emptyDir goes with the pod; this machine's /dev/shm stays): a directory of
+        # its own, removed after the run.
+        shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else RUNS_DIR
+        pod_memory = shm / f"bench-goodput-{name}-{uuid.uuid4().hex[:12]}"
         command = local_command(
             run_dir=run_dir,
             nproc=NPROC,
@@ -409,6 +415,7 @@ def run(*, quick: bool = False, only: tuple[str, ...] = ()) -> dict[str, Any]:
                 "--train.steps=100000",
                 f"--checkpoint.interval={CKPT_EVERY}",
                 *TIERS[mode["tiers"]],
+                *([f"--checkpoint.pod_memory_dir={pod_memory}"] if mode["tiers"] == "on" else []),
                 f"--checkpoint.engine={mode['engine']}",
                 "--resilience.max_restarts=20",
                 *HANG_TIMEOUTS,
@@ -416,7 +423,10 @@ def run(*, quick: bool = False, only: tuple[str, ...] = ()) -> dict[str, Any]:
             ),
         )
         print(f"goodput: {name} ({window_s:.0f} s window) faults {spec}", flush=True)
-        done = run_window(run_dir=run_dir, command=command, window_s=window_s)
+        try:
+            done = run_window(run_dir=run_dir, command=command, window_s=window_s)
+        finally:
+            shutil.rmtree(pod_memory, ignore_errors=True)
         entry: dict[str, Any] = {
             "restart": mode["restart"],
             "engine": mode["engine"],
