@@ -6,8 +6,9 @@ state (the checkpoint benchmark's widened debug model, AdamW state included):
 
 - ``storage``: the verified load of the committed checkpoint of that step (``VerifyingReader``,
   the manager's one-pass load with CRC32 checks), the floor every tier is measured against;
-- ``pod_memory``: the rank's own snapshot in its pod's memory (meta checked, CRC32 verified,
-  copied into the state: what ``pod_memory``'s tier does);
+- ``pod_memory``: the rank's own snapshot in its pod's memory, through the tier itself
+  (``PodMemoryTier.load``: meta checked, the ranks agree, copied into the state; no CRC32 pass
+  over an own snapshot, ``PodMemorySnapshots.check`` says why);
 - ``peer``: node 1 lost (its memory emptied): the peer tier finds every shard in some pod,
   node 0 sends rank 1's copy over the process group, rank 1 checks its CRC32 and restores it
   (rank 0 restores its own); the slowest rank's time counts;
@@ -67,6 +68,7 @@ def worker(*, dim: int, layers: int, rounds: int, root: Path, shm: Path, out: Pa
     from training.checkpoint.layout import step_dir
     from training.checkpoint.manager import CheckpointManager
     from training.checkpoint.peer import PeerCopies, PeerTier
+    from training.checkpoint.pod_memory import PodMemorySnapshots, PodMemoryTier
     from training.checkpoint.tiers import Restored
     from training.config import apply_overrides
     from training.parallel import dist_env_from_environment, init_process_group
@@ -127,7 +129,6 @@ def worker(*, dim: int, layers: int, rounds: int, root: Path, shm: Path, out: Pa
     meta = sf.with_checksum(meta, target_file.data)
     sf.publish(target_file.directory, meta)
     target_file.close()
-    own_dir = target_file.directory
 
     def copies() -> PeerCopies:
         return PeerCopies(
@@ -150,18 +151,11 @@ def worker(*, dim: int, layers: int, rounds: int, root: Path, shm: Path, out: Pa
         dcp.load({"trainer": trainer}, storage_reader=VerifyingReader(path))
 
     def pod_memory() -> None:
-        found = sf.read_meta(own_dir)
-        assert found is not None
-        assert (
-            found.refusal(
-                owner=OWNER, rank=rank, world_size=world, key=sf.walk(trainer.state_dict())[1]
-            )
-            is None
+        tier = PodMemoryTier(
+            PodMemorySnapshots.for_rank(root=node, owner=OWNER, rank=rank, world_size=world)
         )
-        assert sf.verify(own_dir, found) is None
-        state = trainer.state_dict()
-        sf.unpack(state, sf.map_data(own_dir, found), found)
-        trainer.load_state_dict(state)
+        outcome = tier.load(trainer, step=step)
+        assert isinstance(outcome, Restored), outcome
 
     def lose_node_1() -> None:
         """Node 1's memory is gone (its own snapshots); node 0 keeps its copy of rank 1."""
@@ -192,10 +186,6 @@ def worker(*, dim: int, layers: int, rounds: int, root: Path, shm: Path, out: Pa
                 ways[way]()
                 times[way].append(time.perf_counter() - started)
             assert equal(saved), f"{way} restored another state"
-            if way == "peer" and rank == 1:
-                # The restored shard is rank 1's own snapshot now; the pod-memory way reads
-                # the original one (slot 0) again.
-                own_dir = sf.list_snapshots(node, kind="own", rank=rank)[0][0]
     manager.close()
     report = {
         "rank": rank,

@@ -32,7 +32,8 @@ shard is somewhere. Ranks are matched by saved rank, not by position: after the 
 permuted ranks across nodes, rank q restores shard q wherever it lies. A rank whose pod holds
 shard q reads it there; otherwise a rank whose pod holds it sends it, the same local rank
 first (the copy lands as the rank's own snapshot, so a later in-pod restart finds it there).
-Every rank checks its shard's meta (run, rank, world size, structure) and CRC32, and the ranks
+Every rank checks its shard's meta (run, rank, world size, structure) and, for a copy that
+crossed the network (received now, or a peer's copy held in its pod), its CRC32; the ranks
 agree (every verdict gathered, ``tiers.agree``) before any state changes: a damaged or missing
 shard rejects the step on every rank (the manager's ``checkpoint_rejected`` names the problem)
 and the manager falls back to the next tier (storage). Two simultaneous losses, a node and its
@@ -412,7 +413,9 @@ class PeerCopies:
                 where = str(local.directory)
                 meta = files.read_meta(local.directory)
                 problem = self._check(meta, key=key)
-                if problem is None:
+                if problem is None and local.kind == "peer":
+                    # A copy that crossed the network is checked again; an own snapshot is
+                    # not (``PodMemorySnapshots.check`` says why).
                     assert meta is not None
                     problem = files.verify(local.directory, meta)
                 directory = local.directory
@@ -425,7 +428,7 @@ class PeerCopies:
                 files.remove(target.directory)  # never published; nothing half-written stays
             return problem, where, received_bytes
         assert directory is not None and meta is not None
-        files.unpack(state, files.map_data(directory, meta), meta)
+        files.load(state, directory, meta)
         return None, where, received_bytes
 
     def _own_slot(self, blob: bytes, nbytes: int, out: list[files.SlotFile]) -> torch.Tensor:

@@ -22,6 +22,10 @@ GPU the mapping is registered with CUDA (``cudaHostRegister``), the copies run o
 beside the next step's forward and backward, the optimizer's update waits for them on the
 device (:meth:`before_update`), and the background thread waits for their event before the
 CRC and the ``meta``.
+
+Restoring: the newest snapshot of a step every rank holds, checked for its owner, rank, world
+size, structure and size, then copied into the state in place (:meth:`PodMemorySnapshots.check`
+says why its data gets no CRC32 pass).
 """
 
 from __future__ import annotations
@@ -173,26 +177,32 @@ class PodMemorySnapshots:
         ]
 
     def check(self, state: dict[str, Any], *, step: int) -> tuple[Path | None, str | None]:
-        """The snapshot of ``step`` and None when it can be restored into ``state`` (owner, rank,
-        world size, structure, checksum); else why not."""
+        """The snapshot of ``step`` and None when it can be restored into ``state`` (complete,
+        its data as long as its meta says, owner, rank, world size, structure); else why not.
+
+        No CRC32 pass over the data. This rank of this run wrote it into this pod's memory (or
+        received it from a peer and checked its CRC32 on arrival, ``peer.py``) and published it
+        atomically once every byte was in place (``snapshot_files``: meta unlinked before a
+        rewrite, written last), so a torn copy is never offered; its bytes crossed no disk and
+        no network since, only the host memory that the live state lives in too, and a CRC pass
+        would cost a full read of the shard on every restore (``bench/restore.py``). The CRC32
+        taken at publish time goes with the copy sent to a peer, which checks it on arrival and
+        again when it restores a peer's copy (``peer.py``)."""
         found = [(p, m) for p, m in self.held() if m.step == step]
         if not found:
             return None, f"no complete snapshot of step {step}"
         path, meta = found[0]
         key = sf.walk(state)[1]
-        refusal = meta.refusal(
+        return path, meta.refusal(
             owner=self.owner, rank=self.rank, world_size=self.world_size, key=key
         )
-        if refusal is not None:
-            return path, refusal
-        return path, sf.verify(path, meta)
 
     def restore(self, state: dict[str, Any], *, path: Path) -> int:
         """Copy the snapshot in ``path`` (checked) into ``state`` in place; returns its bytes."""
         meta = sf.read_meta(path)
         if meta is None:
             raise ValueError(f"{path}: the snapshot is no longer complete")
-        sf.unpack(state, sf.map_data(path, meta), meta)
+        sf.load(state, path, meta)
         return meta.nbytes
 
     # -- the end -------------------------------------------------------------------------------

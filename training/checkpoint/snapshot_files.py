@@ -22,9 +22,10 @@ which is never offered. Each rank keeps :data:`SLOTS` slots and writes them in t
 (:func:`next_slot`), so the previous snapshot stays whole while the next is written.
 
 A snapshot is offered only to the same owner, rank and world size, and restored only into a
-state of the same structure (:meth:`SnapshotMeta.refusal`); its bytes are checked against the
-CRC32 before they are restored (:func:`verify`), which also catches a copy damaged on its way
-across the network (``peer``).
+state of the same structure (:meth:`SnapshotMeta.refusal`). The CRC32 catches a copy damaged
+on its way across the network (``peer``): checked on arrival (:func:`write_snapshot`, the peer
+exchange) and before a ``peer`` copy is restored (:func:`verify`); a rank's ``own`` snapshot
+is restored without a CRC pass (``pod_memory.PodMemorySnapshots.check`` says why).
 """
 
 from __future__ import annotations
@@ -243,6 +244,48 @@ def unpack(state: dict[str, Any], data: torch.Tensor, meta: SnapshotMeta) -> Non
             value.copy_(next(tensors).view(data))
         else:
             container[name] = copy.deepcopy(next(values))
+
+
+@torch.no_grad()
+def load(state: dict[str, Any], directory: Path, meta: SnapshotMeta) -> None:
+    """:func:`unpack` from the snapshot's file in ``directory``: a contiguous CPU leaf is read
+    straight into its bytes (``preadv``: one copy from the tmpfs's pages, no mapping to fault
+    in and tear down; ~10% faster than through a fresh mapping for a 202 MiB shard on this
+    2-core machine); other leaves (a GPU's, a strided one) are copied from the file mapped.
+    Raises ValueError when ``state`` has another structure, OSError when the file is shorter
+    than its meta says."""
+    leaves, key = walk(state)
+    if key != meta.key:
+        raise ValueError("the snapshot has another structure than the state")
+    values = iter(pickle.loads(meta.values))
+    tensors = iter(meta.tensors)
+    mapped: torch.Tensor | None = None
+    fd = os.open(Path(directory) / DATA, os.O_RDONLY)
+    try:
+        for container, name, value in leaves:
+            if not isinstance(value, torch.Tensor):
+                container[name] = copy.deepcopy(next(values))
+                continue
+            layout = next(tensors)
+            if value.device.type == "cpu" and value.is_contiguous():
+                _read_exactly(fd, value.reshape(-1).view(torch.uint8), offset=layout.offset)
+            else:
+                if mapped is None:
+                    mapped = map_data(directory, meta)
+                value.copy_(layout.view(mapped))
+    finally:
+        os.close(fd)
+
+
+def _read_exactly(fd: int, into: torch.Tensor, *, offset: int) -> None:
+    """Fill the flat uint8 CPU tensor ``into`` with the file's bytes from ``offset``."""
+    view = memoryview(into.numpy()).cast("B")
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got <= 0:
+            raise OSError(f"snapshot data ends at byte {offset + done}, {len(view) - done} short")
+        done += got
 
 
 # ---------------------------------------------------------------------------------------------

@@ -140,6 +140,15 @@ def _take(root: Path, *, rank: int, step: int) -> None:
     target.close()
 
 
+def _flip(directory: Path, meta: sf.SnapshotMeta, *, at: int) -> None:
+    """Flip the lowest bit of the byte at ``nbytes // at`` of a snapshot's data."""
+    with open(directory / sf.DATA, "r+b") as handle:
+        handle.seek(meta.nbytes // at)
+        byte = handle.read(1)
+        handle.seek(meta.nbytes // at)
+        handle.write(bytes([byte[0] ^ 0x01]))
+
+
 def _held(root: Path, kind: str) -> list[list[int]]:
     return sorted([m.rank, m.step] for _, m in sf.list_snapshots(root, kind=kind))  # type: ignore[arg-type]
 
@@ -248,6 +257,20 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
     state = _fresh(rank)
     got = restore(swapped, state, local=2, at_least=4)
     results[f"permuted-{rank}"] = restored(state, got, 6)
+
+    # 3b. The same layout, but one byte of the peer copy that rank 2 finds in its pod (node 0's
+    # copy of rank 2) flipped: a copy that crossed the network is checked again on restore.
+    wipe(1)
+    if rank == 0:
+        _flip(*sf.list_snapshots(node_root(0), kind="peer", rank=2)[0], at=3)
+    dist.barrier()
+    state = _fresh(rank)
+    got = restore(swapped, state, local=2, at_least=4)
+    results[f"damaged-in-place-{rank}"] = {"got": got, "unchanged": _equal(state, _fresh(rank))}
+    dist.barrier()
+    if rank == 0:
+        _flip(*sf.list_snapshots(node_root(0), kind="peer", rank=2)[0], at=3)  # whole again
+    dist.barrier()
 
     # 4. A damaged copy: node 1 lost again, one byte of node 0's copy of rank 2 flipped.
     wipe(1)
@@ -359,6 +382,15 @@ def test_ranks_permuted_across_nodes_restore_by_saved_rank(seen: dict) -> None:
     assert seen["permuted-0"]["got"][1] == "peer: rank 2"
     assert seen["permuted-1"]["got"][1] == "peer: rank 3"
     assert "/peer/rank-00002/" in seen["permuted-2"]["got"][1]
+
+
+def test_a_damaged_peer_copy_in_the_restoring_pod_is_refused_on_every_rank(seen: dict) -> None:
+    problems = set()
+    for rank in range(WORLD):
+        assert seen[f"damaged-in-place-{rank}"]["unchanged"]
+        problems.add(seen[f"damaged-in-place-{rank}"]["got"]["problem"])
+    (problem,) = problems
+    assert problem.startswith("rank 2: data fails its checksum"), problem
 
 
 def test_a_damaged_copy_is_refused_on_every_rank_and_nothing_changes(seen: dict) -> None:

@@ -76,6 +76,13 @@ def test_a_snapshot_round_trips_through_its_files(root: Path) -> None:
     into = _state(0.0, step=0)
     sf.unpack(into, sf.map_data(found, meta), meta)
     assert _equal(into, state)
+    # Read from the file (what a restore does), also into a strided leaf, which is copied from
+    # the mapping instead.
+    into = _state(0.0, step=0)
+    strided = torch.zeros(8, 64).t()
+    into["model"]["w"] = strided
+    sf.load(into, found, meta)
+    assert into["model"]["w"] is strided and _equal(into, state)
     # Each tensor leaf starts aligned, and the data holds exactly what the plan says.
     assert all(t.offset % sf.ALIGN == 0 for t in meta.tensors)
     assert meta.nbytes == sf.snapshot_bytes(state)
@@ -111,6 +118,14 @@ def test_refusals_name_owner_rank_world_and_structure(root: Path) -> None:
         )
 
 
+def test_a_file_shorter_than_its_meta_is_not_loaded_quietly(root: Path) -> None:
+    directory = _write_own(root, _state(1.0, step=3), step=3, slot=0)
+    [(_, meta)] = sf.list_snapshots(root, kind="own", rank=0)
+    os.truncate(directory / sf.DATA, meta.tensors[-1].offset)
+    with pytest.raises(OSError, match="short"):
+        sf.load(_state(0.0, step=0), directory, meta)
+
+
 def test_damaged_data_fails_its_checksum(root: Path) -> None:
     directory = _write_own(root, _state(1.0, step=3), step=3, slot=0)
     [(_, meta)] = sf.list_snapshots(root, kind="own", rank=0)
@@ -120,6 +135,36 @@ def test_damaged_data_fails_its_checksum(root: Path) -> None:
         handle.seek(-1, os.SEEK_CUR)
         handle.write(bytes([byte[0] ^ 0x10]))
     assert "fails its checksum" in sf.verify(directory, meta)
+
+
+def test_the_pod_memory_tier_checks_an_own_snapshot_without_a_crc_pass(root: Path) -> None:
+    """``PodMemorySnapshots.check``: owner, rank, world size, structure and size are checked;
+    the data of an own snapshot gets no CRC32 pass (its docstring says why), so a restore does
+    not read the shard twice. A peer's copy is CRC-checked (tests/.../test_peer.py)."""
+    from training.checkpoint.pod_memory import PodMemorySnapshots
+
+    state = _state(1.0, step=3)
+    directory = _write_own(root, state, step=3, slot=0, owner="run-a")
+    mine = PodMemorySnapshots(root=root, owner="run-a", rank=0, world_size=1)
+    assert mine.check(_state(0.0, step=0), step=3) == (directory, None)
+    # Its data is not read: a flipped byte passes the check (it would fail ``verify``).
+    [(_, meta)] = sf.list_snapshots(root, kind="own", rank=0)
+    with open(directory / sf.DATA, "r+b") as handle:
+        handle.seek(meta.tensors[0].offset)
+        handle.write(bytes([0x7F]))
+    assert "fails its checksum" in sf.verify(directory, meta)
+    assert mine.check(_state(0.0, step=0), step=3) == (directory, None)
+    # Every other check stays.
+    assert "another structure" in mine.check(_state(0.0, step=0, rows=65), step=3)[1]
+    assert "no complete snapshot of step 4" in mine.check(state, step=4)[1]
+    for other in (
+        PodMemorySnapshots(root=root, owner="run-b", rank=0, world_size=1),
+        PodMemorySnapshots(root=root, owner="run-a", rank=0, world_size=2),
+    ):
+        assert other.check(state, step=3) == (None, "no complete snapshot of step 3")
+    with open(directory / sf.DATA, "r+b") as handle:  # shorter than its meta says
+        handle.truncate(meta.nbytes - 1)
+    assert mine.check(state, step=3) == (None, "no complete snapshot of step 3")
 
 
 def test_write_snapshot_checks_the_copy_and_publishes_nothing_damaged(root: Path) -> None:
