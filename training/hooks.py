@@ -65,6 +65,13 @@ class StepHooks:
         Called often (every ~50 ms of a wait): an implementation that reports to another
         process throttles."""
 
+    def finished(self, result: object) -> None:
+        """The run ended (completed, drained or a node evicted) with its final checkpoint
+        committed, before the clean-up (``checkpoints.close``, the process group's teardown).
+        An in-process restart can still strike during that clean-up; a layer that keeps the
+        processes records ``result`` here so that such a restart ends with the same outcome
+        instead of training on (an eviction or a drain would otherwise be lost)."""
+
     def timing(self, name: str) -> AbstractContextManager[None]:
         """Around parts of a step whose time says how fast this rank is: ``step`` (the whole
         step, peers' waits included) and ``optimizer`` (the optimizer's update: rank-local)."""
@@ -103,6 +110,10 @@ class HookChain(StepHooks):
     def keepalive(self) -> None:
         for hook in self.hooks:
             hook.keepalive()
+
+    def finished(self, result: object) -> None:
+        for hook in self.hooks:
+            hook.finished(result)
 
     @contextmanager
     def timing(self, name: str) -> Iterator[None]:

@@ -165,11 +165,9 @@ def run_training(
         finally:
             if stragglers is not None:
                 stragglers.close()
-        checkpoints.close()
-        _LEFTOVERS.remove(checkpoints)
-        completed = True
         if result.eviction is not None and result.eviction.this_node:
             # For the pod's supervisor and the local launcher: this node's pod exits NODE_UNFIT.
+            # Written before the clean-up below, which a restart could interrupt.
             write_verdict(
                 run_dir=run_dir,
                 code=result.exit_code,
@@ -177,6 +175,10 @@ def run_training(
                 run_id=current_run_id(),
                 node=result.eviction.node,
             )
+        step_hooks.finished(result)
+        checkpoints.close()
+        _LEFTOVERS.remove(checkpoints)
+        completed = True
         if env.rank == 0 and not result.preempted:
             events.emit("run_end", step=result.final_step, status="completed", cause=None)
         return result

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from training import exits
 from training.config import JobConfig
-from training.hooks import StepHooks, Throttle, liveness_report_interval_s
+from training.hooks import HookChain, StepHooks, Throttle, liveness_report_interval_s
 from training.resilience.hang import CalibratedHangWatchdog
 from training.runlog.metrics import EventLog
 from training.runlog.phases import (
@@ -44,6 +44,18 @@ from training.runlog.verdict import current_run_id, write_verdict
 
 WRAPPER_PORT_OFFSET = 1
 PG_STORE_PORT_OFFSET = 2
+
+
+class EndRecorder(StepHooks):
+    """Keeps the run's outcome once it has ended (``StepHooks.finished``), for the life of the
+    process: an in-process restart during the clean-up after the end returns it instead of
+    training on."""
+
+    def __init__(self) -> None:
+        self.result: object | None = None
+
+    def finished(self, result: object) -> None:
+        self.result = result
 
 
 class PingHooks(StepHooks):
@@ -234,11 +246,17 @@ def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
         timeout=store_timeout,
     )
     restart_started: list[float] = []
+    ended = EndRecorder()
 
     def train(
         call_wrapper=None,
     ):  # annotated for NVRx in training.resilience.nvrx.inprocess_wrapper
         iteration = call_wrapper.iteration if call_wrapper is not None else 0
+        if ended.result is not None:
+            # A restart struck during the clean-up after the run's end (its final checkpoint
+            # committed): the outcome stands; training on would lose an eviction or a drain.
+            release_leftovers()
+            return ended.result
         release_leftovers()  # whatever the previous iteration's interrupted clean-up left
         if iteration > 0:
             seconds = time.time() - restart_started[-1] if restart_started else None
@@ -272,14 +290,20 @@ def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
         try:
             return run_training(
                 config,
-                hooks=PingHooks(
-                    call_wrapper,
-                    monitor=monitor,
-                    io_budget_s=r.checkpoint_section_timeout_s,
-                    # The soft timeout is the shorter of the two it reports to (ft_launcher's
-                    # heartbeat timeout outlasts soft + hard when nested: launch/command.py).
-                    interval_s=liveness_report_interval_s(r.soft_timeout_s),
-                    watchdog=watchdog,
+                hooks=HookChain(
+                    [
+                        PingHooks(
+                            call_wrapper,
+                            monitor=monitor,
+                            io_budget_s=r.checkpoint_section_timeout_s,
+                            # The soft timeout is the shorter of the two it reports to
+                            # (ft_launcher's heartbeat timeout outlasts soft + hard when
+                            # nested: launch/command.py).
+                            interval_s=liveness_report_interval_s(r.soft_timeout_s),
+                            watchdog=watchdog,
+                        ),
+                        ended,
+                    ]
                 ),
                 attempt=iteration,
                 store=store,

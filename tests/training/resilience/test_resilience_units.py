@@ -471,3 +471,27 @@ def test_a_discarded_rank_words_its_verdict_like_the_survivors() -> None:
         RankDiscarded("rank=3 terminated_ranks={1, 3}"), attempts=1, max_restarts=3, world_size=4
     )
     assert "2 of 4 rank(s)" in cause
+
+
+def test_an_ended_run_keeps_its_outcome_for_a_restart_during_its_clean_up() -> None:
+    """The run's end (here an eviction) reaches every hook of the chain before the clean-up,
+    and the in-process layer's recorder keeps it: ``run_inprocess``'s next attempt returns it
+    instead of training on (a restart that strikes while the evicted rank shuts down would
+    otherwise lose the eviction)."""
+    from training.hooks import HookChain, NodeEviction, StepHooks
+    from training.resilience.inprocess import EndRecorder
+    from training.trainer import TrainResult
+
+    seen: list[object] = []
+
+    class Witness(StepHooks):
+        def finished(self, result: object) -> None:
+            seen.append(result)
+
+    recorder = EndRecorder()
+    assert recorder.result is None
+    eviction = NodeEviction(node="node-1", cause="slow", this_node=True)
+    result = TrainResult(final_step=9, final_loss=1.0, preempted=True, eviction=eviction)
+    HookChain([Witness(), recorder]).finished(result)
+    assert seen == [result] and recorder.result is result
+    assert recorder.result.exit_code == result.exit_code != 0
