@@ -14,6 +14,7 @@ dtypes, shapes, DTensor placements and meshes). A change on any rank invalidates
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,11 +60,9 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
 
 
-def staged_bytes(state: Any) -> int | None:
-    """An upper bound of the staging buffer a save of ``state`` lays out (every tensor's local
-    shard, aligned; DCP writes a replicated tensor from one rank only), or None when a tensor
-    is not on the CPU (the worker stages those, :func:`training.checkpoint.nvrx_async.stage`)."""
-    total = 0
+def local_tensors(state: Any) -> Iterator[torch.Tensor]:
+    """The rank's own part of every tensor in a (nested) state: a DTensor's local shard, any
+    other tensor itself."""
     pending = [state]
     while pending:
         value = pending.pop()
@@ -72,10 +71,18 @@ def staged_bytes(state: Any) -> int | None:
         elif isinstance(value, list | tuple):
             pending.extend(value)
         elif isinstance(value, torch.Tensor):
-            local = value.to_local() if hasattr(value, "to_local") else value
-            if local.device.type != "cpu":
-                return None
-            total += _aligned(local.numel() * local.element_size())
+            yield value.to_local() if hasattr(value, "to_local") else value
+
+
+def staged_bytes(state: Any) -> int | None:
+    """An upper bound of the staging buffer a save of ``state`` lays out (every tensor's local
+    shard, aligned; DCP writes a replicated tensor from one rank only), or None when a tensor
+    is not on the CPU (the worker stages those, :func:`training.checkpoint.nvrx_async.stage`)."""
+    total = 0
+    for local in local_tensors(state):
+        if local.device.type != "cpu":
+            return None
+        total += _aligned(local.numel() * local.element_size())
     return total
 
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, get_args
 
-import torch
 import torch.distributed as dist
+
+from training.checkpoint.staging import local_tensors
 
 TierName = Literal["memory", "pod_memory", "peer", "local", "storage"]
 TIERS: tuple[TierName, ...] = get_args(TierName)
@@ -97,15 +98,4 @@ def agree(problem: str | None) -> str | None:
 
 def state_bytes(state: Any) -> int:
     """Bytes of the local tensors in a (nested) state: what a restore of it moves per rank."""
-    total = 0
-    pending = [state]
-    while pending:
-        value = pending.pop()
-        if isinstance(value, dict):
-            pending.extend(value.values())
-        elif isinstance(value, list | tuple):
-            pending.extend(value)
-        elif isinstance(value, torch.Tensor):
-            local = value.to_local() if hasattr(value, "to_local") else value
-            total += local.numel() * local.element_size()
-    return total
+    return sum(t.numel() * t.element_size() for t in local_tensors(state))
