@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import partial
 
 from facts.checkpoint import checkpoint_bytes
 from facts.prices import fsx_usd_per_hour
@@ -543,20 +544,10 @@ def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
             outs = failures.outcomes(model=fm, nodes=draft.nodes, refill_s=refill)
             evals: dict[str, _Eval] = {}
             near: dict[str, _Eval] = {}
+            # Every evaluation at this size shares these.
+            evaluate = partial(_evaluate, inputs, gpus=g, outs=outs, stall=stall, mtbf=mtbf)
             for mode in ALL_MODES:
-                cands = [
-                    _evaluate(
-                        inputs,
-                        gpus=g,
-                        mode=mode,
-                        fsx=f,
-                        outs=outs,
-                        stall=stall,
-                        mtbf=mtbf,
-                        model=model,
-                    )
-                    for f in options
-                ]
+                cands = [evaluate(mode=mode, fsx=f, model=model) for f in options]
                 evals[mode] = min(cands, key=lambda e: e.cost)
                 near[mode] = min(
                     (e for e in cands if e.ettr >= evals[mode].ettr - 0.001),
@@ -568,17 +559,7 @@ def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
                 used[mode] = inputs.tiers
                 off = e
                 if inputs.tiers.enabled:
-                    off = _evaluate(
-                        inputs,
-                        gpus=g,
-                        mode=mode,
-                        fsx=e.fsx,
-                        outs=outs,
-                        stall=stall,
-                        mtbf=mtbf,
-                        model=model,
-                        tier_config=tiers.OFF,
-                    )
+                    off = evaluate(mode=mode, fsx=e.fsx, model=model, tier_config=tiers.OFF)
                     if off.ettr > e.ettr and inputs.tiers.memory_interval_steps is None:
                         # Snapshots are a choice (checkpoint.memory_interval 0 = off): where
                         # they cost more than they save, the plan goes without them.
@@ -588,33 +569,14 @@ def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
                         # The comparison: the storage-only model at its own best FSx.
                         off = min(
                             (
-                                _evaluate(
-                                    inputs,
-                                    gpus=g,
-                                    mode=mode,
-                                    fsx=f,
-                                    outs=outs,
-                                    stall=stall,
-                                    mtbf=mtbf,
-                                    model=model,
-                                    tier_config=tiers.OFF,
-                                )
+                                evaluate(mode=mode, fsx=f, model=model, tier_config=tiers.OFF)
                                 for f in options
                             ),
                             key=lambda x: x.cost,
                         )
                 evals[mode] = e
-                lo = _evaluate(
-                    inputs,
-                    gpus=g,
-                    mode=mode,
-                    fsx=e.fsx,
-                    outs=outs,
-                    stall=stall,
-                    mtbf=mtbf,
-                    model=low,
-                    steps=e.steps,
-                    tier_config=used[mode],
+                lo = evaluate(
+                    mode=mode, fsx=e.fsx, model=low, steps=e.steps, tier_config=used[mode]
                 )
                 mc = None
                 if simulate:
