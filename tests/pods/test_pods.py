@@ -297,10 +297,10 @@ def _kill_pod(index: int, record: dict) -> Callable[[emulator.Cluster], None]:
 # (POD_MEMORY_RESTORES: snapshots every step, at 5 and 6 here, step 4 being a checkpoint); the
 # fault comes at step 7, so that the slot of step 5 is complete even if the kill cuts the
 # publish of step 6 short (two slots: the previous snapshot stays whole).
+# Pod 1 frozen (SIGSTOP on every process) and cut off, in injob and nested, is the lost-node
+# test's fault below, so it is not repeated here as a frozen rank or a killed pod 1.
 TWO_POD_FAULTS = {
     "injob-sigkill-rank": ("injob", "sigkill@1:7", None),
-    "injob-sigstop-rank": ("injob", "sigstop@1:6", None),
-    "injob-kill-pod-1": ("injob", "", 1),
     "injob-kill-pod-0": ("injob", "", 0),
     "nested-sigstop-rank": ("nested", "sigstop@1:6", None),
     "nested-kill-pod-0": ("nested", "", 0),

@@ -161,14 +161,15 @@ _JOB_METRICS: tuple[Metric, ...] = (
     Metric(
         name="training_checkpoint_restore_seconds",
         type="gauge",
-        help="The newest restore's duration (the slowest rank), by source (storage, memory, "
-        "local).",
+        help="The newest restore's duration (the slowest rank), by source (memory, pod_memory, "
+        "peer, local, storage).",
         labels=("source",),
     ),
     Metric(
         name="training_checkpoint_restores_total",
         type="counter",
-        help="Restores of the training state, by source (storage, memory, local).",
+        help="Restores of the training state, by source (memory, pod_memory, peer, local, "
+        "storage).",
         labels=("source",),
     ),
 )
