@@ -53,6 +53,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
+from queue import Empty
 from typing import Any
 
 import torch
@@ -536,7 +537,13 @@ class AsyncCheckpointQueue:
         if caller is None:
             return
         if not in_flight and caller.process is not None and caller.process.is_alive():
+            # With nothing in flight, any completion still queued is stale: the next queue
+            # would take it for its first request's (NVRx 0.4.1 ``core.py``,
+            # ``PersistentAsyncCaller.is_current_async_call_done`` reads ``comp_q``).
             caller.cur_item = None
+            with contextlib.suppress(Empty, OSError, ValueError):
+                while True:
+                    caller.comp_q.get_nowait()
             _SHARED_CALLER = caller
             return
         _SHARED_CALLER = None
