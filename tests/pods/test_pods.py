@@ -465,6 +465,21 @@ def test_a_bad_node_is_replaced_and_named(tmp_path: Path) -> None:
 # --- a node lost the way nodes are lost (docs/node-loss.md) --------------------------------------
 
 
+def _two_node_plane(
+    pods: emulator.Cluster, spare_objects: list[dict], *, spares: int, root: Path
+) -> ControlPlane:
+    """The emulated control plane of the 2-node overlay: two nodes, `spares` spares holding the
+    rendered placeholder, EKS's timers at 1/SCALE."""
+    return ControlPlane(
+        pods,
+        nodes=2,
+        spares=spares,
+        spare_command=_spare_command(spare_objects),
+        times=EKS.scaled(SCALE),
+        root=root,
+    )
+
+
 def _spare_command(spare_objects: list[dict]) -> list[str]:
     (deployment,) = [o for o in spare_objects if o["kind"] == "Deployment"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
@@ -479,14 +494,7 @@ def _node_loss_run(
     state: dict = {}
 
     def plane(pods: emulator.Cluster, spare_objects: list[dict]) -> ControlPlane:
-        state["plane"] = ControlPlane(
-            pods,
-            nodes=2,
-            spares=spares,
-            spare_command=_spare_command(spare_objects),
-            times=EKS.scaled(SCALE),
-            root=tmp_path,
-        )
+        state["plane"] = _two_node_plane(pods, spare_objects, spares=spares, root=tmp_path)
         return state["plane"]
 
     def lose(_: emulator.Cluster) -> None:
@@ -620,14 +628,7 @@ def test_a_lost_node_that_comes_back_mid_run_does_not_corrupt_it(
     state: dict = {}
 
     def plane(pods: emulator.Cluster, spare_objects: list[dict]) -> ControlPlane:
-        state["plane"] = ControlPlane(
-            pods,
-            nodes=2,
-            spares=1,
-            spare_command=_spare_command(spare_objects),
-            times=EKS.scaled(SCALE),
-            root=tmp_path,
-        )
+        state["plane"] = _two_node_plane(pods, spare_objects, spares=1, root=tmp_path)
         return state["plane"]
 
     def come_back() -> None:
@@ -692,14 +693,7 @@ def test_a_slow_node_is_cordoned_and_moved_to_a_spare(tmp_path: Path, reference:
     state: dict = {}
 
     def plane(pods: emulator.Cluster, spare_objects: list[dict]) -> ControlPlane:
-        state["plane"] = ControlPlane(
-            pods,
-            nodes=2,
-            spares=1,
-            spare_command=_spare_command(spare_objects),
-            times=EKS.scaled(SCALE),
-            root=tmp_path,
-        )
+        state["plane"] = _two_node_plane(pods, spare_objects, spares=1, root=tmp_path)
         state["spare"] = state["plane"].spare_nodes()[0]
         return state["plane"]
 
