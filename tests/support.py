@@ -267,3 +267,57 @@ class CpuQuota:
         for pid in self.pids():
             self._move(pid, self.parent)
         self.group.rmdir()
+
+
+# --- what a test needs from the machine ----------------------------------------------------
+# One owner for "this test needs X": a test marked with `requires_tool` / `requires_root` is
+# skipped, with one line naming the install command, where X is missing; CI (.ci/run) sets
+# REQUIRE_ALL_ENV so that a missing X fails there instead (tests/conftest.py applies both).
+REQUIRE_ALL_ENV = "TESTS_REQUIRE_ALL"
+KUBECTL_INSTALL = "install kubectl: https://kubernetes.io/docs/tasks/tools/install-kubectl-linux/"
+INSTALL = {
+    "make": "apt-get install make",
+    "gcc": "apt-get install gcc",
+    "promtool": "apt-get install prometheus",
+    "prometheus": "apt-get install prometheus",
+    "amtool": "apt-get install prometheus-alertmanager",
+    "kubectl": KUBECTL_INSTALL,
+    "ip": "apt-get install iproute2",
+    "unshare": "apt-get install util-linux",
+    "node": "install Node.js >= 20: https://nodejs.org/en/download",
+}
+"""How to install each tool a test may need (Debian/Ubuntu package names)."""
+
+
+def which(tool: str) -> str | None:
+    """`tool` on PATH or beside this Python (the venv's console scripts: shellcheck, ruff)."""
+    import shutil
+
+    local = VENV_BIN / tool
+    return shutil.which(tool) or (str(local) if local.exists() else None)
+
+
+def missing_tools(*tools: str) -> str | None:
+    """None when every tool is there, else one line naming what is missing and its install."""
+    missing = [tool for tool in tools if which(tool) is None]
+    if not missing:
+        return None
+    installs = "; ".join(dict.fromkeys(INSTALL.get(tool, f"install {tool}") for tool in missing))
+    return f"{', '.join(missing)} not installed ({installs})"
+
+
+def requires_tool(*tools: str) -> pytest.MarkDecorator:
+    """Mark a test (or module, as ``pytestmark``) that runs `tools`."""
+    return pytest.mark.requires(reason=missing_tools(*tools))
+
+
+def root_reason(what: str) -> str | None:
+    """None when running as root, else one line saying `what` needs root and how to run."""
+    if os.geteuid() == 0:
+        return None
+    return f"{what} need root (run as root: sudo .venv/bin/pytest ...)"
+
+
+def requires_root(what: str) -> pytest.MarkDecorator:
+    """Mark a test that needs root (network namespaces, mounts)."""
+    return pytest.mark.requires(reason=root_reason(what))

@@ -37,6 +37,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.checkpoint.committer",
         "training.launch",
         "training.launch.rdzv_store",
+        "training.launch.reaper",
         "training.observe",
         "training.observe.catalog",
         "training.observe.efa",
