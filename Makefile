@@ -44,7 +44,7 @@ $(VENV)/.stamp: pyproject.toml requirements.lock tools/pip_install.py
 
 # The CDK CLI (make synth/deploy) and aws-cdk-lib's jsii runtime (tests/infra) run on Node.js,
 # package.json's engines: >= 20. Without it `make train` is unaffected, `make test` skips tests/infra.
-NODE_MIN := 20
+NODE_MIN := $(shell sed -n 's/.*"node": *">= *\([0-9]*\)".*/\1/p' package.json)
 NODE_MAJOR = $(shell node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
 node_modules/.stamp: package.json package-lock.json
 	@if [ "$(NODE_MAJOR)" -lt $(NODE_MIN) ] || ! command -v npm >/dev/null; then \

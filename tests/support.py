@@ -204,6 +204,19 @@ def events(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def cpu_quota_reason() -> str | None:
+    """None when `CpuQuota` can work here, else why not (one line, with the fix)."""
+    v2 = Path("/sys/fs/cgroup/cgroup.controllers")
+    if v2.is_file() and "cpu" in v2.read_text().split():
+        return root_reason("a cgroup CPU quota")
+    if Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").is_file():
+        return root_reason("a cgroup CPU quota")
+    return (
+        "no cgroup cpu controller here (v2 without cpu, no v1 cpu): run on a host or VM "
+        "whose cgroup root has one (mount -t cgroup -o cpu cpu /sys/fs/cgroup/cpu)"
+    )
+
+
 class CpuQuota:
     """A CPU quota on `pids` and on every process they start later (children stay in their
     parent's cgroup): CFS bandwidth control, the kernel's throttling of a CPU-starved container,
@@ -309,6 +322,22 @@ def missing_tools(*tools: str) -> str | None:
 def requires_tool(*tools: str) -> pytest.MarkDecorator:
     """Mark a test (or module, as ``pytestmark``) that runs `tools`."""
     return pytest.mark.requires(reason=missing_tools(*tools))
+
+
+def node_reason() -> str | None:
+    """None when Node.js is at least package.json's ``engines`` (aws-cdk-lib's jsii runtime and
+    the CDK CLI run on it), else one line saying what to install."""
+    import re
+
+    engines = json.loads((REPO_ROOT / "package.json").read_text())["engines"]["node"]
+    least = int(re.search(r"\d+", engines).group())
+    node = which("node")
+    if node is None:
+        return f"node not installed ({INSTALL['node']})"
+    version = subprocess.run([node, "--version"], capture_output=True, text=True).stdout.strip()
+    if int(version.lstrip("v").split(".")[0] or 0) < least:
+        return f"node {version} is older than package.json's {engines} ({INSTALL['node']})"
+    return None
 
 
 def root_reason(what: str) -> str | None:
