@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import http.server
 import importlib.metadata
+import importlib.util
 import json
 import os
 import re
@@ -222,6 +223,37 @@ def _wheel_on_disk() -> Path | None:
         if found:
             return found[0]
     return None
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("pip_install", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("platform", "machine", "version", "says"),
+    [
+        ("linux", "x86_64", (3, 11), None),
+        ("linux", "x86_64", (3, 12), None),
+        ("linux", "x86_64", (3, 13), "Python 3.13 has no wheels for every pin"),
+        ("linux", "aarch64", (3, 11), "needs Linux x86_64, this is linux aarch64"),
+        ("darwin", "arm64", (3, 11), "needs Linux x86_64, this is darwin arm64"),
+    ],
+)
+def test_a_machine_the_lock_cannot_serve_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, platform: str, machine: str, version: tuple, says: str | None
+) -> None:
+    script = _script()
+    monkeypatch.setattr(script.sys, "platform", platform)
+    monkeypatch.setattr(script.platform, "machine", lambda: machine)
+    monkeypatch.setattr(script.sys, "version_info", (*version, 0, "final", 0))
+    reason = script.refusal()
+    if says is None:
+        assert reason is None
+    else:
+        assert reason is not None and says in reason and "\n" not in reason
 
 
 @requires_tool("make")
