@@ -3,7 +3,8 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
+# The first Python every pin has wheels for (tools/pip_install.py: 3.11, 3.12).
+PYTHON ?= $(shell command -v python3.11 || command -v python3.12 || command -v python3)
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
@@ -29,17 +30,26 @@ help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
 
 # --- set-up ---------------------------------------------------------------------------------
+# What a user's machine needs, command by command: docs/requirements.md.
 # The stamp is rebuilt only when the project or the lock changes, so repeated runs are quick.
-$(VENV)/.stamp: pyproject.toml requirements.lock
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+# tools/pip_install.py owns the install command (tests/test_setup_install.py resolves the same):
+# the lock's CPU torch from PyTorch's CPU index beside PyPI, or from a wheel on disk offline.
+$(VENV)/.stamp: pyproject.toml requirements.lock tools/pip_install.py
+	@test -n "$(PYTHON)" || { echo "error: no python3 found: install Python 3.11 or 3.12" >&2; exit 2; }
+	@$(PYTHON) tools/pip_install.py --check
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); echo "error: $(PYTHON) -m venv failed: on Debian/Ubuntu, apt-get install python3-venv (or python3.X-venv)" >&2; exit 2; }
 	$(PIP) install -q --disable-pip-version-check --upgrade pip
-	# The lock pins torch==2.13.0+cpu, which only the CPU wheel on disk satisfies: no CUDA torch.
-	$(PIP) install -q --disable-pip-version-check -c requirements.lock -e '.[train,infra,dev]'
+	$(PY) tools/pip_install.py -q
 	@touch $@
 
+# The CDK CLI (make synth/deploy) and aws-cdk-lib's jsii runtime (tests/infra) run on Node.js,
+# package.json's engines: >= 20. Without it `make train` is unaffected, `make test` skips tests/infra.
+NODE_MIN := $(shell sed -n 's/.*"node": *">= *\([0-9]*\)".*/\1/p' package.json)
+NODE_MAJOR = $(shell node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
 node_modules/.stamp: package.json package-lock.json
-	npm ci --no-audit --no-fund --loglevel=error
-	@touch $@
+	@if [ "$(NODE_MAJOR)" -lt $(NODE_MIN) ] || ! command -v npm >/dev/null; then \
+	  echo "note: no Node.js >= $(NODE_MIN) with npm: the CDK CLI is not installed and tests/infra skip (install Node.js $(NODE_MIN)+: https://nodejs.org/en/download)" >&2; \
+	else npm ci --no-audit --no-fund --loglevel=error && touch $@; fi
 
 setup: $(VENV)/.stamp node_modules/.stamp ## Create .venv with pinned packages and install the pinned CDK CLI
 

@@ -11,10 +11,53 @@ Helpers (starting jobs, reading metrics and checkpoints) are in ``tests/support.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
-from support import run_torchrun, write_learnable_text
+from support import REQUIRE_ALL_ENV, node_reason, run_torchrun, write_learnable_text
+
+_LEFT_OUT = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "requires(reason): what the test needs from the machine is missing when reason is set "
+        "(support.requires_tool / requires_root): skipped, or failed under TESTS_REQUIRE_ALL=1",
+    )
+
+
+INFRA = Path(__file__).with_name("infra")
+"""Imports aws-cdk-lib, whose jsii runtime starts Node.js at import: without Node.js no test
+there can even be collected, so the directory is left out, with the reason in the summary."""
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if collection_path != INFRA or os.environ.get(REQUIRE_ALL_ENV) == "1":
+        return None
+    reason = node_reason()
+    if reason is None:
+        return None
+    config.stash[_LEFT_OUT] = f"tests/infra not collected: {reason}"
+    return True
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    if _LEFT_OUT in config.stash:
+        terminalreporter.write_line(config.stash[_LEFT_OUT], yellow=True)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A missing tool or privilege skips the test with its one-line reason; in CI
+    (``TESTS_REQUIRE_ALL=1``, .ci/run) it fails it: CI runs everything."""
+    for mark in item.iter_markers("requires"):
+        reason = mark.kwargs.get("reason")
+        if reason is None:
+            continue
+        if os.environ.get(REQUIRE_ALL_ENV) == "1":
+            pytest.fail(f"{REQUIRE_ALL_ENV}=1 and {reason}", pytrace=False)
+        pytest.skip(reason)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

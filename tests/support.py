@@ -204,6 +204,19 @@ def events(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def cpu_quota_reason() -> str | None:
+    """None when `CpuQuota` can work here, else why not (one line, with the fix)."""
+    v2 = Path("/sys/fs/cgroup/cgroup.controllers")
+    if v2.is_file() and "cpu" in v2.read_text().split():
+        return root_reason("a cgroup CPU quota")
+    if Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").is_file():
+        return root_reason("a cgroup CPU quota")
+    return (
+        "no cgroup cpu controller here (v2 without cpu, no v1 cpu): run on a host or VM "
+        "whose cgroup root has one (mount -t cgroup -o cpu cpu /sys/fs/cgroup/cpu)"
+    )
+
+
 class CpuQuota:
     """A CPU quota on `pids` and on every process they start later (children stay in their
     parent's cgroup): CFS bandwidth control, the kernel's throttling of a CPU-starved container,
@@ -267,3 +280,73 @@ class CpuQuota:
         for pid in self.pids():
             self._move(pid, self.parent)
         self.group.rmdir()
+
+
+# --- what a test needs from the machine ----------------------------------------------------
+# One owner for "this test needs X": a test marked with `requires_tool` / `requires_root` is
+# skipped, with one line naming the install command, where X is missing; CI (.ci/run) sets
+# REQUIRE_ALL_ENV so that a missing X fails there instead (tests/conftest.py applies both).
+REQUIRE_ALL_ENV = "TESTS_REQUIRE_ALL"
+KUBECTL_INSTALL = "install kubectl: https://kubernetes.io/docs/tasks/tools/install-kubectl-linux/"
+INSTALL = {
+    "make": "apt-get install make",
+    "gcc": "apt-get install gcc",
+    "promtool": "apt-get install prometheus",
+    "prometheus": "apt-get install prometheus",
+    "amtool": "apt-get install prometheus-alertmanager",
+    "kubectl": KUBECTL_INSTALL,
+    "ip": "apt-get install iproute2",
+    "unshare": "apt-get install util-linux",
+    "node": "install Node.js >= 20: https://nodejs.org/en/download",
+}
+"""How to install each tool a test may need (Debian/Ubuntu package names)."""
+
+
+def which(tool: str) -> str | None:
+    """`tool` on PATH or beside this Python (the venv's console scripts: shellcheck, ruff)."""
+    import shutil
+
+    local = VENV_BIN / tool
+    return shutil.which(tool) or (str(local) if local.exists() else None)
+
+
+def missing_tools(*tools: str) -> str | None:
+    """None when every tool is there, else one line naming what is missing and its install."""
+    missing = [tool for tool in tools if which(tool) is None]
+    if not missing:
+        return None
+    installs = "; ".join(dict.fromkeys(INSTALL.get(tool, f"install {tool}") for tool in missing))
+    return f"{', '.join(missing)} not installed ({installs})"
+
+
+def requires_tool(*tools: str) -> pytest.MarkDecorator:
+    """Mark a test (or module, as ``pytestmark``) that runs `tools`."""
+    return pytest.mark.requires(reason=missing_tools(*tools))
+
+
+def node_reason() -> str | None:
+    """None when Node.js is at least package.json's ``engines`` (aws-cdk-lib's jsii runtime and
+    the CDK CLI run on it), else one line saying what to install."""
+    import re
+
+    engines = json.loads((REPO_ROOT / "package.json").read_text())["engines"]["node"]
+    least = int(re.search(r"\d+", engines).group())
+    node = which("node")
+    if node is None:
+        return f"node not installed ({INSTALL['node']})"
+    version = subprocess.run([node, "--version"], capture_output=True, text=True).stdout.strip()
+    if int(version.lstrip("v").split(".")[0] or 0) < least:
+        return f"node {version} is older than package.json's {engines} ({INSTALL['node']})"
+    return None
+
+
+def root_reason(what: str) -> str | None:
+    """None when running as root, else one line saying `what` needs root and how to run."""
+    if os.geteuid() == 0:
+        return None
+    return f"{what} need root (run as root: sudo .venv/bin/pytest ...)"
+
+
+def requires_root(what: str) -> pytest.MarkDecorator:
+    """Mark a test that needs root (network namespaces, mounts)."""
+    return pytest.mark.requires(reason=root_reason(what))

@@ -12,7 +12,6 @@ the pods, that AMP creates its access entry, and that alerts arrive by e-mail.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from infra_synth import synth
+from support import requires_tool
 
 from infra import observability
 from infra.config import ConfigError, load_config
@@ -117,7 +117,7 @@ def _pod(name: str, port_name: str, **labels: str) -> dict[str, str]:
     return meta
 
 
-@pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
+@requires_tool("prometheus")
 @pytest.mark.timeout(120)
 def test_a_real_prometheus_keeps_only_the_metrics_ports(tmp_path: Path) -> None:
     """The scraper's relabeling, run by Prometheus itself: the trainer pod's `metrics` port and
@@ -320,10 +320,7 @@ def test_a_broken_rule_file_fails_synth_with_one_line(
     assert str(broken) in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.skipif(
-    shutil.which("amtool") is None,
-    reason="amtool not installed (apt-get install prometheus-alertmanager)",
-)
+@requires_tool("amtool")
 def test_amtool_accepts_the_alert_manager_configuration(
     default_template: dict[str, Any], tmp_path: Path
 ) -> None:

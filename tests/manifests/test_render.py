@@ -19,15 +19,14 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+from support import requires_tool
 
 from manifests import kustomize, render
 from manifests.sizes import SIZES
 
 ROOT = Path(render.__file__).resolve().parent
 KUBECTL = shutil.which("kubectl")
-needs_kubectl = pytest.mark.skipif(
-    KUBECTL is None, reason="kubectl (with built-in kustomize) is not installed"
-)
+needs_kubectl = requires_tool("kubectl")  # kubectl kustomize
 
 
 def _key(obj: dict) -> tuple[str, str]:

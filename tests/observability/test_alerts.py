@@ -17,13 +17,12 @@ from pathlib import Path
 import pytest
 import yaml
 from promql_names import REPO_ROOT, metric_names, unknown_metrics
+from support import requires_tool
 
 RULES = REPO_ROOT / "observability" / "alerts.yaml"
 RULE_TESTS = Path(__file__).with_name("alerts_test.yaml")
 PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(
-    PROMTOOL is None, reason="promtool not installed (apt-get install prometheus)"
-)
+needs_promtool = requires_tool("promtool")
 
 
 def _promtool(*args: str | Path) -> subprocess.CompletedProcess:

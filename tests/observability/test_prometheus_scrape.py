@@ -24,16 +24,14 @@ from pathlib import Path
 
 import pytest
 from promql_names import REPO_ROOT
-from support import TINY_MODEL, free_port, subprocess_env, tail
+from support import TINY_MODEL, free_port, requires_tool, subprocess_env, tail
 
 from training.observe.catalog import METRICS
 from training.runlog.files import METRICS_FILE, append_jsonl
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.timeout(240)
-needs_prometheus = pytest.mark.skipif(
-    PROMETHEUS is None, reason="prometheus not installed (apt-get install prometheus)"
-)
+needs_prometheus = requires_tool("prometheus")
 STEPS = 40
 
 

@@ -53,13 +53,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def can_run() -> str | None:
-    """None when pods can be emulated here, else the reason."""
-    if os.geteuid() != 0:
-        return "emulated pods need root (ip netns, unshare)"
-    for tool in ("ip", "unshare"):
-        if shutil.which(tool) is None:
-            return f"emulated pods need {tool}"
-    return None
+    """None when pods can be emulated here, else the reason (one line, with the fix)."""
+    from support import missing_tools, root_reason
+
+    return root_reason("emulated pods (ip netns, unshare, mount)") or missing_tools("ip", "unshare")
 
 
 def _sh(*args: str) -> None:

@@ -31,7 +31,7 @@ import emulator
 import kube_api
 import pytest
 from control_plane import EKS, SCALE, ControlPlane
-from support import TINY_MODEL, CpuQuota, assert_identical, final_state
+from support import TINY_MODEL, CpuQuota, assert_identical, cpu_quota_reason, final_state
 
 from manifests import render, sizes
 from training import exits, startup_check
@@ -39,7 +39,7 @@ from training import exits, startup_check
 reason = emulator.can_run()
 pytestmark = [
     pytest.mark.distributed,
-    pytest.mark.skipif(reason is not None, reason=reason or ""),
+    pytest.mark.requires(reason=reason),
     pytest.mark.timeout(600),
 ]
 
@@ -675,6 +675,7 @@ def test_a_lost_node_that_comes_back_mid_run_does_not_corrupt_it(
 # --- a slow node (docs/stragglers.md) -------------------------------------------------------------
 
 
+@pytest.mark.requires(reason=cpu_quota_reason())
 def test_a_slow_node_is_cordoned_and_moved_to_a_spare(tmp_path: Path, reference: dict) -> None:
     """Pod 1's node is CPU-starved once the step-1 checkpoint is committed: every
     process of the pod, and every process they start later, in one cgroup with a CFS quota of

@@ -12,7 +12,6 @@ scraper's relabeling), AMP's managed scraper (a plain Prometheus), the GPU and E
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 import urllib.parse
@@ -21,19 +20,15 @@ from pathlib import Path
 
 import emulator
 import pytest
-from support import free_port
+from support import free_port, missing_tools
 from test_pods import ONE_POD, STEPS, _logs, _run
 
 from training.observe.catalog import METRICS_PORT, METRICS_PORT_NAME
 
-reason = emulator.can_run() or (
-    "prometheus not installed (apt-get install prometheus)"
-    if shutil.which("prometheus") is None
-    else None
-)
+reason = emulator.can_run() or missing_tools("prometheus")
 pytestmark = [
     pytest.mark.distributed,
-    pytest.mark.skipif(reason is not None, reason=reason or ""),
+    pytest.mark.requires(reason=reason),
     pytest.mark.timeout(400),
 ]
 

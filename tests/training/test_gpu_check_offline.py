@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import importlib.metadata as metadata
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import gpu_check
 import pytest
+from support import requires_root
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -171,5 +171,4 @@ def test_make_gpu_check_runs_offline_with_only_the_carried_wheels(tmp_path: Path
     assert len(gpu_tests) == len(gpu_check.GPU_TESTS) and all(c["skipped"] for c in gpu_tests)
 
 
-if os.geteuid() != 0:  # unshare -n needs root (as on the dev machines and in CI)
-    pytestmark = pytest.mark.skip(reason="unshare -n needs root")
+pytestmark = requires_root("unshare -n (a network namespace without PyPI)")

@@ -16,13 +16,13 @@ import contextlib
 import errno
 import json
 import os
-import shutil
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
+from support import requires_tool
 
 from training import exits
 from training.startup_check import (
@@ -113,7 +113,7 @@ def test_bad_nproc() -> None:
 
 # --- the NCCL net plugin, found by the real dynamic loader ---------------------------------------
 
-needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+needs_gcc = requires_tool("gcc")
 
 
 def _library(directory: Path, name: str, source: str) -> Path:

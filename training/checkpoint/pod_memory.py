@@ -49,12 +49,12 @@ PUBLISH_POLL_S = 0.05
 """The longest pause between two ``keepalive`` calls while a publish is waited for."""
 
 
-def run_identity(checkpoint_root: Path) -> str:
+def run_identity(checkpoint_root: Path, *, launch: str = "") -> str:
     """The owner of a run's snapshots: its checkpoint root and the launcher's rendezvous id
     (``TORCHELASTIC_RUN_ID``: the same for every attempt of one job in one launcher, a new one
-    for another job or a cold restart). Without a launcher, the process id: only in-process
-    restarts of this process restore them."""
-    launch = os.environ.get(RUN_ID_ENV) or f"pid-{os.getpid()}"
+    for another job or a cold restart; `launch` gives it from outside the ranks). Without a
+    launcher, the process id: only in-process restarts of this process restore them."""
+    launch = launch or os.environ.get(RUN_ID_ENV) or f"pid-{os.getpid()}"
     return f"{Path(checkpoint_root).resolve()}#{launch}"
 
 

@@ -21,10 +21,11 @@ import time
 from pathlib import Path
 
 from training import exits
-from training.config import JobConfig
+from training.config import POD_MEMORY_MODES, JobConfig
 from training.data import DataError
 from training.exits import ConfigError
 from training.launch.command import LAUNCHERS, Rendezvous, launcher_command
+from training.launch.reaper import Reaper
 from training.observe.catalog import METRICS_PORT
 from training.observe.launch import exporter_command, start_exporter, stop_exporter
 from training.overrides import build_config
@@ -55,6 +56,20 @@ def rank_command(*, config: JobConfig, nproc: int, train_args: list[str], port: 
         rdzv=Rendezvous(endpoint=f"127.0.0.1:{port}", run_id=f"local-{port}"),
         launcher_path=_bin(launcher),
     )
+
+
+def pod_memory_root(*, config: JobConfig, run_id: str) -> Path | None:
+    """The ``/dev/shm`` directory the ranks of the job `run_id` keep their snapshots in, if
+    they keep any (the one the ranks compute: ``CheckpointManager``)."""
+    c = config.checkpoint
+    if not (c.memory_interval > 0 and c.pod_memory_dir):
+        return None
+    if config.resilience.restart not in POD_MEMORY_MODES:
+        return None
+    from training.checkpoint.pod_memory import run_identity, run_root
+
+    owner = run_identity(Path(config.checkpoint_dir), launch=run_id)
+    return run_root(c.pod_memory_dir, owner)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,6 +105,18 @@ def main(argv: list[str] | None = None) -> int:
         return exits.USAGE
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    # Before any process starts: every one inherits its mark (training/launch/reaper.py).
+    reaper = Reaper()
+    try:
+        return _launch(args=args, config=config, train_args=train_args, reaper=reaper)
+    finally:
+        reaper.close()
+
+
+def _launch(
+    *, args: argparse.Namespace, config: JobConfig, train_args: list[str], reaper: Reaper
+) -> int:
+    run_dir = Path(config.run_dir)
     launcher_events = EventLog(run_dir=run_dir, rank=-1)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -113,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         port = free_port()
         command = rank_command(config=config, nproc=args.nproc, train_args=train_args, port=port)
+        shm = pod_memory_root(config=config, run_id=f"local-{port}")
+        if shm is not None:
+            reaper.remove_at_end(shm)
         print("+ " + " ".join(command), flush=True)
         env[COLD_RESTARTS_ENV] = str(attempts)
         code = subprocess.call(command, env=env)

@@ -14,12 +14,12 @@ import subprocess
 import uuid
 
 import pytest
-from support import REPO_ROOT, committed_checkpoints, read_metrics, subprocess_env
+from support import REPO_ROOT, committed_checkpoints, read_metrics, requires_tool, subprocess_env
 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
+@requires_tool("make")
 def test_make_train_smoke() -> None:
     run = f"pytest-make-{uuid.uuid4().hex[:8]}"
     run_dir = REPO_ROOT / "runs" / run

@@ -1,0 +1,97 @@
+"""The local run's watcher (training/launch/reaper.py) on its own, with real processes: a stand-in
+launcher starts it, then a child that double-forks a process into a session of its own (as
+NVRx's in-process monitor and torch elastic's workers are), and writes a /dev/shm directory.
+Whichever way the launcher ends, nothing it started is left. The whole run, in every restart
+mode: test_local_run_ends.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from support import REPO_ROOT, subprocess_env
+
+LAUNCHER = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    from pathlib import Path
+    from training.launch.reaper import Reaper
+
+    shm = Path(sys.argv[1])
+    reaper = Reaper()
+    shm.mkdir()
+    (shm / "snapshot").write_bytes(b"x" * 4096)
+    reaper.remove_at_end(shm)
+    # A child that leaves a grandchild in its own session, parented to init, then exits.
+    subprocess.run([sys.executable, "-c",
+        "import os, subprocess, sys, time\\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],"
+        " start_new_session=True)\\n"])
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print("ready", flush=True)
+    if sys.argv[2] == "return":
+        reaper.close()
+        print("closed", flush=True)
+    else:
+        worker.wait()
+    """
+)
+
+
+def _sleepers(token_dir: Path) -> list[int]:
+    """The stand-in's sleeping processes: found by their command line, not by the mark."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        sleeper = cmdline.endswith(b"-c\0import time; time.sleep(600)\0")
+        if sleeper and str(token_dir).encode() in environ:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("end", ["SIGKILL", "SIGHUP-to-the-group", "return"])
+def test_nothing_outlives_the_launcher(end: str, tmp_path: Path) -> None:
+    shm = Path("/dev/shm") / f"pytest-reaper-{tmp_path.name}-{os.getpid()}"
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, str(shm), end],
+        cwd=REPO_ROOT,
+        env=subprocess_env(PYTEST_REAPER_CASE=str(tmp_path)),
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert launcher.stdout is not None
+        assert launcher.stdout.readline() == "ready\n"
+        assert len(_sleepers(tmp_path)) == 2, "the stand-in did not start its two sleepers"
+        assert shm.is_dir()
+        if end == "SIGKILL":
+            os.kill(launcher.pid, signal.SIGKILL)
+        elif end == "SIGHUP-to-the-group":  # a closed terminal: its process group gets SIGHUP
+            os.killpg(launcher.pid, signal.SIGHUP)
+        launcher.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while (_sleepers(tmp_path) or shm.exists()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _sleepers(tmp_path) == []
+        assert not shm.exists()
+    finally:
+        for pid in _sleepers(tmp_path):
+            os.kill(pid, signal.SIGKILL)
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        subprocess.run(["rm", "-rf", str(shm)], check=False)
