@@ -26,6 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.exits",
         "training.durable",
         "training.tables",
+        "training.modes",
         "training.hooks",
         "training.runlog",
         "training.runlog.files",
@@ -148,7 +149,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("planner.cli",),
     ("planner.__main__",),
     # benchmarks: above everything they measure
-    ("bench", "bench.common"),
+    ("bench", "bench.common", "bench.summary"),
     (
         "bench.checkpoint",
         "bench.goodput",
@@ -162,6 +163,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 
 TORCH_FREE = (
+    "training.modes",
     "training.config",
     "training.recipes",
     "training.overrides",
