@@ -75,6 +75,20 @@ def test_no_product_file_lists_the_restart_modes_but_their_owner() -> None:
     )
 
 
+def test_no_test_spells_out_every_mode_but_the_tables_own() -> None:
+    """A test over every mode iterates ``training.modes.MODES``, so a new mode is tested without
+    an edit; ``tests/training/test_modes.py`` states the table's answers on purpose."""
+    own = {Path(__file__).resolve(), REPO_ROOT / "tests" / "training" / "test_modes.py"}
+    copies = [
+        f"{path.relative_to(REPO_ROOT)}:{line}"
+        for path in sorted((REPO_ROOT / "tests").rglob("*.py"))
+        if path not in own
+        for line, names in mode_lists(path.read_text())
+        if set(names) == NAMES
+    ]
+    assert not copies, "iterate training.modes.MODES instead:\n" + "\n".join(copies)
+
+
 @pytest.mark.parametrize("path", sorted(ALLOWED))
 def test_every_allowed_file_still_needs_its_exception(path: str) -> None:
     assert mode_lists((REPO_ROOT / path).read_text()), (
