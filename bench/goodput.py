@@ -11,7 +11,7 @@ steps had got faster (~40 ms), more often for the modes that recovered faster.
 At the end of the window the run is killed (`kill_tree`).
 
 ``CKPT_EVERY`` = 100 steps is near the optimum of the planner's model (``planner.ettr``:
-Young's sqrt(2 x stall x MTBF)) for this job. In the run of the README's Results section a
+Young's sqrt(2 x stall x MTBF)) for this job. In the run of docs/results.md a
 checkpoint cost the in-process mode 0.053 s (its blocking snapshot and finalizing collectives
 0.021 s, the step after it slowed by the background write on the shared cores 0.032 s): with one
 fault a minute that gives sqrt(2 x 0.053 x 60) = 2.5 s, ~82 steps of ~31 ms, whose expected

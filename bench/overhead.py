@@ -65,9 +65,12 @@ from bench.common import (
     write_result,
 )
 from training.config import StragglerConfig
+from training.modes import MODES as RESTART_MODES
 from training.runlog.files import METRICS_FILE
 
-MODES = ("none", "inprocess", "injob")
+# Each restart layer alone against none: nested is both layers at once.
+MODES = tuple(mode for mode in RESTART_MODES if mode != "nested")
+LAYERS = tuple(mode for mode in MODES if mode != "none")
 NPROCS = (2, 4)
 # Rounds and steps per rank count (make bench): a 4-rank run is ~2.5x a 2-rank one (4 ranks
 # importing torch and stepping on 2 cores).
@@ -144,7 +147,7 @@ def run(
         rounds_here = rounds or (1 if quick else ROUNDS.get(nproc, 1))
         per_mode: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
         for round_ in range(rounds_here):
-            order = MODES[round_ % 3 :] + MODES[: round_ % 3]
+            order = MODES[round_ % len(MODES) :] + MODES[: round_ % len(MODES)]
             for mode in order:
                 run_dir = RUNS_DIR / "overhead" / f"{nproc}ranks_{mode}_{round_}"
                 per_mode[mode].append(_one(nproc=nproc, mode=mode, steps=steps, run_dir=run_dir))
@@ -173,7 +176,7 @@ def run(
             modes[mode]["step_time_ratio"] = ratio(
                 modes[mode]["step_time_s"], modes["none"]["step_time_s"]
             )
-        for mode in ("inprocess", "injob"):
+        for mode in LAYERS:
             targets.append(
                 target(
                     f"{nproc} ranks: {mode} step interval / none - 1",
@@ -196,7 +199,7 @@ def run(
     if "2" in by_nproc:  # the keys the planner and run_all read (2 ranks, as before)
         result["modes"] = by_nproc["2"]
     for nproc, modes in by_nproc.items():
-        for mode in ("inprocess", "injob"):
+        for mode in LAYERS:
             value = None if modes[mode]["ratio"] is None else modes[mode]["ratio"] - 1.0
             result[f"overhead_{mode}_{nproc}ranks"] = value
             if nproc == "2":

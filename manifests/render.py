@@ -21,7 +21,9 @@ from typing import Any
 
 from manifests.sizes import RESTART_MODES, SIZES, OverlaySize
 from training import exits
+from training.config import JobConfig
 from training.launch.command import Rendezvous, launcher_command
+from training.modes import snapshot_plan
 from training.observe.catalog import METRICS_PORT, METRICS_PORT_NAME
 from training.overrides import build_config
 from training.runlog.verdict import NODE_NAME_ENV
@@ -503,16 +505,20 @@ def job_objects(
     restart = restart or size.restart
     if restart not in RESTART_MODES:
         raise ValueError(f"restart must be one of {', '.join(RESTART_MODES)}, got {restart!r}")
-    args = list(size.train_args if train_args is None else train_args)
-    command = pod_command(size=size, namespace=namespace, restart=restart, train_args=args)
+    args = trainer_args(
+        size=size,
+        restart=restart,
+        train_args=size.train_args if train_args is None else train_args,
+    )
+    config = _job_config(size=size, args=args)
     return [
         _service(size=size, namespace=namespace),
         _job(
             size=size,
             namespace=namespace,
             image=image,
-            command=command,
-            memory_env=pod_memory_env(size=size, restart=restart, train_args=args),
+            command=_launcher(size=size, namespace=namespace, args=args, config=config),
+            memory_env=pod_memory_env(size=size, config=config),
         ),
     ]
 
@@ -532,6 +538,12 @@ def trainer_args(*, size: OverlaySize, restart: str, train_args: Sequence[str]) 
     ]
 
 
+def _job_config(*, size: OverlaySize, args: Sequence[str]) -> JobConfig:
+    """The config the Job's trainer runs with (`args`: :func:`trainer_args`)."""
+    config, _ = build_config([a.replace("$(RECIPE)", size.recipe) for a in args])
+    return config
+
+
 def pod_command(
     *, size: OverlaySize, namespace: str, restart: str, train_args: Sequence[str]
 ) -> list[str]:
@@ -539,7 +551,14 @@ def pod_command(
     by `training.launch.command` (the same function the local launcher uses). `$(VAR)` is
     expanded by the kubelet from the container's environment."""
     args = trainer_args(size=size, restart=restart, train_args=train_args)
-    config, _ = build_config([a.replace("$(RECIPE)", size.recipe) for a in args])
+    return _launcher(
+        size=size, namespace=namespace, args=args, config=_job_config(size=size, args=args)
+    )
+
+
+def _launcher(
+    *, size: OverlaySize, namespace: str, args: list[str], config: JobConfig
+) -> list[str]:
     return launcher_command(
         config=config,
         trainer_args=args,
@@ -569,38 +588,25 @@ def _service(*, size: OverlaySize, namespace: str) -> dict:
     }
 
 
-def pod_memory_env(
-    *,
-    size: OverlaySize,
-    restart: str | None = None,
-    train_args: Sequence[str] | None = None,
-) -> dict[str, str]:
+def pod_memory_env(*, size: OverlaySize, config: JobConfig) -> dict[str, str]:
     """The start-up check's figures for the memory snapshots in the pod's /dev/shm
     (training/startup_check.py ``check_pod_memory``): where they live (the run's
     ``checkpoint.pod_memory_dir``) and the bytes this node needs
     (``facts.checkpoint.snapshot_bytes_per_node``): its own two slots, and with the run's
     ``checkpoint.peer_copy`` on and more than one node, the two slots of the node before it
     (training/checkpoint/peer.py; on one node the copy is off: ``peer.ring_problem``). None
-    when the run takes no snapshots or the recipe is not in ``facts.recipes``. ``restart`` and
-    ``train_args``: the Job's own (:func:`job_objects`), the overlay's row by default."""
+    when the run takes no snapshots in the pod's memory (``training.modes.snapshot_plan``) or
+    the recipe is not in ``facts.recipes``. ``config``: the Job's trainer's
+    (:func:`job_objects`)."""
     from facts.checkpoint import snapshot_bytes_per_node
     from facts.recipes import RECIPES
-    from training.config import POD_MEMORY_MODES
 
-    args = trainer_args(
-        size=size,
-        restart=restart or size.restart,
-        train_args=size.train_args if train_args is None else train_args,
-    )
-    config, _ = build_config([a.replace("$(RECIPE)", size.recipe) for a in args])
     c = config.checkpoint
+    plan = snapshot_plan(checkpoint=c, restart=config.resilience.restart, nodes=size.nodes)
     facts = RECIPES.get(size.recipe)
-    if not (c.memory_interval and c.pod_memory_dir and facts is not None):
+    if plan.tier != "pod_memory" or facts is None:
         return {}
-    if config.resilience.restart not in POD_MEMORY_MODES:
-        return {}
-    copies = 2 if c.peer_copy and size.nodes > 1 else 1
-    needed = snapshot_bytes_per_node(params=facts.params, nodes=size.nodes, copies=copies)
+    needed = snapshot_bytes_per_node(params=facts.params, nodes=size.nodes, copies=plan.copies)
     return {"POD_MEMORY_DIR": c.pod_memory_dir, "POD_MEMORY_BYTES": str(int(needed))}
 
 

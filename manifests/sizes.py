@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from training.modes import RESILIENT_MODES
+
 
 @dataclass(frozen=True, kw_only=True)
 class NodeType:
@@ -105,7 +107,9 @@ class OverlaySize:
         return self.nodes + self.spares
 
 
-RESTART_MODES = ("injob", "inprocess", "nested")
+RESTART_MODES = tuple(sorted(RESILIENT_MODES))
+"""The modes an overlay may run: every mode with a restart layer (``none`` leaves a fault to
+the Job's ``backoffLimit``), in name order (``training.modes.MODES`` owns them)."""
 
 SIZES: dict[str, OverlaySize] = {
     s.name: s

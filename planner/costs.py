@@ -49,6 +49,7 @@ from facts import hardware, prices
 from planner import tiers
 from planner.failures import Outcome
 from training.config import ResilienceConfig
+from training.modes import MODES as PRODUCT_MODES
 from training.resilience.nvrx import (
     LAST_CALL_WAIT_S,
     MONITOR_PROCESS_INTERVAL_S,
@@ -58,15 +59,12 @@ from training.resilience.nvrx import (
 # The trainer's own settings (their owners: training/config.py, training/resilience/nvrx.py).
 _RESILIENCE = ResilienceConfig()
 
-MODES: tuple[str, ...] = ("none", "injob", "inprocess", "nested")
-"""The restart modes this project ships."""
+MODES: tuple[str, ...] = tuple(PRODUCT_MODES)
+"""The restart modes this project ships (training/modes.py)."""
 NOT_SHIPPED: tuple[str, ...] = ("reserve", "replica")
 """Modes users would buy next, modelled to show what would close the gap; not in the product."""
 MODE_LABELS: dict[str, str] = {
-    "none": "no resilience (whole-job restart)",
-    "injob": "in-job (ft_launcher)",
-    "inprocess": "in-process (NVRx Wrapper)",
-    "nested": "nested (in-process in in-job)",
+    **{mode: spec.summary for mode, spec in PRODUCT_MODES.items()},
     "reserve": "NOT SHIPPED: in-process with NVRx reserve ranks on the hot spares",
     "replica": "NOT SHIPPED: replica-group recovery (torchft-like, no global NCCL re-init)",
 }

@@ -13,6 +13,7 @@ from manifests.sizes import SIZES, OverlaySize
 from planner import costs, failures, plan, spares, tiers
 from planner.costs import RESTORE_TERMS, Job, Term
 from planner.measured import NODE_LOSS_COMMAND, NODE_LOSS_FILE, NodeLoss
+from training.modes import MODES
 from training.tables import text_table
 
 RESTART_TERMS = ("worker_start_s", "rendezvous_s", "nccl_init_s", *RESTORE_TERMS.values())
@@ -187,7 +188,7 @@ def _measured(*, plans: list[OverlayPlan], measured: NodeLoss | None) -> list[st
         indent="    ",
     )
     for op in plans:
-        if op.size.nodes < 2 or op.size.restart not in ("injob", "nested"):
+        if op.size.nodes < 2 or not MODES[op.size.restart].keeps_nodes:
             continue
         case = measured.cases[f"{op.size.restart}/{'spare' if op.size.spares else 'no-spare'}"]
         spare = bool(op.size.spares)

@@ -1,8 +1,7 @@
 """Restore tiers: what each failure restores from, what it recomputes and what it reads.
 
-The product keeps the newest state in several places (training/checkpoint/tiers.py names them;
-the names below are the same strings, in the same order: the planner must not load the
-trainer's torch code, so tests/planner/test_tiers.py holds them equal):
+The product keeps the newest state in several places (training/modes.py names them, cheapest
+first, and says which one a restart of each mode keeps: ``kept_snapshot_tier``):
 
 - ``memory``: each rank's snapshot in its own process memory, every ``checkpoint.memory_interval``
   steps (training/checkpoint/memory.py); survives a restart that keeps the processes (NVRx's
@@ -32,16 +31,15 @@ import math
 from dataclasses import dataclass
 
 from planner.failures import Outcome
+from training.modes import TIERS, kept_snapshot_tier
 
 MEMORY = "memory"
 POD_MEMORY = "pod_memory"
 PEER = "peer"
 LOCAL = "local"
 STORAGE = "storage"
-SOURCES: tuple[str, ...] = (MEMORY, POD_MEMORY, PEER, LOCAL, STORAGE)
-"""Every restore source, fastest first (training/checkpoint/tiers.py's names)."""
-IN_PROCESS_MODES: tuple[str, ...] = ("inprocess", "nested", "reserve")
-"""Modes whose in-place restarts keep the processes (and with them ``memory``)."""
+SOURCES: tuple[str, ...] = TIERS
+"""Every restore source, fastest first (training/modes.py's tier names)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,9 +77,9 @@ def restore_source(*, mode: str, outcome: Outcome, nodes: int, tiers: TierConfig
         return STORAGE
     if outcome.needs_node:
         return PEER if nodes >= 2 else STORAGE
-    if mode in IN_PROCESS_MODES:
+    if mode == "reserve":  # the planner's own mode: in-process restarts keep the processes
         return MEMORY
-    return POD_MEMORY
+    return kept_snapshot_tier(mode) or STORAGE
 
 
 def peer_lost_chance(*, node_rate_per_s: float, window_s: float) -> float:

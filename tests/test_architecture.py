@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.exits",
         "training.durable",
         "training.tables",
+        "training.modes",
         "training.hooks",
         "training.runlog",
         "training.runlog.files",
@@ -150,7 +151,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("planner.cli",),
     ("planner.__main__",),
     # benchmarks: above everything they measure
-    ("bench", "bench.common"),
+    ("bench", "bench.common", "bench.summary"),
     (
         "bench.checkpoint",
         "bench.goodput",
@@ -164,6 +165,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 
 TORCH_FREE = (
+    "training.modes",
     "training.config",
     "training.recipes",
     "training.overrides",

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from training.exits import ConfigError
+from training.modes import RestartMode
 
-RestartMode = Literal["none", "inprocess", "injob", "nested"]
 CheckpointEngine = Literal["nvrx", "torch_async", "sync"]
 
 
@@ -210,8 +210,6 @@ class ParallelConfig:
 POD_MEMORY_DIR = "/dev/shm/fsdp-snapshots"
 """The default ``checkpoint.pod_memory_dir``: in the pod's memory-backed ``/dev/shm`` (the
 ``shm`` emptyDir of manifests/render.py); the local launcher's ranks share this machine's."""
-POD_MEMORY_MODES = ("inprocess", "nested", "injob")
-"""The restart modes whose restarts keep the pod, and with it the snapshots in its memory."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,9 +10,8 @@ import argparse
 
 from training.config import JobConfig, apply_overrides
 from training.exits import ConfigError
+from training.modes import MODES
 from training.recipes import RECIPES, get_recipe
-
-RESTART_CHOICES = ("none", "inprocess", "injob", "nested")
 
 
 def split_overrides(tokens: list[str]) -> dict[str, str]:
@@ -45,7 +44,7 @@ def build_config(argv: list[str]) -> tuple[JobConfig, bool]:
     parser.add_argument("--run-dir", help="run directory (metrics, events, checkpoints)")
     parser.add_argument(
         "--restart",
-        choices=RESTART_CHOICES,
+        choices=tuple(MODES),
         help="restart layer (default: the recipe's)",
     )
     parser.add_argument("--faults", help="fault injection spec (training/resilience/faults.py)")

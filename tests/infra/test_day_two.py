@@ -1,4 +1,4 @@
-"""Day two: every README step after the first deploy, synthesized before and after, offline.
+"""Day two: every docs/eks.md step after the first deploy, synthesized before and after, offline.
 
     .venv/bin/pytest tests/infra/test_day_two.py        # ~20 s on 2 cores
 
@@ -28,7 +28,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 REGION = CDK_JSON_CONTEXT["region"]
 RESERVATION = "cr-0123456789abcdef0"
 
-# The README's steps after the first deploy: (name, context added to cdk.json's).
+# docs/eks.md's steps after the first deploy: (name, context added to cdk.json's).
 STEPS: dict[str, dict[str, Any]] = {
     "gpu-nodes": {"gpuNodesDesired": 2},
     "reservation": {

@@ -418,8 +418,8 @@ def test_rendered_ft_launcher_command_parses_and_times_every_section(overlay, re
     has a timeout there (without one, NVRx raises `TimeoutsCalcError: Unknown section`)."""
     from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
 
-    from training.checkpoint.memory import IN_PROCESS_MODES
     from training.launch.command import hang_check_interval_s, injob_timeout_floor_s
+    from training.modes import MODES
     from training.overrides import build_config
     from training.resilience.sections import section_timeouts
 
@@ -439,7 +439,7 @@ def test_rendered_ft_launcher_command_parses_and_times_every_section(overlay, re
     # The trainer in the pod takes memory snapshots exactly where its restarts keep the
     # processes (CheckpointManager.for_job's rule): nested, not injob.
     assert config.checkpoint.memory_interval > 0
-    assert (r.restart in IN_PROCESS_MODES) == (restart == "nested")
+    assert MODES[r.restart].keeps_processes == (restart == "nested")
     # Every resilience setting comes from the recipe's config (one owner), none from render.py.
     if restart == "injob":
         timed = dict(item.split(":") for item in ns.ft_rank_section_timeouts.split(","))

@@ -27,17 +27,16 @@ MANUAL = Outcome(kind="manual", share=0.01, needs_node=False, hangs=True, manual
 
 
 def test_the_planners_restore_sources_are_the_trainers_tiers_in_its_order() -> None:
-    """The planner names the trainer's restore tiers without importing them (its closure stays
-    torch-free: tests/test_architecture.py); this test holds the two lists equal, names and
-    order (cheapest first), so a tier added to the trainer fails here until the planner has
-    it too."""
-    from training.checkpoint.memory import IN_PROCESS_MODES
+    """The planner's sources are the trainer's restore tiers (names and order, cheapest first)
+    and its names for them are among them; ``reserve`` is the planner's own mode, not one the
+    trainer has."""
     from training.checkpoint.tiers import TIERS
+    from training.modes import MODES
 
     assert tiers.SOURCES == TIERS
-    # The trainer's modes whose restarts keep the processes; the planner adds its own
-    # ``reserve`` (a mode it models, not one the trainer has).
-    assert set(IN_PROCESS_MODES) <= set(tiers.IN_PROCESS_MODES)
+    names = (tiers.MEMORY, tiers.POD_MEMORY, tiers.PEER, tiers.LOCAL, tiers.STORAGE)
+    assert names == TIERS
+    assert "reserve" not in MODES
 
 
 @pytest.mark.parametrize(

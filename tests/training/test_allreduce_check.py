@@ -3,7 +3,7 @@
 Run: ``.venv/bin/pytest tests/training/test_allreduce_check.py -q``. The distributed tests start
 4 CPU ranks (gloo) as 2 "nodes" of 2 (LOCAL_WORLD_SIZE=2, GROUP_RANK = rank // 2), the way
 torchrun numbers them on 2 pods, and run the module itself; a per-node delay makes one node slow.
-NCCL over EFA (the point of the check) needs p5 nodes: see the README's "Preflight".
+NCCL over EFA (the point of the check) needs p5 nodes: see docs/eks.md's "Preflight".
 """
 
 from __future__ import annotations

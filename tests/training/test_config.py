@@ -138,7 +138,7 @@ def test_bool_true_spellings(value: str) -> None:
         ({"data.shuffle": "maybe"}, "data.shuffle", "true or false"),
         ({"parallel.device": "tpu"}, "parallel.device", "auto, cpu, cuda"),
         ({"checkpoint.engine": "s3"}, "checkpoint.engine", "nvrx, torch_async, sync"),
-        ({"resilience.restart": "always"}, "resilience.restart", "none, inprocess, injob"),
+        ({"resilience.restart": "always"}, "resilience.restart", "none, injob, inprocess, nested"),
         ({"train.steps": "0"}, "train.steps", ">= 1"),
         ({"model.n_heads": "5"}, "model.n_heads", "must divide"),
         ({"data.seq_len": "512"}, "model.max_seq_len", "data.seq_len=512"),

@@ -35,7 +35,6 @@ from training.checkpoint.layout import (
     write_rank_manifest,
 )
 from training.checkpoint.memory import (
-    IN_PROCESS_MODES,
     SNAPSHOTS,
     MemorySnapshots,
     ProcessMemoryTier,
@@ -49,7 +48,8 @@ from training.checkpoint.pod_memory import (
 from training.checkpoint.staging import staged_bytes, structure_key
 from training.checkpoint.storage import StorageTier
 from training.checkpoint.tiers import Rejected, RestoreTier, by_cost
-from training.config import POD_MEMORY_MODES, CheckpointConfig, JobConfig
+from training.config import CheckpointConfig, JobConfig
+from training.modes import snapshot_plan
 from training.runlog.metrics import EventLog
 
 
@@ -120,13 +120,10 @@ class CheckpointManager:
         """The job's checkpoint manager: ``config.checkpoint`` under ``config.checkpoint_dir``,
         and the restore tiers of the job's restart mode.
 
-        Snapshots every ``checkpoint.memory_interval`` steps, in a restart mode whose restarts
-        keep the pod (``POD_MEMORY_MODES``): in the pod's memory (``pod_memory.py``, the
-        ``pod_memory`` tier: in-job and in-process restarts restore them), or, with
-        ``checkpoint.pod_memory_dir`` empty, in the process's memory (``memory.py``: in-process
-        restarts only). Never both: a second copy of the state in host memory would restore
-        in-process restarts without a CRC pass over the snapshot, at the price of its size in
-        memory and a second copy per interval.
+        Snapshots every ``checkpoint.memory_interval`` steps in the tier
+        ``training.modes.snapshot_plan`` picks for the restart mode: the pod's memory
+        (``pod_memory.py``: in-job and in-process restarts restore them) or the process's
+        (``memory.py``: in-process restarts only).
 
         Restore tiers: the manager builds ``memory`` / ``pod_memory`` from the snapshots it
         takes, ``local`` and ``storage`` from its config, and takes any other tier in ``tiers``;
@@ -134,10 +131,12 @@ class CheckpointManager:
         appending its object to ``tiers``."""
         c = config.checkpoint
         root = Path(config.checkpoint_dir)
-        snapshots = c.memory_interval > 0 and config.resilience.restart in POD_MEMORY_MODES
+        # torchrun's nodes; peer.for_job checks the ring itself and says why a copy is off.
+        nodes = world_size // (int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))) or 1)
+        plan = snapshot_plan(checkpoint=c, restart=config.resilience.restart, nodes=nodes)
         memory = pod_memory = None
         tiers: list[RestoreTier] = []  # other tiers register here (``peer``)
-        if snapshots and c.pod_memory_dir:
+        if plan.tier == "pod_memory":
             owner = run_identity(root)
             pod_memory = PodMemorySnapshots.for_rank(
                 root=run_root(c.pod_memory_dir, owner),
@@ -157,7 +156,7 @@ class CheckpointManager:
             )
             if copies is not None:
                 tiers.append(peer.PeerTier(copies))
-        elif snapshots and config.resilience.restart in IN_PROCESS_MODES:
+        elif plan.tier == "memory":
             memory = SNAPSHOTS
         return cls(
             config=c,

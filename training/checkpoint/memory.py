@@ -33,9 +33,6 @@ import torch
 from training.checkpoint.snapshot_files import walk as _walk
 from training.checkpoint.tiers import Rejected, Restored, agree, common_steps
 
-IN_PROCESS_MODES = ("inprocess", "nested")
-"""The restart modes whose restarts keep the processes, and with them these snapshots."""
-
 
 @dataclass
 class _Slot:

@@ -1,7 +1,7 @@
 """Restore tiers: where a restart finds the state it resumes from, cheapest first.
 
-One owner of the names and their cost order (:data:`TIERS`). Each tier is one small module
-behind :class:`RestoreTier`:
+The names and their cost order are :data:`training.modes.TIERS`. Each tier is one small
+module behind :class:`RestoreTier`:
 
 - ``memory``: the rank's process memory (``memory.py``; in-process restarts, when snapshots in
   the pod's memory are off);
@@ -20,15 +20,13 @@ is reached before that checkpoint is loaded.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Protocol
 
 import torch.distributed as dist
 
 from training.checkpoint.staging import local_tensors
-
-TierName = Literal["memory", "pod_memory", "peer", "local", "storage"]
-TIERS: tuple[TierName, ...] = get_args(TierName)
-"""Every restore tier, cheapest first: the order ``load_latest`` tries them at equal steps."""
+from training.modes import TIERS as TIERS  # re-exported: training/modes.py owns the names
+from training.modes import TierName as TierName
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,15 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from training.config import JobConfig, ResilienceConfig
+from training.modes import MODES
 from training.resilience.sections import section_timeouts
 
-LAUNCHERS = {
-    "none": "torchrun",
-    "inprocess": "torchrun",
-    "injob": "ft_launcher",
-    "nested": "ft_launcher",
-}
-RESTART_POLICIES = {"injob": "any-failed", "nested": "min-healthy"}
+LAUNCHERS = {mode: s.launcher for mode, s in MODES.items()}
+"""Each restart mode's launcher (``training.modes.MODES``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,10 +62,11 @@ def launcher_flags(
     ]
     if rdzv.local_addr:
         flags.append(f"--local-addr={rdzv.local_addr}")
-    if r.restart not in RESTART_POLICIES:
+    mode = MODES[r.restart]
+    if mode.ft_restart_policy is None:
         return [*flags, "--max-restarts=0"]
     sections = ",".join(f"{name}:{_seconds(t)}" for name, t in section_timeouts(r).items())
-    if r.restart == "nested":
+    if mode.keeps_processes:
         # Nested ranks open no sections (an in-process restart would leave one open), and
         # NVRx's rank monitor applies the out-of-section timeout whenever none is open
         # (rank_monitor_server.py `_is_section_timeout_elapsed`): with one, every healthy rank
@@ -90,7 +87,7 @@ def launcher_flags(
         # One more than the cap: the ranks enforce `resilience.max_restarts` themselves at the
         # start of an attempt, so the run ends with a cause and an exit code that says why.
         f"--max-restarts={r.max_restarts + 1}",
-        f"--ft-restart-policy={RESTART_POLICIES[r.restart]}",
+        f"--ft-restart-policy={mode.ft_restart_policy}",
         f"--ft-initial-rank-heartbeat-timeout={_seconds(r.initial_heartbeat_timeout_s)}",
         *monitor,
         # The rank monitors compare the clock with the timeouts this often (NVRx's default is

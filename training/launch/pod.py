@@ -39,6 +39,7 @@ from training.cluster import cordon
 from training.config import JobConfig
 from training.exits import ConfigError
 from training.launch.command import trainer_args_of
+from training.modes import MODES
 from training.observe.catalog import METRICS_PORT
 from training.observe.launch import (
     FINAL_SCRAPE_WAIT_S,
@@ -142,7 +143,7 @@ def _supervise(command: Sequence[str], config: JobConfig) -> int:
         verdict=verdict,
         node=node,
         launcher_started=started,
-        in_job=config.resilience.restart in IN_JOB_MODES,
+        in_job=MODES[config.resilience.restart].keeps_nodes,
         stopped=bool(stopping),
     )
     if evicted(verdict, node=node, launcher_started=started):
@@ -152,11 +153,6 @@ def _supervise(command: Sequence[str], config: JobConfig) -> int:
     elif verdict is not None and not verdict.node and code != 0:
         print(f"error: {verdict.cause}", file=sys.stderr, flush=True)
     return outcome
-
-
-IN_JOB_MODES = ("injob", "nested")
-"""Restart modes whose launcher (``ft_launcher``) keeps the other nodes' pods through an
-eviction: they restart their workers in-job and wait for the evicted node's replacement."""
 
 
 def evicted(verdict: Verdict | None, *, node: str, launcher_started: float) -> bool:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from training.config import JobConfig
+from training.modes import MODES
 
 
 def run_with_restart_layer(config: JobConfig) -> int:
     mode = config.resilience.restart
-    if mode in ("inprocess", "nested"):
+    if MODES[mode].keeps_processes:
         from training.resilience.inprocess import run_inprocess
 
         return run_inprocess(config, nested=mode == "nested")

@@ -181,6 +181,8 @@ def test_a_gpu_without_nvrx_cupti_falls_back_to_the_event_timed_optimizer_sectio
 def test_eviction_is_accepted_in_every_restart_mode() -> None:
     """Under ft_launcher (injob, nested) the evicted node's ranks ask their launcher to leave
     the rendezvous (training/resilience/injob.py, ``exclude_this_node``)."""
-    for mode in ("none", "inprocess", "injob", "nested"):
+    from training.modes import MODES
+
+    for mode in MODES:
         overrides = {"straggler.evict": "true", "resilience.restart": mode}
         assert apply_overrides(JobConfig(), overrides).straggler.evict
