@@ -21,11 +21,12 @@ import time
 from pathlib import Path
 
 from training import exits
-from training.config import POD_MEMORY_MODES, JobConfig
+from training.config import JobConfig
 from training.data import DataError
 from training.exits import ConfigError
 from training.launch.command import LAUNCHERS, Rendezvous, launcher_command
 from training.launch.reaper import Reaper
+from training.modes import snapshot_plan
 from training.observe.catalog import METRICS_PORT
 from training.observe.launch import exporter_command, start_exporter, stop_exporter
 from training.overrides import build_config
@@ -61,15 +62,13 @@ def rank_command(*, config: JobConfig, nproc: int, train_args: list[str], port: 
 def pod_memory_root(*, config: JobConfig, run_id: str) -> Path | None:
     """The ``/dev/shm`` directory the ranks of the job `run_id` keep their snapshots in, if
     they keep any (the one the ranks compute: ``CheckpointManager``)."""
-    c = config.checkpoint
-    if not (c.memory_interval > 0 and c.pod_memory_dir):
-        return None
-    if config.resilience.restart not in POD_MEMORY_MODES:
+    plan = snapshot_plan(checkpoint=config.checkpoint, restart=config.resilience.restart, nodes=1)
+    if plan.tier != "pod_memory":
         return None
     from training.checkpoint.pod_memory import run_identity, run_root
 
     owner = run_identity(Path(config.checkpoint_dir), launch=run_id)
-    return run_root(c.pod_memory_dir, owner)
+    return run_root(config.checkpoint.pod_memory_dir, owner)
 
 
 def main(argv: list[str] | None = None) -> int:

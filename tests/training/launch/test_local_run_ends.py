@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from support import REPO_ROOT, requires_tool, subprocess_env, tail
 
-from training.config import POD_MEMORY_MODES
 from training.launch.command import LAUNCHERS
+from training.modes import spec
 
 MARK = "PYTEST_LOCAL_RUN_ENDS"
 """The test's own mark: every process the run starts inherits it from ``make``."""
@@ -95,7 +95,7 @@ def test_a_killed_launcher_leaves_no_process_and_no_shm(restart: str, tmp_path: 
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while _steps(run_dir) < 3 or (
-            restart in POD_MEMORY_MODES and not (shm.exists() and any(shm.iterdir()))
+            spec(restart).keeps_pod and not (shm.exists() and any(shm.iterdir()))
         ):
             assert make.poll() is None, f"make train ended early:\n{tail(log)}"
             assert time.monotonic() < deadline, (

@@ -36,6 +36,7 @@ LAUNCHER = textwrap.dedent(
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     print("ready", flush=True)
     if sys.argv[2] == "return":
+        sys.stdin.readline()  # the test has counted the sleepers
         reaper.close()
         print("closed", flush=True)
     else:
@@ -69,6 +70,7 @@ def test_nothing_outlives_the_launcher(end: str, tmp_path: Path) -> None:
         [sys.executable, "-c", LAUNCHER, str(shm), end],
         cwd=REPO_ROOT,
         env=subprocess_env(PYTEST_REAPER_CASE=str(tmp_path)),
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
@@ -76,12 +78,19 @@ def test_nothing_outlives_the_launcher(end: str, tmp_path: Path) -> None:
     try:
         assert launcher.stdout is not None
         assert launcher.stdout.readline() == "ready\n"
+        started = time.monotonic() + 20  # a forked sleeper shows its command line once it execs
+        while len(_sleepers(tmp_path)) < 2 and time.monotonic() < started:
+            time.sleep(0.05)
         assert len(_sleepers(tmp_path)) == 2, "the stand-in did not start its two sleepers"
         assert shm.is_dir()
         if end == "SIGKILL":
             os.kill(launcher.pid, signal.SIGKILL)
         elif end == "SIGHUP-to-the-group":  # a closed terminal: its process group gets SIGHUP
             os.killpg(launcher.pid, signal.SIGHUP)
+        else:
+            assert launcher.stdin is not None
+            launcher.stdin.write("\n")
+            launcher.stdin.flush()
         launcher.wait(timeout=30)
         deadline = time.monotonic() + 20
         while (_sleepers(tmp_path) or shm.exists()) and time.monotonic() < deadline:
