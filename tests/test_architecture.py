@@ -112,6 +112,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "infra.config",
         "infra.nag",
         "infra.network",
+        "infra.k8s_immutable",
         "infra.replacements",
         "infra.pod_identity",
     ),
