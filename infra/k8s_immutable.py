@@ -181,9 +181,7 @@ IMMUTABLE_FIELDS: tuple[ImmutableField, ...] = (
         for f in ("provisioner", "parameters", "reclaimPolicy", "volumeBindingMode")
     ),
     ImmutableField("RoleBinding", ("roleRef",), f"{_RBAC} ValidateRoleBindingUpdate"),
-    ImmutableField(
-        "ClusterRoleBinding", ("roleRef",), f"{_RBAC} ValidateClusterRoleBindingUpdate"
-    ),
+    ImmutableField("ClusterRoleBinding", ("roleRef",), f"{_RBAC} ValidateClusterRoleBindingUpdate"),
     ImmutableField("ConfigMap", ("data",), f"{_CORE} ValidateConfigMapUpdate", _immutable_data),
     ImmutableField("Secret", ("data",), f"{_CORE} ValidateSecretUpdate", _immutable_data),
 )
@@ -220,7 +218,7 @@ def changed_immutable_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> 
     where = f" -n {meta['namespace']}" if meta.get("namespace") else ""
     delete = f"kubectl delete {str(kind).lower()} {meta.get('name')}{where}"
     paths = dict.fromkeys(".".join(f.path) for f in changed)
-    return tuple(f"{p} is immutable" for p in paths) + (f"delete it first: {delete}",)
+    return (*(f"{p} is immutable" for p in paths), f"delete it first: {delete}")
 
 
 def check_known(kinds: Iterable[str]) -> None:

@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from infra_synth import synth
+from infra_synth import CDK_JSON_CONTEXT, synth
 
 from infra import first_deploy, k8s_immutable, replacements
 from infra.first_deploy import FIRST_DEPLOY_KEYS
-from infra_synth import CDK_JSON_CONTEXT
 
 REGION = "us-east-2"
 
@@ -39,7 +38,7 @@ def test_every_kind_the_stack_applies_is_looked_up(default_template: dict[str, A
     kinds = {o["kind"] for o in _manifest_objects(default_template)}
     assert {"PriorityClass", "PersistentVolumeClaim", "Deployment", "Service"} <= kinds
     k8s_immutable.check_known(kinds)
-    with pytest.raises(ValueError, match="CronJob.*IMMUTABLE_FIELDS"):
+    with pytest.raises(ValueError, match=r"CronJob.*IMMUTABLE_FIELDS"):
         k8s_immutable.check_known(kinds | {"CronJob"})
 
 
