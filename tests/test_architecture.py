@@ -113,6 +113,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "infra.nag",
         "infra.network",
         "infra.k8s_immutable",
+        "infra.alert_probe",
         "infra.replacements",
         "infra.pod_identity",
     ),
