@@ -209,6 +209,19 @@ def test_alerts_go_to_an_encrypted_topic_only_this_workspace_publishes_to(
     statements = policy["Properties"]["PolicyDocument"]["Statement"]
     publish = next(s for s in statements if s.get("Principal") == {"Service": "aps.amazonaws.com"})
     assert publish["Condition"]["ArnEquals"]["aws:SourceArn"] == {"Fn::GetAtt": [ws_id, "Arn"]}
+    # The key statement is AMP's documented one, without a condition (AMP user guide,
+    # AMP-alertmanager-receiver-AMPpermission.html): any condition key missing from the KMS
+    # request SNS makes for AMP would drop every alert.
+    key_statements = key["Properties"]["KeyPolicy"]["Statement"]
+    (for_aps,) = [
+        s for s in key_statements if s.get("Principal") == {"Service": "aps.amazonaws.com"}
+    ]
+    assert for_aps == {
+        "Action": ["kms:GenerateDataKey*", "kms:Decrypt"],
+        "Effect": "Allow",
+        "Principal": {"Service": "aps.amazonaws.com"},
+        "Resource": "*",
+    }
     assert any(  # TLS only
         s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
         for s in statements
@@ -234,34 +247,22 @@ def test_a_bad_alert_email_names_the_key(bad: Any) -> None:
     assert message.startswith("context 'alertEmail':") and "\n" not in message
 
 
-def test_the_scraper_may_only_read_pods_of_two_namespaces(
+def test_the_stack_grants_the_scraper_nothing_of_its_own(
     default_template: dict[str, Any],
 ) -> None:
+    """AMP creates the scraper's access entry, cluster-wide read, itself (auth mode API): a Role
+    of ours for its user would add nothing and suggest a narrower scope than it has."""
+    _, cluster = _one(default_template, "AWS::EKS::Cluster")
+    assert cluster["Properties"]["AccessConfig"]["AuthenticationMode"] == "API"
     manifests = [
         doc
         for resource in _of_type(default_template, K8S_RESOURCE).values()
         for doc in _manifest_docs(resource)
     ]
-    roles = [
-        m for m in manifests if m["kind"] == "Role" and "aps-collector" in m["metadata"]["name"]
-    ]
-    bindings = [
-        m
-        for m in manifests
-        if m["kind"] == "RoleBinding" and "aps-collector" in m["metadata"]["name"]
-    ]
-    assert {r["metadata"]["namespace"] for r in roles} == {
-        DEFAULTS["trainingNamespace"],
-        observability.DCGM_NAMESPACE,
-    }
-    for role in roles:
-        assert role["rules"] == [
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
-        ]
-    assert {b["subjects"][0]["name"] for b in bindings} == {observability.COLLECTOR_USER}
-    (rbac,) = [r for k, r in _of_type(default_template, K8S_RESOURCE).items() if "ScraperRbac" in k]
-    assert {m["kind"] for m in _manifest_docs(rbac)} == {"Role", "RoleBinding"}
-    assert not any(m["kind"].startswith("Cluster") for m in manifests if "aps" in json.dumps(m))
+    assert manifests  # the workloads' objects are read
+    assert not [m for m in manifests if "aps-collector" in json.dumps(m)]
+    entries = _of_type(default_template, "AWS::EKS::AccessEntry").values()
+    assert not [e for e in entries if "aps" in json.dumps(e["Properties"]).lower()]
 
 
 def _manifest_docs(resource: dict[str, Any]) -> list[dict[str, Any]]:
