@@ -15,11 +15,7 @@ manager -> the SNS topic) and say whether it arrived.
 
 CloudWatch is called with its AWS JSON 1.0 protocol (target prefix
 `GraniteServiceVersion20100801`, one of the protocols its service model lists). Requests are
-signed with SigV4 by `awscrt` (AWS's common runtime, what boto3's CRT mode and the AWS CLI v2 sign
-with): boto3/botocore cannot be installed beside `kubernetes` (botocore pins python-dateutil<3,
-kubernetes needs >=3). Credentials: the usual chain (environment, shared profile, process,
-container, instance); for an SSO profile run `eval "$(aws configure export-credentials
---format env)"` first.
+signed by infra/aws_call.py (SigV4 through awscrt; credentials as the AWS CLI finds them).
 
 Exit status: 0 arrived; 1 not arrived (or an API refused, with its message); 2 bad input.
 """
@@ -28,27 +24,21 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import io
 import json
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from infra.aws_call import AwsCallError, signed_request
 
 STACK_NAME = "EksFsdpResilient"
 """infra.config.STACK_NAME (not imported: this tool needs no CDK)."""
 ALERT_NAME = "AlertPipelineTest"
 CLOUDWATCH_TARGET = "GraniteServiceVersion20100801.GetMetricData"
 OUTPUT_KEYS = ("Region", "PrometheusQueryUrl", "AlertTopicArn")
-
-
-class ProbeError(Exception):
-    """A step failed; the message names it and what to check."""
 
 
 @dataclass(frozen=True)
@@ -86,51 +76,6 @@ def load_target(*, outputs: Path, stack: str, monitoring_url: str | None) -> Tar
     )
 
 
-def _send(
-    method: str,
-    url: str,
-    *,
-    service: str,
-    region: str,
-    body: bytes = b"",
-    headers: dict[str, str] | None = None,
-) -> Any:
-    """One SigV4-signed request; the JSON answer (None when empty)."""
-    from awscrt import auth, http
-
-    parts = urllib.parse.urlsplit(url)
-    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    all_headers = {"host": parts.netloc, **(headers or {})}
-    if body:
-        all_headers["content-length"] = str(len(body))
-    request = http.HttpRequest(
-        method, path, http.HttpHeaders(list(all_headers.items())), io.BytesIO(body)
-    )
-    config = auth.AwsSigningConfig(
-        credentials_provider=auth.AwsCredentialsProvider.new_default_chain(),
-        region=region,
-        service=service,
-        signed_body_header_type=auth.AwsSignedBodyHeaderType.X_AMZ_CONTENT_SHA_256,
-    )
-    try:
-        auth.aws_sign_request(request, config).result(timeout=30)
-    except Exception as err:
-        raise ProbeError(f"no AWS credentials to sign with ({err})") from None
-    signed = urllib.request.Request(url, data=body or None, method=method)
-    for name, value in request.headers:
-        if name.lower() not in ("host", "content-length"):
-            signed.add_header(name, value)
-    try:
-        with urllib.request.urlopen(signed, timeout=30) as response:
-            text = response.read()
-    except urllib.error.HTTPError as err:
-        detail = err.read().decode(errors="replace")[:300]
-        raise ProbeError(f"{method} {url}: HTTP {err.code} {detail}") from None
-    except urllib.error.URLError as err:
-        raise ProbeError(f"{method} {url}: {err.reason}") from None
-    return json.loads(text) if text.strip() else None
-
-
 def _iso(moment: dt.datetime) -> str:
     return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
 
@@ -142,7 +87,7 @@ def send_alert(target: Target, *, run: str, now: dt.datetime) -> None:
         "startsAt": _iso(now),
         "endsAt": _iso(now + dt.timedelta(minutes=10)),
     }
-    _send(
+    signed_request(
         "POST",
         target.alerts_url,
         service="aps",
@@ -154,7 +99,8 @@ def send_alert(target: Target, *, run: str, now: dt.datetime) -> None:
 
 def alert_held(target: Target, *, run: str) -> bool:
     query = urllib.parse.urlencode({"filter": f'training_job="{run}"'})
-    alerts = _send("GET", f"{target.alerts_url}?{query}", service="aps", region=target.region)
+    url = f"{target.alerts_url}?{query}"
+    alerts = signed_request("GET", url, service="aps", region=target.region)
     return any((a.get("labels") or {}).get("training_job") == run for a in alerts or [])
 
 
@@ -187,7 +133,7 @@ def topic_counts(target: Target, *, since: dt.datetime, now: dt.datetime) -> dic
         "StartTime": int(since.timestamp()) // 60 * 60,
         "EndTime": int(now.timestamp()) // 60 * 60 + 60,
     }
-    answer = _send(
+    answer = signed_request(
         "POST",
         target.monitoring_url,
         service="monitoring",
@@ -252,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         arrived, message = probe(target, timeout_s=args.timeout, poll_s=args.poll)
-    except ProbeError as err:
+    except AwsCallError as err:
         print(f"alert-test: {err}", file=sys.stderr)
         return 1
     if not arrived:
