@@ -98,6 +98,23 @@ def _claim_storage_shrinks(old: Mapping, new: Mapping) -> bool:
     return parse_quantity(after) < parse_quantity(before)
 
 
+def _static_claim_resized(old: Mapping, new: Mapping) -> bool:
+    """A changed storage request of a claim with no StorageClass (a static claim, as the stack's
+    FSx claim is): the PersistentVolumeClaimResize admission plugin, on by default, admits a
+    resize only for "dynamically provisioned pvc" whose StorageClass allows expansion
+    (plugin/pkg/admission/storage/persistentvolume/resize)."""
+    path = ("spec", "resources", "requests", "storage")
+    static = _get(old, ("spec", "storageClassName")) in ("", None, _ABSENT)
+    return static and _get(old, path) != _get(new, path)
+
+
+def _pv_node_affinity_changed(old: Mapping, new: Mapping) -> bool:
+    """A volume's node affinity may be set once, never changed (ValidatePersistentVolumeUpdate;
+    changing it needs the MutablePVNodeAffinity feature gate, alpha and off)."""
+    before = _get(old, ("spec", "nodeAffinity"))
+    return before is not _ABSENT and before != _get(new, ("spec", "nodeAffinity"))
+
+
 def _immutable_data(old: Mapping, new: Mapping) -> bool:
     """With `immutable: true` a ConfigMap's or Secret's data is fixed, and `immutable` cannot be
     unset (ValidateConfigMapUpdate / ValidateSecretUpdate: "field is immutable when `immutable`
@@ -158,11 +175,22 @@ IMMUTABLE_FIELDS: tuple[ImmutableField, ...] = (
             "managedBy",
         )
     ),
-    # The volume source (csi, nfs, ...) and the volume mode; capacity, access modes, class and
-    # reclaim policy may change.
+    # The volume source (every PersistentVolumeSource member) and the volume mode; capacity,
+    # access modes, class, mount options and reclaim policy may change.
     *(
         ImmutableField("PersistentVolume", ("spec", f), f"{_CORE} ValidatePersistentVolumeUpdate")
-        for f in ("csi", "nfs", "hostPath", "local", "awsElasticBlockStore", "volumeMode")
+        for f in (
+            *("awsElasticBlockStore", "azureDisk", "azureFile", "cephfs", "cinder", "csi", "fc"),
+            *("flexVolume", "flocker", "gcePersistentDisk", "glusterfs", "hostPath", "iscsi"),
+            *("local", "nfs", "photonPersistentDisk", "portworxVolume", "quobyte", "rbd"),
+            *("scaleIO", "storageos", "vsphereVolume", "volumeMode"),
+        )
+    ),
+    ImmutableField(
+        "PersistentVolume",
+        ("spec", "nodeAffinity"),
+        f"{_CORE} ValidatePersistentVolumeUpdate",
+        _pv_node_affinity_changed,
     ),
     ImmutableField(
         "PersistentVolumeClaim",
@@ -175,6 +203,12 @@ IMMUTABLE_FIELDS: tuple[ImmutableField, ...] = (
         ("spec", "resources", "requests", "storage"),
         f"{_CORE} ValidatePersistentVolumeClaimUpdate",
         _claim_storage_shrinks,
+    ),
+    ImmutableField(
+        "PersistentVolumeClaim",
+        ("spec", "resources", "requests", "storage"),
+        "plugin/pkg/admission/storage/persistentvolume/resize (PersistentVolumeClaimResize)",
+        _static_claim_resized,
     ),
     *(
         ImmutableField("StorageClass", (f,), f"{_STORAGE} ValidateStorageClassUpdate")
@@ -217,6 +251,11 @@ def changed_immutable_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> 
     meta = new.get("metadata", {})
     where = f" -n {meta['namespace']}" if meta.get("namespace") else ""
     delete = f"kubectl delete {str(kind).lower()} {meta.get('name')}{where}"
+    volume = _get(old, ("spec", "volumeName"))
+    if kind == "PersistentVolumeClaim" and isinstance(volume, str) and volume:
+        # A retained volume keeps its old claim's reference and binds no new claim: its object
+        # goes too (the storage behind it stays; the deploy creates both again).
+        delete += f" && kubectl delete persistentvolume {volume}"
     paths = dict.fromkeys(".".join(f.path) for f in changed)
     return (*(f"{p} is immutable" for p in paths), f"delete it first: {delete}")
 

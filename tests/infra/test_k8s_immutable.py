@@ -107,6 +107,13 @@ _SHARED = dict(
 )
 
 
+_SC = {"storageClassName": "fsx-sc"}
+
+
+def _gib(n: int) -> dict[str, str]:
+    return {"storage": f"{n}Gi"}
+
+
 def _obj(kind: str, **fields: Any) -> dict[str, Any]:
     return {"kind": kind, "metadata": {"name": "x", "namespace": "training"}, **fields}
 
@@ -149,16 +156,32 @@ def _obj(kind: str, **fields: Any) -> dict[str, Any]:
             _obj("PersistentVolume", spec={"capacity": {"storage": "4800Gi"}}),
             [],
         ),
-        # A claim may grow (validation; resizing is then up to its class), never shrink, and
-        # nothing else of its spec may change.
+        # A claim of a class may grow (validation; resizing is then up to its class), never
+        # shrink, and nothing else of its spec may change...
         (
-            _obj("PersistentVolumeClaim", spec={"resources": {"requests": {"storage": "1200Gi"}}}),
-            _obj("PersistentVolumeClaim", spec={"resources": {"requests": {"storage": "4800Gi"}}}),
+            _obj("PersistentVolumeClaim", spec={**_SC, "resources": {"requests": _gib(1200)}}),
+            _obj("PersistentVolumeClaim", spec={**_SC, "resources": {"requests": _gib(4800)}}),
+            [],
+        ),
+        # ...and a static claim (no class, as the stack's FSx claim) is never resized.
+        (
+            _obj("PersistentVolumeClaim", spec={"resources": {"requests": _gib(1200)}}),
+            _obj("PersistentVolumeClaim", spec={"resources": {"requests": _gib(4800)}}),
+            ["spec.resources.requests.storage"],
+        ),
+        (
+            _obj("PersistentVolume", spec={"nodeAffinity": {"required": {"a": 1}}}),
+            _obj("PersistentVolume", spec={"nodeAffinity": {"required": {"a": 2}}}),
+            ["spec.nodeAffinity"],
+        ),
+        (
+            _obj("PersistentVolume", spec={}),
+            _obj("PersistentVolume", spec={"nodeAffinity": {"required": {"a": 2}}}),
             [],
         ),
         (
-            _obj("PersistentVolumeClaim", spec={"resources": {"requests": {"storage": "4.8Ti"}}}),
-            _obj("PersistentVolumeClaim", spec={"resources": {"requests": {"storage": "4800Gi"}}}),
+            _obj("PersistentVolumeClaim", spec={**_SC, "resources": {"requests": _gib(4916)}}),
+            _obj("PersistentVolumeClaim", spec={**_SC, "resources": {"requests": _gib(4800)}}),
             ["spec.resources.requests.storage"],
         ),
         (
@@ -195,3 +218,22 @@ def test_the_table(old: dict, new: dict, fields: list[str]) -> None:
     if fields:
         kind = new["kind"].lower()
         assert reasons[-1] == f"delete it first: kubectl delete {kind} x -n training"
+
+
+def test_the_fsx_claim_of_another_size_names_both_deletes(default_template: dict[str, Any]) -> None:
+    """G15: a stack first deployed with a 1200 GiB claim meets today's fixed 4800Gi: refused,
+    with the two deletes that make it deployable (the data stays on FSx: reclaim Retain)."""
+    before = copy.deepcopy(default_template)
+    for resource in before["Resources"].values():
+        if resource["Type"] == replacements.MANIFEST_TYPE:
+            text = json.dumps(resource["Properties"]).replace('"4800Gi', '"1200Gi')
+            resource["Properties"] = json.loads(text)
+    changes = replacements.diff(before, default_template, region=REGION)
+    (claim,) = [c for c in changes if c.type == "PersistentVolumeClaim"]
+    assert claim.action == "replace"
+    assert claim.reasons[-1].endswith(
+        "kubectl delete persistentvolumeclaim fsx-claim -n training"
+        " && kubectl delete persistentvolume fsdp-fsx"
+    )
+    (volume,) = [c for c in changes if c.type == "PersistentVolume"]
+    assert volume.action == "update"  # its capacity may change
