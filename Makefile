@@ -24,7 +24,7 @@ ARGS    ?=
 OVERLAY ?= smoke
 DATA    := data/stdlib
 
-.PHONY: help setup train test test-fast lint format clean synth diff deploy gpu-nodes destroy bench report planner data eks-status eks-logs eks-stop eks-preflight gpu-check gpu-wheels
+.PHONY: help setup train test test-fast lint format clean synth diff deploy gpu-nodes destroy alert-test bench report planner data eks-status eks-logs eks-stop eks-preflight gpu-check gpu-wheels
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -127,6 +127,9 @@ gpu-nodes: $(VENV)/.stamp ## Set the GPU node count, kept for later deploys: mak
 	@[[ "$(NODES)" =~ ^[0-9]+$$ ]] || { echo "NODES: give the GPU node count (make gpu-nodes NODES=2) or a known overlay (make gpu-nodes OVERLAY=2node: its nodes + hot spares)" >&2; exit 2; }
 	$(MAKE) --no-print-directory deploy ARGS='-c gpuNodesDesired=$(NODES) $(ARGS)'
 	echo $(NODES) > $(GPU_NODES_FILE)
+
+alert-test: $(VENV)/.stamp ## Send a test alert through the deployed alert manager to the SNS topic and say whether it arrived (AWS credentials; cdk-outputs.json)
+	$(PY) -m infra.alert_probe --outputs cdk-outputs.json $(ARGS)
 
 destroy: setup ## Tear the stacks down, images included (the FSx file system is kept unless fsxRemovalPolicy says otherwise)
 	$(CDK) destroy --all --no-notices $(KEPT_CONTEXT) $(ARGS)

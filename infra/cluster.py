@@ -12,6 +12,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk.lambda_layer_kubectl_v36 import KubectlV36Layer
 from constructs import Construct
 
+from infra.addon_versions import addon_version
 from infra.config import ClusterConfig
 from infra.pod_identity import pod_identity_role
 
@@ -174,6 +175,7 @@ class TrainingCluster(Construct):
             "PodIdentityAgent",
             cluster=self.cluster,
             addon_name="eks-pod-identity-agent",
+            addon_version=addon_version("eks-pod-identity-agent"),
             preserve_on_delete=False,
         )
         # Reports GPU (XID), EFA, kernel and storage faults as node conditions; node auto repair
@@ -183,6 +185,7 @@ class TrainingCluster(Construct):
             "NodeMonitoringAgent",
             cluster=self.cluster,
             addon_name="eks-node-monitoring-agent",
+            addon_version=addon_version("eks-node-monitoring-agent"),
             preserve_on_delete=False,
         )
         # Add-ons need nodes to schedule on; without the dependency their creation can time out.
@@ -204,6 +207,7 @@ class TrainingCluster(Construct):
             self,
             "VpcCni",
             addon_name="vpc-cni",
+            addon_version=addon_version("vpc-cni"),
             cluster_name=self.cluster.cluster_name,
             # Takes over the aws-node DaemonSet EKS installed at creation.
             resolve_conflicts="OVERWRITE",

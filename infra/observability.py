@@ -5,10 +5,13 @@ rules, and an SNS topic the alerts go to (docs/observability.md says why this de
 - Scraper (`AWS::APS::Scraper`): runs in AWS, reaches the pods through its own network
   interfaces in the cluster's private subnets with the cluster security group (which every
   node's primary interface carries), discovers pods through the cluster's private endpoint and
-  writes to the workspace. It needs no agent, no IAM role of ours and no public endpoint; for
-  pod discovery it gets a Role (get/list/watch pods) in the two namespaces it reads, bound to the
-  user `aps-collector-user` that AMP gives the scraper's access entry (AMP user guide,
-  "Set up managed collectors for Amazon EKS").
+  writes to the workspace. It needs no agent, no IAM role of ours and no public endpoint. Its
+  rights in the cluster are AMP's, not ours: with the cluster's `API` authentication mode AMP
+  creates the scraper's EKS access entry itself, with cluster-wide read access (get/list/watch
+  nodes, nodes/proxy, nodes/metrics, services, endpoints, pods, ingresses, configmaps, and the
+  /metrics paths; AMP user guide, "Set up managed collectors for Amazon EKS",
+  AMP-collector-how-to.html). The scrape configuration below only chooses what it reads; the
+  service offers no narrower entry, so the stack adds no RBAC of its own for it.
 - Rules (`AWS::APS::RuleGroupsNamespace`): `observability/alerts.yaml`, deployed as written.
 - Alert manager: the workspace's definition sends every alert to the SNS topic (KMS-encrypted,
   TLS only, publishable by AMP for this workspace only); `alertEmail` subscribes one address.
@@ -31,7 +34,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
-from constructs import Construct, IConstruct
+from constructs import Construct
 
 OBSERVABILITY_DIR = Path(__file__).resolve().parents[1] / "observability"
 ALERT_RULES_FILE = OBSERVABILITY_DIR / "alerts.yaml"
@@ -45,8 +48,6 @@ TRAINER_COMPONENT = "trainer"
 """The trainer pods' app.kubernetes.io/component label (manifests/render.py)."""
 DCGM_NAMESPACE = "kube-system"
 """Where infra/addons.py installs the DCGM exporter chart."""
-COLLECTOR_USER = "aps-collector-user"
-"""The Kubernetes user name of the scraper's access entry (AMP user guide)."""
 
 
 def scrape_config(*, training_namespace: str) -> dict[str, Any]:
@@ -182,7 +183,6 @@ class Observability(Construct):
         cluster: eks.Cluster,
         vpc: ec2.IVpc,
         training_namespace: str,
-        namespace_manifest: IConstruct,
         alert_email: str | None,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -194,14 +194,18 @@ class Observability(Construct):
             enable_key_rotation=True,
         )
         aps_principal = iam.ServicePrincipal("aps.amazonaws.com")
-        # AMP publishes to an encrypted topic only with the key's data-key permissions (AMP user
-        # guide, "Alert manager and SNS": KMS-encrypted topics).
+        # AMP publishes to an encrypted topic only with the key's data-key permissions, and the
+        # statement is exactly AMP's documented one, with no condition (AMP user guide, "Giving
+        # Amazon Managed Service for Prometheus permission to send alert messages to your Amazon
+        # SNS topic", AMP-alertmanager-receiver-AMPpermission.html, the optional SSE step): a
+        # condition key the KMS request SNS makes on AMP's behalf does not carry fails every
+        # publish, and AMP drops the alert with nothing but a log line. The topic policy below
+        # keeps the confused-deputy conditions (workspace ARN, account) AMP documents there.
         key.add_to_resource_policy(
             iam.PolicyStatement(
                 actions=["kms:GenerateDataKey*", "kms:Decrypt"],
                 principals=[aps_principal],
                 resources=["*"],
-                conditions={"StringEquals": {"aws:SourceAccount": stack.account}},
             )
         )
         self.topic = sns.Topic(
@@ -258,37 +262,3 @@ class Observability(Construct):
                 )
             ),
         )
-        rbac = cluster.add_manifest(
-            "ScraperRbac",
-            *(
-                obj
-                for namespace in (training_namespace, DCGM_NAMESPACE)
-                for obj in _pod_reader(namespace)
-            ),
-        )
-        rbac.node.add_dependency(namespace_manifest)
-
-
-def _pod_reader(namespace: str) -> list[dict[str, Any]]:
-    """A Role that lists and watches pods in `namespace` (all pod discovery needs), bound to the
-    scraper's user."""
-    name = "aps-collector-pod-reader"
-    return [
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": {"name": name, "namespace": namespace},
-            "rules": [
-                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
-            ],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": name, "namespace": namespace},
-            "subjects": [
-                {"kind": "User", "name": COLLECTOR_USER, "apiGroup": "rbac.authorization.k8s.io"}
-            ],
-            "roleRef": {"kind": "Role", "name": name, "apiGroup": "rbac.authorization.k8s.io"},
-        },
-    ]

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Literal
 
+from infra import k8s_immutable
+
 # Resources that hold state a replacement loses or strands: checkpoints (FSx), the control plane
 # and everything in it (cluster), running nodes (node groups), images (ECR), encryption keys.
 STATEFUL_TYPES: Mapping[str, str] = {
@@ -165,6 +167,9 @@ def _kubernetes_changes(
             changes.append(Change(oid, kind, "remove", stateful=stateful))
         elif key not in old:
             changes.append(Change(oid, kind, "add"))
+        elif immutable := k8s_immutable.changed_immutable_fields(old[key], new[key]):
+            # kubectl apply would fail (and roll the stack back): refused like a replacement.
+            changes.append(Change(oid, kind, "replace", immutable, stateful=True))
         elif old[key] != new[key]:
             reasons = tuple(
                 field

@@ -77,7 +77,7 @@ class TrainingClusterStack(Stack):
         image = TrainerImage(self, "TrainerImage", config=config.image)
         self.image_tags = image.tags
         fs = storage.file_system
-        workloads = TrainingWorkloads(
+        TrainingWorkloads(
             self,
             "Workloads",
             cluster=cluster.cluster,
@@ -96,7 +96,6 @@ class TrainingClusterStack(Stack):
             cluster=cluster.cluster,
             vpc=network.vpc,
             training_namespace=config.workload.namespace,
-            namespace_manifest=workloads.namespace,
             alert_email=config.observability.alert_email,
         )
         nag.acknowledge(

@@ -10,6 +10,7 @@ from aws_cdk import aws_fsx as fsx
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
+from infra.addon_versions import addon_version
 from infra.config import FsxConfig
 from infra.pod_identity import pod_identity_role
 
@@ -148,6 +149,7 @@ class LustreStorage(Construct):
             self,
             "CsiDriver",
             addon_name="aws-fsx-csi-driver",
+            addon_version=addon_version("aws-fsx-csi-driver"),
             cluster_name=cluster.cluster_name,
             resolve_conflicts="OVERWRITE",
             preserve_on_delete=False,

@@ -7,8 +7,8 @@ Three users, one source (`sizes.py` + the builders below):
 - kubectl users run `kubectl apply -k manifests/overlays/<name>`; those YAML files are
   generated from the same builders by `python -m manifests.kustomize write` (placeholders for
   the image and FSx ids), and a test fails when they drift.
-`spare_objects(...)` (an overlay's hot spares) is in the kustomize overlays; the launcher and
-the CDK app do not apply it yet (docs/node-loss.md).
+`spare_objects(...)` (an overlay's hot spares) is in the kustomize overlays, and the launcher
+applies it before the Job (`training.launch.eks.submit`); the CDK app does not (docs/node-loss.md).
 
 Pure Python + PyYAML: no kubectl, no cluster, no AWS.
 """

@@ -209,6 +209,19 @@ def test_alerts_go_to_an_encrypted_topic_only_this_workspace_publishes_to(
     statements = policy["Properties"]["PolicyDocument"]["Statement"]
     publish = next(s for s in statements if s.get("Principal") == {"Service": "aps.amazonaws.com"})
     assert publish["Condition"]["ArnEquals"]["aws:SourceArn"] == {"Fn::GetAtt": [ws_id, "Arn"]}
+    # The key statement is AMP's documented one, without a condition (AMP user guide,
+    # AMP-alertmanager-receiver-AMPpermission.html): any condition key missing from the KMS
+    # request SNS makes for AMP would drop every alert.
+    key_statements = key["Properties"]["KeyPolicy"]["Statement"]
+    (for_aps,) = [
+        s for s in key_statements if s.get("Principal") == {"Service": "aps.amazonaws.com"}
+    ]
+    assert for_aps == {
+        "Action": ["kms:GenerateDataKey*", "kms:Decrypt"],
+        "Effect": "Allow",
+        "Principal": {"Service": "aps.amazonaws.com"},
+        "Resource": "*",
+    }
     assert any(  # TLS only
         s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
         for s in statements
@@ -234,34 +247,22 @@ def test_a_bad_alert_email_names_the_key(bad: Any) -> None:
     assert message.startswith("context 'alertEmail':") and "\n" not in message
 
 
-def test_the_scraper_may_only_read_pods_of_two_namespaces(
+def test_the_stack_grants_the_scraper_nothing_of_its_own(
     default_template: dict[str, Any],
 ) -> None:
+    """AMP creates the scraper's access entry, cluster-wide read, itself (auth mode API): a Role
+    of ours for its user would add nothing and suggest a narrower scope than it has."""
+    _, cluster = _one(default_template, "AWS::EKS::Cluster")
+    assert cluster["Properties"]["AccessConfig"]["AuthenticationMode"] == "API"
     manifests = [
         doc
         for resource in _of_type(default_template, K8S_RESOURCE).values()
         for doc in _manifest_docs(resource)
     ]
-    roles = [
-        m for m in manifests if m["kind"] == "Role" and "aps-collector" in m["metadata"]["name"]
-    ]
-    bindings = [
-        m
-        for m in manifests
-        if m["kind"] == "RoleBinding" and "aps-collector" in m["metadata"]["name"]
-    ]
-    assert {r["metadata"]["namespace"] for r in roles} == {
-        DEFAULTS["trainingNamespace"],
-        observability.DCGM_NAMESPACE,
-    }
-    for role in roles:
-        assert role["rules"] == [
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
-        ]
-    assert {b["subjects"][0]["name"] for b in bindings} == {observability.COLLECTOR_USER}
-    (rbac,) = [r for k, r in _of_type(default_template, K8S_RESOURCE).items() if "ScraperRbac" in k]
-    assert {m["kind"] for m in _manifest_docs(rbac)} == {"Role", "RoleBinding"}
-    assert not any(m["kind"].startswith("Cluster") for m in manifests if "aps" in json.dumps(m))
+    assert manifests  # the workloads' objects are read
+    assert not [m for m in manifests if "aps-collector" in json.dumps(m)]
+    entries = _of_type(default_template, "AWS::EKS::AccessEntry").values()
+    assert not [e for e in entries if "aps" in json.dumps(e["Properties"]).lower()]
 
 
 def _manifest_docs(resource: dict[str, Any]) -> list[dict[str, Any]]:
@@ -337,3 +338,213 @@ def test_amtool_accepts_the_alert_manager_configuration(
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 receivers" in result.stdout
+
+
+# --- `make alert-test` (infra/alert_probe.py) against a local stand-in of the APIs it calls ---
+#
+# What cannot run here: AMP, SNS and CloudWatch. The stand-in answers the three calls as their
+# references describe them: CreateAlertManagerAlerts / ListAlertManagerAlerts (AMP user guide,
+# AMP-APIReference-*.html: the Alertmanager v2 alerts API under the workspace's URL) and
+# CloudWatch GetMetricData in the AWS JSON 1.0 protocol (CloudWatch API reference; the target
+# prefix from its service model), and checks every request's SigV4 signature the way AWS does
+# (IAM user guide, "Create a signed AWS API request": canonical request, string to sign,
+# derived key), so the probe's real signing code (awscrt) is exercised, not bypassed.
+
+KEY_ID, SECRET = "AKIDSTANDIN", "standin-secret"
+REGION = "us-east-2"
+
+
+def _sigv4_ok(handler: Any, body: bytes, *, secret: str) -> bool:
+    import hashlib
+    import hmac
+    import urllib.parse
+
+    auth = handler.headers.get("Authorization", "")
+    if not auth.startswith("AWS4-HMAC-SHA256 "):
+        return False
+    fields = dict(p.strip().split("=", 1) for p in auth[len("AWS4-HMAC-SHA256 ") :].split(","))
+    _, date, region, service, _ = fields["Credential"].split("/")
+    signed_headers = fields["SignedHeaders"].split(";")
+    path, _, query = handler.path.partition("?")
+    pairs = sorted(urllib.parse.parse_qsl(query, keep_blank_values=True))
+    canonical_query = "&".join(
+        f"{urllib.parse.quote(k, safe='-_.~')}={urllib.parse.quote(v, safe='-_.~')}"
+        for k, v in pairs
+    )
+    headers = "".join(f"{h}:{handler.headers.get(h, '').strip()}\n" for h in signed_headers)
+    payload = hashlib.sha256(body).hexdigest()
+    canonical = "\n".join(
+        [handler.command, path, canonical_query, headers, ";".join(signed_headers), payload]
+    )
+    scope = f"{date}/{region}/{service}/aws4_request"
+    to_sign = "\n".join(
+        [
+            "AWS4-HMAC-SHA256",
+            handler.headers["X-Amz-Date"],
+            scope,
+            hashlib.sha256(canonical.encode()).hexdigest(),
+        ]
+    )
+    key = f"AWS4{secret}".encode()
+    for part in (date, region, service, "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    expected = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    handler.server.scopes.add((region, service))
+    return hmac.compare_digest(expected, fields["Signature"])
+
+
+def _stand_in(*, publishes: bool, secret: str = SECRET) -> Any:
+    """AMP's alert manager API + CloudWatch GetMetricData on 127.0.0.1 (a thread)."""
+    import http.server
+    import threading
+    import urllib.parse
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _answer(self, code: int, payload: Any = None) -> None:
+            data = b"" if payload is None else json.dumps(payload).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _authorized(self, body: bytes) -> bool:
+            if _sigv4_ok(self, body, secret=secret):
+                return True
+            self._answer(403, {"message": "The request signature we calculated does not match"})
+            return False
+
+        def do_GET(self) -> None:
+            path, _, query = self.path.partition("?")
+            if not self._authorized(b""):
+                return
+            assert path == "/workspaces/ws-standin/alertmanager/api/v2/alerts", path
+            (matcher,) = urllib.parse.parse_qs(query)["filter"]
+            name, _, value = matcher.partition("=")
+            alerts = [a for a in self.server.alerts if a["labels"].get(name) == value.strip('"')]
+            self._answer(200, [{**a, "status": {"state": "active"}} for a in alerts])
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if not self._authorized(body):
+                return
+            if self.path == "/workspaces/ws-standin/alertmanager/api/v2/alerts":
+                self.server.alerts += json.loads(body)
+                self._answer(200)
+                return
+            assert self.headers["X-Amz-Target"] == "GraniteServiceVersion20100801.GetMetricData"
+            assert self.headers["Content-Type"] == "application/x-amz-json-1.0"
+            request = json.loads(body)
+            counted = publishes and bool(self.server.alerts)
+            results = []
+            for query in request["MetricDataQueries"]:
+                metric = query["MetricStat"]["Metric"]
+                assert metric["Namespace"] == "AWS/SNS"
+                assert metric["Dimensions"] == [{"Name": "TopicName", "Value": "training-alerts"}]
+                value = {"NumberOfMessagesPublished": 1.0, "NumberOfNotificationsDelivered": 1.0}
+                hit = counted and metric["MetricName"] in value
+                results.append(
+                    {
+                        "Id": query["Id"],
+                        "Timestamps": [request["StartTime"]] if hit else [],
+                        "Values": [value[metric["MetricName"]]] if hit else [],
+                        "StatusCode": "Complete",
+                    }
+                )
+            self._answer(200, {"MetricDataResults": results, "Messages": []})
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.alerts, server.scopes = [], set()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _run_probe(tmp_path: Path, port: int, *extra: str) -> subprocess.CompletedProcess:
+    import os
+    import sys
+
+    outputs = tmp_path / "cdk-outputs.json"
+    base = f"http://127.0.0.1:{port}"
+    outputs.write_text(
+        json.dumps(
+            {
+                "EksFsdpResilient": {
+                    "Region": REGION,
+                    "PrometheusQueryUrl": f"{base}/workspaces/ws-standin/",
+                    "AlertTopicArn": f"arn:aws:sns:{REGION}:123456789012:training-alerts",
+                }
+            }
+        )
+    )
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "AWS_ACCESS_KEY_ID": KEY_ID,
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    return subprocess.run(
+        [
+            *(sys.executable, "-m", "infra.alert_probe", "--outputs", str(outputs)),
+            *("--monitoring-endpoint", f"{base}/", "--poll", "0.2", "--timeout", "3", *extra),
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_alert_test_says_the_alert_arrived(tmp_path: Path) -> None:
+    server = _stand_in(publishes=True)
+    try:
+        result = _run_probe(tmp_path, server.server_address[1])
+    finally:
+        server.shutdown()
+    assert result.returncode == 0, result.stderr
+    assert "arrived: AMP published to arn:aws:sns:" in result.stdout
+    assert "1 delivered, 0 failed" in result.stdout
+    (alert,) = server.alerts
+    assert alert["labels"]["alertname"] == "AlertPipelineTest"
+    assert alert["labels"]["training_job"].startswith("alert-test-")
+    assert server.scopes == {(REGION, "aps"), (REGION, "monitoring")}
+
+
+def test_alert_test_says_when_the_topic_never_gets_it(tmp_path: Path) -> None:
+    """What a KMS key policy AMP cannot use looks like from outside: AMP takes the alert, the
+    topic publishes nothing."""
+    server = _stand_in(publishes=False)
+    try:
+        result = _run_probe(tmp_path, server.server_address[1])
+    finally:
+        server.shutdown()
+    assert result.returncode == 1
+    assert result.stderr.startswith("alert-test: not arrived: no message published to")
+    assert "kms:GenerateDataKey*" in result.stderr and len(server.alerts) == 1
+
+
+def test_alert_test_reports_a_refused_signature(tmp_path: Path) -> None:
+    server = _stand_in(publishes=True, secret="another-secret")
+    try:
+        result = _run_probe(tmp_path, server.server_address[1])
+    finally:
+        server.shutdown()
+    assert result.returncode == 1 and server.alerts == []
+    assert "HTTP 403" in result.stderr and "signature" in result.stderr
+
+
+def test_alert_test_without_outputs_says_what_to_run(tmp_path: Path) -> None:
+    from infra import alert_probe
+
+    assert alert_probe.main(["--outputs", str(tmp_path / "none.json")]) == 2
+
+
+def test_make_alert_test_runs_the_probe() -> None:
+    dry = subprocess.run(
+        ["make", "-n", "alert-test"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    assert "-m infra.alert_probe --outputs cdk-outputs.json" in dry.stdout

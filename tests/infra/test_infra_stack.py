@@ -544,11 +544,9 @@ def test_dcgm_exporter_on_gpu_nodes_only(default_assertions: Template) -> None:
 
 def k8s_manifests(template: Template) -> dict[str, dict[str, Any]]:
     """The workloads' two KubernetesResource custom resources: the namespace, then the shared
-    objects. The only other one is the metrics scraper's Role (tests/infra/
-    test_infra_observability.py checks it)."""
-    template.resource_count_is(K8S_RESOURCE, 3)  # no training job without -c train=...
-    found = dict(template.find_resources(K8S_RESOURCE))
-    return {k: v for k, v in found.items() if "ScraperRbac" not in k}
+    objects (the only ones: AMP gives the metrics scraper its access itself)."""
+    template.resource_count_is(K8S_RESOURCE, 2)  # no training job without -c train=...
+    return dict(template.find_resources(K8S_RESOURCE))
 
 
 def manifest_text(resource: dict[str, Any]) -> str:
