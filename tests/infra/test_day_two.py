@@ -589,6 +589,11 @@ def test_the_app_from_a_clean_clone_keeps_the_deployed_settings(tmp_path: Path) 
         cfn.put(STACK_NAME, before)
         cfn.put(IMAGES_STACK_NAME, images)
         proc, out = _app(tmp_path, cfn.env(), gpuNodesDesired="2", deployCheck="required")
+        # The synth `make destroy` runs first: what the destroy keeps, and how to delete it.
+        destroy, destroy_out = _app(tmp_path / "destroy", cfn.env(), deployCheck="destroy")
+    assert destroy.returncode == 0, destroy.stderr[-3000:]
+    kept = (destroy_out / "retained.txt").read_text()
+    assert "aws fsx delete-file-system" in kept and "AWS::KMS::Key" in kept
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"adminPrincipalArn={json.dumps(ADMIN)}" in proc.stderr
     assert (
@@ -621,8 +626,7 @@ def test_make_diff_and_destroy_through_the_cdk_cli(
 ) -> None:
     """The real `make diff` (the pinned CDK CLI's `cdk synth --no-lookups`, then app.py) from
     this clone, which has no deploy state, against the emulated stack: a zone move with the
-    first deploy's nodes is refused in one line with the steps. Then the synth `make destroy`
-    runs first (deployCheck=destroy) writes what the destroy keeps."""
+    first deploy's nodes is refused in one line with the steps."""
     running = copy.deepcopy(first_template)
     _gpu_group(running)["Properties"]["ScalingConfig"]["DesiredSize"] = 2
     settings = deployed.stored_settings(running) | {"gpuNodesDesired": "2"}
