@@ -386,8 +386,8 @@ def test_a_stack_first_deployed_with_another_fsx_size_has_a_way_forward(tmp_path
     assert any(t.endswith("/PersistentVolume/fsdp-fsx") for t in tokens)
     assert any(t.endswith("/PersistentVolumeClaim/fsx-claim") for t in tokens)
     first_deploy.check(**args, acknowledged=tuple(tokens))
-    assert "day-two.md" in (REPO_ROOT / "docs/day-two.md").read_text()  # the documented steps
-    assert "kubectl delete pvc fsx-claim" in (REPO_ROOT / "docs/day-two.md").read_text()
+    steps = (REPO_ROOT / "docs/day-two.md").read_text().split("## A file system of another size")
+    assert "kubectl delete pvc fsx-claim" in steps[1].split("\n## ")[0]  # the documented way
 
 
 # --- make destroy ----------------------------------------------------------------------------
