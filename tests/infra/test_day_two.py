@@ -1,7 +1,7 @@
 """Day two: every README step after the first deploy, from a clone with no local state.
 
-    .venv/bin/pytest tests/infra/test_day_two.py              # ~3 min on 2 cores
-    .venv/bin/pytest tests/infra/test_day_two.py -m "not slow" # the in-process part
+    .venv/bin/pytest tests/infra/test_day_two.py              # ~10 min on 2 loaded cores
+    .venv/bin/pytest tests/infra/test_day_two.py -m "not slow" # in-process, ~3 min
 
 The deployed stack is the one source of deploy state. Each step starts from a deployed template
 (a first deploy synthesized here, or a committed fixture of an earlier version's stack), reads
@@ -621,7 +621,7 @@ def test_the_app_without_credentials_says_what_it_could_not_check(tmp_path: Path
 @pytest.mark.slow
 @needs_aws_cli
 @pytest.mark.skipif(not (REPO_ROOT / "node_modules/.bin/cdk").exists(), reason="make setup")
-def test_make_diff_and_destroy_through_the_cdk_cli(
+def test_make_diff_through_the_cdk_cli_refuses_a_zone_move_with_nodes(
     first_template: dict[str, Any], images_template: dict[str, Any], tmp_path: Path
 ) -> None:
     """The real `make diff` (the pinned CDK CLI's `cdk synth --no-lookups`, then app.py) from
