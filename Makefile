@@ -95,45 +95,29 @@ bench: $(VENV)/.stamp data ## Run every benchmark side by side and print the tab
 
 # --- infrastructure -------------------------------------------------------------------------
 STACK := EksFsdpResilient
-# The GPU node count the last `make gpu-nodes` asked for: every deploy passes it on, so a plain
-# `make deploy` (say, to change a setting) never scales running nodes back to cdk.json's 0.
-GPU_NODES_FILE := .gpu-nodes
-# First-deploy settings (GPU zone, capacity type, reservation, placement group) and the last
-# deploy's template, kept after each deploy succeeds (infra/first_deploy.py): later deploys keep
-# the settings, and synth refuses what would replace state unless acknowledged.
-STATE_DIR := .
-FIRST_DEPLOY_FILE := $(STATE_DIR)/.first-deploy
-LAST_TEMPLATES := $(STATE_DIR)/.last-deploy.template.json $(STATE_DIR)/.last-deploy.images.template.json
-# Kept context first, ARGS last: the CDK CLI keeps the last -c of a key.
-KEPT_CONTEXT = -c deployStateDir=$(STATE_DIR) $(if $(wildcard $(FIRST_DEPLOY_FILE)),$(foreach kv,$(shell cat $(FIRST_DEPLOY_FILE)),-c $(kv))) \
-  $(if $(wildcard $(GPU_NODES_FILE)),-c gpuNodesDesired=$(shell cat $(GPU_NODES_FILE)))
+# The deployed stack is the one source of deploy state: every synth reads its template and the
+# settings it was deployed with back through the AWS CLI (infra/deployed.py, app.py) and keeps
+# what ARGS does not change, from any clone. Without credentials synth and diff say so in one
+# line; deploy (deployCheck=required) refuses.
+synth: setup ## Synthesize the CloudFormation templates (keeps the deployed stack's settings; offline: says it could not check)
+	$(CDK) synth --no-notices --no-lookups --no-version-reporting --quiet $(ARGS)
 
-synth: setup ## Synthesize the CloudFormation templates offline (with the kept deploy settings)
-	$(CDK) synth --no-notices --no-lookups --no-version-reporting --quiet $(KEPT_CONTEXT) $(ARGS)
-
-diff: setup ## Offline: what the next deploy replaces, against the last deploy's template
-	@test -f $(word 1,$(LAST_TEMPLATES)) || echo "No kept template yet: the next deploy is a first deploy." >&2
-	$(CDK) synth --no-notices --no-lookups --no-version-reporting --quiet $(KEPT_CONTEXT) $(ARGS)
+diff: setup ## What the next deploy replaces, removes, updates and keeps, against the deployed stack
+	$(CDK) synth --no-notices --no-lookups --no-version-reporting --quiet $(ARGS)
 
 deploy: setup ## Deploy the stacks (needs AWS credentials); writes cdk-outputs.json
-	$(CDK) deploy --all --no-notices --outputs-file cdk-outputs.json $(KEPT_CONTEXT) $(ARGS)
-	$(PY) -m infra.first_deploy keep cdk.out --stack $(STACK) --state-dir $(STATE_DIR)
+	$(CDK) deploy --all --no-notices --outputs-file cdk-outputs.json -c deployCheck=required $(ARGS)
 
-# An overlay's GPU nodes: its training nodes plus its hot spares (manifests/sizes.py, the one owner).
-OVERLAY_NODE_COUNT = $(shell $(PY) -c "from manifests.sizes import SIZES; s = SIZES.get('$(OVERLAY)'); print(s.node_count if s else '')" 2>/dev/null)
-
-gpu-nodes: $(VENV)/.stamp ## Set the GPU node count, kept for later deploys: make gpu-nodes OVERLAY=2node (nodes + spares) or NODES=2
-	$(eval NODES := $(or $(NODES),$(OVERLAY_NODE_COUNT)))
-	@[[ "$(NODES)" =~ ^[0-9]+$$ ]] || { echo "NODES: give the GPU node count (make gpu-nodes NODES=2) or a known overlay (make gpu-nodes OVERLAY=2node: its nodes + hot spares)" >&2; exit 2; }
-	$(MAKE) --no-print-directory deploy ARGS='-c gpuNodesDesired=$(NODES) $(ARGS)'
-	echo $(NODES) > $(GPU_NODES_FILE)
+gpu-nodes: $(VENV)/.stamp ## GPU nodes for an overlay (its nodes + hot spares): make gpu-nodes OVERLAY=2node, or NODES=2
+	@[[ -z "$(NODES)" || "$(NODES)" =~ ^[0-9]+$$ ]] || { echo "NODES: give the GPU node count (make gpu-nodes NODES=2) or an overlay (make gpu-nodes OVERLAY=2node: its nodes + hot spares)" >&2; exit 2; }
+	$(MAKE) --no-print-directory deploy ARGS='$(if $(NODES),-c gpuNodesDesired=$(NODES),-c overlay=$(OVERLAY)) $(ARGS)'
 
 alert-test: $(VENV)/.stamp ## Send a test alert through the deployed alert manager to the SNS topic and say whether it arrived (AWS credentials; cdk-outputs.json)
 	$(PY) -m infra.alert_probe --outputs cdk-outputs.json $(ARGS)
 
-destroy: setup ## Tear the stacks down, images included (the FSx file system is kept unless fsxRemovalPolicy says otherwise)
-	$(CDK) destroy --all --no-notices $(KEPT_CONTEXT) $(ARGS)
-	rm -f $(GPU_NODES_FILE) $(FIRST_DEPLOY_FILE) $(LAST_TEMPLATES)
+destroy: setup ## Tear the stacks down, images included; prints what it keeps (FSx with its network) and how to delete it
+	$(CDK) destroy --all --no-notices -c deployCheck=destroy $(ARGS)
+	@cat cdk.out/retained.txt 2>/dev/null || true
 
 # --- quality --------------------------------------------------------------------------------
 lint: $(VENV)/.stamp ## ruff lint + format check

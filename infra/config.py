@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +111,9 @@ class GpuNodesConfig:
     reservation is only usable by instances launched in that group). None: no group. On-demand
     capacity gets a new cluster placement group; Capacity Blocks take none (EC2 docs: "there is
     no need to use a cluster placement group with a Capacity Block")."""
+    overlay: str | None = None
+    """The overlay the nodes are sized for (`-c overlay=NAME`): desired_size defaults to its
+    training nodes plus hot spares; `gpuNodesDesired` overrides it."""
 
 
 @dataclass(frozen=True)
@@ -349,10 +352,25 @@ def _cluster(get: Getter) -> ClusterConfig:
     )
 
 
-def _gpu(get: Getter) -> GpuNodesConfig:
+def _desired(get: Getter, node_counts: Mapping[str, int], *, fix: str) -> tuple[int, str | None]:
+    """The GPU node count: `gpuNodesDesired` when given (an override), else the overlay's
+    training nodes plus hot spares (manifests/sizes.py's node_count), else 0."""
+    overlay = _optional_str(get, "overlay")
+    if overlay is not None and overlay not in node_counts:
+        raise ConfigError(
+            "overlay",
+            f"{overlay!r} is not an overlay",
+            f"use one of {', '.join(node_counts)} (or -c gpuNodesDesired=N)",
+        )
+    if get("gpuNodesDesired") is None:
+        return (node_counts[overlay] if overlay else 0), overlay
+    return _int(get, "gpuNodesDesired", minimum=0, fix=fix), overlay
+
+
+def _gpu(get: Getter, node_counts: Mapping[str, int]) -> GpuNodesConfig:
     fix = "set gpuNodesMin <= gpuNodesDesired <= gpuNodesMax"
     low = _int(get, "gpuNodesMin", minimum=0, fix=fix)
-    desired = _int(get, "gpuNodesDesired", minimum=0, fix=fix)
+    desired, overlay = _desired(get, node_counts, fix=fix)
     high = _int(get, "gpuNodesMax", minimum=1, fix=fix)
     if not low <= desired <= high:
         raise ConfigError(
@@ -434,6 +452,7 @@ def _gpu(get: Getter) -> GpuNodesConfig:
         root_volume_gib=root,
         reservation_placement_group=group,
         capacity_block_active=block_active,
+        overlay=overlay,
     )
 
 
@@ -524,16 +543,19 @@ def _observability(get: Getter) -> ObservabilityConfig:
     return ObservabilityConfig(alert_email=email)
 
 
-def load_config(get: Getter, *, overlays: Sequence[str]) -> StackConfig:
+def load_config(
+    get: Getter, *, overlays: Sequence[str], node_counts: Mapping[str, int] | None = None
+) -> StackConfig:
     """Read and validate every context value; `get` is e.g. `app.node.try_get_context`.
 
     `overlays` are the training job's overlays (manifests.render.OVERLAYS), passed in so that
-    this module stays free of imports outside the standard library.
+    this module stays free of imports outside the standard library; `node_counts` maps each
+    overlay to its GPU nodes with hot spares (manifests/sizes.py), for `-c overlay=NAME`.
     """
     return StackConfig(
         network=_network(get),
         cluster=_cluster(get),
-        gpu=_gpu(get),
+        gpu=_gpu(get, node_counts or {}),
         fsx=_fsx(get),
         image=_image(get),
         workload=_workload(get, overlays),

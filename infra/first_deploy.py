@@ -1,47 +1,34 @@
-"""First-deploy settings and the day-two check: what a later deploy may change in place.
+"""The day-two check: what a deploy changes against the deployed stack, and what it refuses.
 
-The GPU zone and the capacity settings decide where the file system and the GPU node group
-live; changing them replaces those resources. They are kept in `.first-deploy` beside
-`.gpu-nodes` (one `key=value` a line): `make deploy` passes them to every later deploy as
-`-c key=value` before the user's own ARGS, and copies the synthesized file over it after a
-deploy succeeds. The app refuses at synth:
+app.py reads the deployed stack back at synth (infra/deployed.py: its template and the settings
+it was deployed with), keeps every setting the user does not give again, synthesizes, and then
+this module compares the new template with the deployed one (infra/replacements.py) and
+refuses, in one line naming each change and the safe way:
 
-- a first-deploy setting that differs from the kept one, unless named in
-  `-c acknowledgeReplacement=<key>[,<key>...]`;
-- a deploy that would replace or remove state (infra/replacements.py, against the template of
-  the last deploy kept in `.last-deploy.template.json`), unless acknowledged the same way
-  (by the setting that causes it, or by the replaced resource's logical id).
+- a changed guarded setting (SAFE_WAY: the GPU zone, capacity, admin access, public endpoint,
+  FSx size), each unless named in `-c acknowledgeReplacement=<key>[,<key>...]`;
+- each replacement or removal of state, unless its own logical id is acknowledged the same way
+  (one acknowledgement per change: acknowledging a setting never accepts another change);
+- with no acknowledgement possible: an FSx size below the deployed one (FSx never shrinks), a
+  zone move while GPU nodes run (their placement group is single-zone), a Capacity Block update
+  with nodes (EKS).
 
-Either way it prints what the deploy replaces.
+Either way it prints what the deploy replaces, removes, updates and keeps.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from infra.config import STACK_NAME, ConfigError, StackConfig
+from infra.config import ConfigError, StackConfig
 
-SETTINGS_FILE = ".first-deploy"
-"""Kept beside `.gpu-nodes` in the repository root (the Makefile names the same file)."""
-LAST_TEMPLATE_FILE = ".last-deploy.template.json"
-"""The training stack's template of the last successful `make deploy`, for `make diff` and the
-check below; the other stacks' templates are kept beside it (KEPT_STACKS)."""
-KEPT_STACKS = {"EksFsdpResilientImages": ".last-deploy.images.template.json"}
-"""Other stacks of the app whose last templates are kept and diffed too (infra/stack.py)."""
 ACK_KEY = "acknowledgeReplacement"
-STATE_DIR_KEY = "deployStateDir"
-"""Context key of the folder holding the two files (default: the current directory, the
-repository root under the CDK CLI); tests point it elsewhere."""
 
 SAFE_WAY = {
     "gpuAvailabilityZone": (
         "a new zone replaces the GPU node group and the FSx file system (the old one is kept and "
-        "billed; copy the checkpoints first)"
+        "billed; copy the checkpoints first: docs/day-two.md, Moving the GPU zone)"
     ),
     "capacityType": (
         "capacity-block replaces the GPU node group (EKS capacity type); the others roll the "
@@ -49,10 +36,19 @@ SAFE_WAY = {
     ),
     "capacityReservationId": "the GPU nodes roll onto the new reservation one at a time",
     "capacityReservationPlacementGroup": "the GPU nodes roll into the new placement group",
+    "adminPrincipalArn": (
+        "the deployed principal loses its cluster-admin access entry (kubectl with it stops)"
+    ),
+    "endpointAllowedCidrs": (
+        "addresses no longer listed lose the public API endpoint (kubectl from there stops)"
+    ),
+    "fsxStorageCapacityGiB": (
+        "FSx storage only grows: the larger size is billed from then on and cannot be undone"
+    ),
 }
-"""Why each setting is kept: printed with a refusal (the replacements themselves are computed
-from the templates, not from this text)."""
-FIRST_DEPLOY_KEYS = tuple(SAFE_WAY)
+"""Settings whose change needs its own acknowledgement, and why (printed with a refusal; the
+replacements themselves are computed from the templates, not from this text)."""
+GUARDED_KEYS = tuple(SAFE_WAY)
 
 
 class ReplacementRefused(ConfigError):
@@ -64,34 +60,18 @@ class ReplacementRefused(ConfigError):
 
 
 def settings(config: StackConfig) -> dict[str, str]:
-    """The first-deploy settings of a validated configuration (`none` for an absent id, which
-    infra/config.py reads back as None)."""
+    """The guarded settings and the node count of a validated configuration, as comparable
+    text (`none` for an absent value)."""
     return {
         "gpuAvailabilityZone": config.network.gpu_availability_zone,
         "capacityType": config.gpu.capacity_type,
         "capacityReservationId": config.gpu.capacity_reservation_id or "none",
         "capacityReservationPlacementGroup": config.gpu.reservation_placement_group or "none",
+        "adminPrincipalArn": config.cluster.admin_principal_arn or "none",
+        "endpointAllowedCidrs": ",".join(sorted(config.cluster.endpoint_allowed_cidrs)) or "none",
+        "fsxStorageCapacityGiB": str(config.fsx.storage_capacity_gib),
+        "gpuNodesDesired": str(config.gpu.desired_size),
     }
-
-
-def render(values: Mapping[str, str]) -> str:
-    return "".join(f"{key}={values[key]}\n" for key in FIRST_DEPLOY_KEYS)
-
-
-def parse(text: str) -> dict[str, str]:
-    values = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip() or line.startswith("#"):
-            continue
-        key, sep, value = line.partition("=")
-        if not sep or key not in FIRST_DEPLOY_KEYS:
-            raise ConfigError(
-                SETTINGS_FILE,
-                f"line {number} ({line!r}) is not one of {', '.join(FIRST_DEPLOY_KEYS)}=<value>",
-                "restore it from the last deploy's cdk.out/first-deploy",
-            )
-        values[key] = value.strip()
-    return values
 
 
 def acknowledged(get: Callable[[str], Any]) -> tuple[str, ...]:
@@ -104,7 +84,35 @@ def acknowledged(get: Callable[[str], Any]) -> tuple[str, ...]:
 
 
 def changed_settings(kept: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
-    return [key for key in FIRST_DEPLOY_KEYS if key in kept and kept[key] != now[key]]
+    return [key for key in GUARDED_KEYS if key in kept and key in now and kept[key] != now[key]]
+
+
+def _refuse_without_acknowledgement(
+    kept: Mapping[str, str], now: Mapping[str, str], *, report: str
+) -> None:
+    """Changes no acknowledgement makes safe: refused with the steps that work."""
+    size = "fsxStorageCapacityGiB"
+    if size in kept and size in now and int(now[size]) < int(kept["fsxStorageCapacityGiB"]):
+        raise ReplacementRefused(
+            "fsxStorageCapacityGiB",
+            f"{now['fsxStorageCapacityGiB']} GiB is below the deployed "
+            f"{kept['fsxStorageCapacityGiB']} GiB; FSx storage never shrinks (UpdateFileSystem: "
+            "the new capacity must be greater than the current)",
+            f"leave it out to keep {kept['fsxStorageCapacityGiB']}",
+            report=report,
+        )
+    zone = "gpuAvailabilityZone"
+    nodes = max(int(kept.get("gpuNodesDesired", "0")), int(now.get("gpuNodesDesired", "0")))
+    if zone in kept and zone in now and kept[zone] != now[zone] and nodes:
+        raise ReplacementRefused(
+            zone,
+            f"moving the GPU nodes from {kept[zone]} to {now[zone]} with {nodes} nodes: the new "
+            "group's instances would join a placement group whose instances still run in the "
+            "old zone (EC2: a cluster placement group spans one zone; InvalidPlacementGroup.InUse)",
+            "make eks-stop; make gpu-nodes NODES=0 (a deploy of its own); then the zone move at "
+            "0 nodes (docs/day-two.md, Moving the GPU zone); then make gpu-nodes OVERLAY=<size>",
+            report=report,
+        )
 
 
 def check(
@@ -117,12 +125,13 @@ def check(
     region: str,
     other_stacks: Mapping[str, tuple[Mapping[str, Any] | None, Mapping[str, Any]]] | None = None,
 ) -> str:
-    """The day-two report of a synthesized template; raises ConfigError (one line naming the
-    setting or resource and the safe way) when the deploy must be refused.
+    """The day-two report of a synthesized template; raises ReplacementRefused (one line naming
+    each refused change and the safe way) when the deploy must be refused.
 
-    `kept` / `last_template`: the first-deploy settings and template of the last deploy (None
-    before the first deploy: nothing to compare, nothing refused). `other_stacks`: the app's
-    other stacks, name -> (last template, template); their resources are named `stack.id`.
+    `kept` / `last_template`: the deployed stack's settings (`settings()` of its configuration)
+    and template (None when no stack is deployed: nothing to compare, nothing refused).
+    `other_stacks`: the app's other stacks, name -> (deployed template, template); their
+    resources are named `stack.id`.
     """
     import dataclasses
 
@@ -138,33 +147,30 @@ def check(
     first = last_template is None and all(b is None for b, _ in (other_stacks or {}).values())
     report = "first deploy" if first else replacements.summary(changes)
 
-    for key in changed_settings(kept or {}, now):
-        if key not in acknowledged:
-            raise ReplacementRefused(
-                key,
-                f"{now[key]} is not the first deploy's {kept[key]} (kept in {SETTINGS_FILE}): "
-                f"{SAFE_WAY[key]}",
-                f"leave it out to keep {kept[key]}, or accept with "
-                f'-c {ACK_KEY}={key} after `make diff ARGS="-c {key}={now[key]}"`',
-                report=report,
-            )
+    kept = kept or {}
+    _refuse_without_acknowledgement(kept, now, report=report)
     _capacity_block_rolls_only_at_zero(changes, last_template or {}, template, report=report)
-    if any(key in acknowledged for key in changed_settings(kept or {}, now)):
-        return report  # an acknowledged setting accepts what the printed report lists
+    # Each guarded setting and each lost resource needs its own acknowledgement.
     refused = [
-        c
+        (key, f"change {key} from {kept[key]} to {now[key]}: {SAFE_WAY[key]}")
+        for key in changed_settings(kept, now)
+        if key not in acknowledged
+    ]
+    refused += [
+        (
+            c.logical_id,
+            f"{c.action} the {c.type} {c.logical_id} ({', '.join(c.reasons) or 'changed'})",
+        )
         for c in replacements.destructive(changes)
-        if c.logical_id.split("/")[0] not in acknowledged
+        if c.logical_id not in acknowledged
     ]
     if refused:
-        first = refused[0]
-        ids = ",".join(dict.fromkeys(c.logical_id.split("/")[0] for c in refused))
+        key = refused[0][0]
         raise ReplacementRefused(
-            first.logical_id,
-            f"this deploy would {first.action} the {first.type} "
-            f"({', '.join(first.reasons) or 'changed'})"
-            + (f" and {len(refused) - 1} more" if len(refused) > 1 else ""),
-            f"undo the change, or accept with -c {ACK_KEY}={ids}",
+            key if key in SAFE_WAY else refused[0][0],
+            "this deploy would " + "; ".join(what for _, what in refused),
+            "undo the change, or accept each with "
+            f"-c {ACK_KEY}={','.join(dict.fromkeys(k for k, _ in refused))}",
             report=report,
         )
     return report
@@ -224,64 +230,3 @@ def keeps_creator_admin(last_template: Mapping[str, Any] | None) -> bool:
             access = resource.get("Properties", {}).get("AccessConfig", {})
             return access.get("BootstrapClusterCreatorAdminPermissions", True) is not False
     return False
-
-
-def state_dir(get: Callable[[str], Any]) -> Path:
-    return Path(get(STATE_DIR_KEY) or ".")
-
-
-def load_kept(
-    folder: Path,
-) -> tuple[dict[str, str] | None, dict[str, Any] | None, dict[str, dict[str, Any] | None]]:
-    """The kept settings, training-stack template and other stacks' templates of the last
-    deploy (None where absent)."""
-
-    def read(name: str) -> dict[str, Any] | None:
-        path = folder / name
-        return json.loads(path.read_text()) if path.exists() else None
-
-    settings_path = folder / SETTINGS_FILE
-    kept = parse(settings_path.read_text()) if settings_path.exists() else None
-    others = {stack: read(name) for stack, name in KEPT_STACKS.items()}
-    return kept, read(LAST_TEMPLATE_FILE), others
-
-
-def keep(*, assembly: Path, folder: Path, stack_name: str) -> None:
-    """After a deploy succeeded: keep its settings and templates for the next deploy. Each file
-    is written beside its target and renamed over it, so none is ever half written."""
-    files = {
-        SETTINGS_FILE: assembly / SETTINGS_FILE.lstrip("."),
-        LAST_TEMPLATE_FILE: assembly / f"{stack_name}.template.json",
-        **{name: assembly / f"{stack}.template.json" for stack, name in KEPT_STACKS.items()},
-    }
-    missing = [str(source) for source in files.values() if not source.exists()]
-    if missing:
-        raise ConfigError(
-            "assembly", f"{', '.join(missing)} missing", "deploy again with `make deploy`"
-        )
-    for name, source in files.items():
-        partial = folder / f"{name}.partial"
-        partial.write_bytes(source.read_bytes())
-        os.replace(partial, folder / name)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m infra.first_deploy keep cdk.out`: what `make deploy` runs after a deploy."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m infra.first_deploy")
-    parser.add_argument("command", choices=["keep"])
-    parser.add_argument("assembly", type=Path)
-    parser.add_argument("--state-dir", type=Path, default=Path("."))
-    parser.add_argument("--stack", default=STACK_NAME)
-    args = parser.parse_args(argv)
-    try:
-        keep(assembly=args.assembly, folder=args.state_dir, stack_name=args.stack)
-    except ConfigError as err:
-        print(f"Not kept: {err}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,7 @@ logs (KMS-encrypted), the GPU nodes' subnet, and the EFA security group."""
 
 from __future__ import annotations
 
-from aws_cdk import Aws, RemovalPolicy
+from aws_cdk import Aws, CfnResource, RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
@@ -126,3 +126,14 @@ class Network(Construct):
             destination_security_group_id=self.efa_security_group.security_group_id,
             description="EFA to itself",
         )
+
+    def retained_with_file_system(self, file_system_group: ec2.ISecurityGroup) -> list[CfnResource]:
+        """What a retained FSx file system still uses after the stack is deleted: the VPC,
+        every private subnet (the file system's, and the one a zone move left behind) and the
+        file system's security group."""
+        subnets = [s.node.default_child for s in self.vpc.private_subnets]
+        return [
+            self.vpc.node.default_child,
+            *subnets,
+            file_system_group.node.default_child,
+        ]  # type: ignore[list-item]

@@ -4,13 +4,19 @@ job launcher reads from cdk-outputs.json."""
 
 from __future__ import annotations
 
-from aws_cdk import App, Aws, CfnOutput, DefaultStackSynthesizer, Environment, Stack
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from aws_cdk import App, Aws, CfnOutput, DefaultStackSynthesizer, Environment, RemovalPolicy, Stack
+from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from infra import nag, sizing
 from infra.addons import DevicePlugins
 from infra.cluster import TrainingCluster
 from infra.config import STACK_NAME, StackConfig
+from infra.deployed import SETTINGS_PARAMETER_ID
 from infra.gpu_nodegroup import GpuNodeGroup
 from infra.image import TrainerImage
 from infra.images import ImagesStack
@@ -30,9 +36,21 @@ class TrainingClusterStack(Stack):
         *,
         config: StackConfig,
         keep_creator_admin: bool = False,
+        settings: Mapping[str, Any] | None = None,
         **kwargs,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
+        # Every setting of this deploy, kept with the stack: the next deploy, from any clone,
+        # reads it back (infra/deployed.py) and keeps what it is not told to change. A resource
+        # (not template metadata), so that a changed setting is always a stack update.
+        settings_parameter = ssm.CfnParameter(
+            self,
+            SETTINGS_PARAMETER_ID,
+            type="String",
+            value=json.dumps(dict(settings or {}), sort_keys=True, separators=(",", ":")),
+            description="Deploy settings of this stack (infra/deployed.py reads them back)",
+        )
+        settings_parameter.override_logical_id(SETTINGS_PARAMETER_ID)
         # Before any construct: a file system too small or too slow for the largest overlay is
         # a ConfigError naming the context values and what would fit.
         sizing.check_fsx(
@@ -73,6 +91,13 @@ class TrainingClusterStack(Stack):
             pod_identity_agent=cluster.pod_identity_agent,
             config=config.fsx,
         )
+        if config.fsx.removal_policy == "retain":
+            # A retained file system keeps its interfaces in its subnet and security group: the
+            # stack's delete of those (and of the VPC) would fail with DependencyViolation
+            # (aws/aws-cdk#31521). They are retained with it; `make destroy` prints what it
+            # kept and the commands that delete it (infra/deployed.py RETAINED_DELETE).
+            for retained in network.retained_with_file_system(storage.security_group):
+                retained.apply_removal_policy(RemovalPolicy.RETAIN)
         DevicePlugins(self, "DevicePlugins", cluster=cluster.cluster)
         image = TrainerImage(self, "TrainerImage", config=config.image)
         self.image_tags = image.tags
@@ -143,7 +168,11 @@ IMAGES_STACK_NAME = f"{STACK_NAME}Images"
 
 
 def build_stacks(
-    app: App, *, config: StackConfig, keep_creator_admin: bool = False
+    app: App,
+    *,
+    config: StackConfig,
+    keep_creator_admin: bool = False,
+    settings: Mapping[str, Any] | None = None,
 ) -> TrainingClusterStack:
     """The app's two stacks (app.py and the tests build them here): the images repository,
     then the training stack, whose image assets CDK publishes into that repository."""
@@ -155,6 +184,7 @@ def build_stacks(
         STACK_NAME,
         config=config,
         keep_creator_admin=keep_creator_admin,
+        settings=settings,
         env=env,
         synthesizer=DefaultStackSynthesizer(
             image_assets_repository_name=config.image.repository_name

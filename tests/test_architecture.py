@@ -133,7 +133,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "infra.workloads",
         "infra.observability",
     ),
-    ("infra.addons",),
+    ("infra.addons", "infra.deployed"),
     ("infra.stack", "infra"),
     # cluster actions through the Kubernetes API (above the manifests that grant them)
     ("training.cluster",),

@@ -14,10 +14,11 @@ from typing import Any
 
 import aws_cdk as cdk
 
-from infra import first_deploy, nag
+from infra import deployed, first_deploy, nag
 from infra.config import STACK_NAME, load_config
 from infra.stack import build_stacks
 from manifests.render import OVERLAYS
+from manifests.sizes import SIZES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CDK_JSON_CONTEXT: dict[str, Any] = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
@@ -67,11 +68,16 @@ def synth(
         analytics_reporting=False,
         builtin_cloud_formation_validation=validate,
     )
-    config = load_config(app.node.try_get_context, overlays=OVERLAYS)
+    node_counts = {name: size.node_count for name, size in SIZES.items()}
+    config = load_config(app.node.try_get_context, overlays=OVERLAYS, node_counts=node_counts)
     build_stacks(
         app,
         config=config,
         keep_creator_admin=first_deploy.keeps_creator_admin(last_template),
+        # What app.py stores: every setting of the deploy (its context, feature flags aside).
+        settings=deployed.settings_to_store(
+            {k: v for k, v in context.items() if k in CDK_JSON_CONTEXT}
+        ),
     )
     if validate:
         nag.add_checks(app)

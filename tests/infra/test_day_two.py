@@ -1,57 +1,62 @@
-"""Day two: every docs/eks.md step after the first deploy, synthesized before and after, offline.
+"""Day two: every docs/eks.md deploy step after the first deploy, from a clone with no local state.
 
-    .venv/bin/pytest tests/infra/test_day_two.py        # ~20 s on 2 cores
+    .venv/bin/pytest tests/infra/test_day_two.py              # ~10 min on 2 loaded cores
+    .venv/bin/pytest tests/infra/test_day_two.py -m "not slow" # in-process, ~3 min
 
-Each step is the context a user adds after the first `make deploy` (cdk.json's defaults). The
-changes come from infra/replacements.py, the same code `make diff` and every synth run: create-
-only properties from the CloudFormation schemas cfn-lint ships, changed logical ids, and the
-Kubernetes objects the kubectl custom resource applies. What cannot run here: CloudFormation
-itself (a replacement it decides from the live stack) and the kubectl handler.
+The deployed stack is the one source of deploy state. Each step starts from a deployed template
+(a first deploy synthesized here, or a committed fixture of an earlier version's stack), reads
+its settings back the way app.py does (infra/deployed.py: the stack's DeploySettings parameter,
+or the resources of a stack from before it), layers the step's `-c` values on top, synthesizes,
+and diffs (infra/replacements.py, the code every synth runs). The slow tests run app.py itself,
+and `make diff` through the pinned CDK CLI, against an emulated CloudFormation on localhost
+(tests/infra/cfn_emulator.py) reached through the real AWS CLI, as a user's clone would.
+What cannot run here: CloudFormation itself (a replacement it decides from the live stack) and
+the kubectl handler.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cfn_emulator import emulated_cloudformation, no_credentials_env
 from infra_synth import CDK_JSON_CONTEXT, mask_asset_hashes, synth
 
-from infra import first_deploy, replacements
-from infra.config import STACK_NAME
+from infra import deployed, first_deploy, replacements
+from infra.config import STACK_NAME, load_config
+from infra.stack import IMAGES_STACK_NAME
+from manifests.render import OVERLAYS
+from manifests.sizes import SIZES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = Path(__file__).parent / "fixtures"
 REGION = CDK_JSON_CONTEXT["region"]
 RESERVATION = "cr-0123456789abcdef0"
+ADMIN = "arn:aws:iam::123456789012:role/Admin"
+NODE_COUNTS = {name: size.node_count for name, size in SIZES.items()}
 
-# docs/eks.md's steps after the first deploy: (name, context added to cdk.json's).
-STEPS: dict[str, dict[str, Any]] = {
-    "gpu-nodes": {"gpuNodesDesired": 2},
-    "reservation": {
-        "capacityType": "capacity-reservation",
-        "capacityReservationId": RESERVATION,
-        "gpuNodesDesired": 2,
-    },
-    "fsx-size": {"fsxStorageCapacityGiB": 9600},
-    "fsx-throughput": {"fsxThroughputPerUnit": 500},
-    "kubernetes-version": {"kubernetesVersion": "1.37"},
-}
-# Steps that cannot avoid a replacement: refused unless acknowledged, and what they replace.
-UNAVOIDABLE: dict[str, tuple[dict[str, Any], str, set[str]]] = {
-    "capacity-block": (
-        {"capacityType": "capacity-block", "capacityReservationId": RESERVATION},
-        "capacityType",
-        {"AWS::EKS::Nodegroup"},
+# docs/eks.md's first deploy: an admin role and the laptop's address on the public endpoint.
+FIRST_DEPLOY = {"adminPrincipalArn": ADMIN, "endpointAllowedCidrs": "203.0.113.7/32"}
+
+# docs/eks.md's steps after the first deploy: (the `-c` values given, acknowledgements needed).
+STEPS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
+    "gpu-nodes": ({"gpuNodesDesired": "2"}, ()),
+    "gpu-nodes-overlay": ({"overlay": "2node"}, ()),
+    "reservation": (
+        {"capacityType": "capacity-reservation", "capacityReservationId": RESERVATION},
+        ("capacityType", "capacityReservationId"),
     ),
-    "zone": (
-        {"gpuAvailabilityZone": "us-east-2b"},
-        "gpuAvailabilityZone",
-        {"AWS::EKS::Nodegroup", "AWS::FSx::FileSystem", "PersistentVolume"},
-    ),
+    "fsx-growth": ({"fsxStorageCapacityGiB": "9600"}, ("fsxStorageCapacityGiB",)),
+    "fsx-throughput": ({"fsxThroughputPerUnit": "500"}, ()),
+    "kubernetes-version": ({"kubernetesVersion": "1.37"}, ()),
 }
 
 
@@ -73,227 +78,365 @@ def newer_kubernetes(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
+@pytest.fixture(scope="session")
+def first_template(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The stack as the README's first deploy leaves it (its DeploySettings included)."""
+    return synth(FIRST_DEPLOY, outdir=tmp_path_factory.mktemp("first"))[0]
+
+
+def _context(deployed_template: dict[str, Any] | None, given: dict[str, Any]) -> dict[str, Any]:
+    """app.py's context: cdk.json, under the deployed settings, under the given `-c` values."""
+    kept, _ = deployed.kept_settings(deployed_template)
+    return deployed.layered(defaults=CDK_JSON_CONTEXT, kept=kept, given=given)
+
+
+def _settings(context: dict[str, Any]) -> dict[str, str]:
+    config = load_config(context.get, overlays=OVERLAYS, node_counts=NODE_COUNTS)
+    return first_deploy.settings(config)
+
+
+def _deploy(
+    before: dict[str, Any], given: dict[str, Any], tmp_path: Path, *, mask: bool = False
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """A step from a clean clone: (the new template, the check's arguments)."""
+    context = _context(before, given)
+    after = synth(context, outdir=tmp_path / "after", last_template=before)[0]
+    if mask:
+        after = mask_asset_hashes(after)
+    args = dict(
+        kept=_settings(_context(before, {})),
+        now=_settings(context),
+        last_template=before,
+        template=after,
+        region=REGION,
+    )
+    return after, args, context
+
+
+def _resource(template: dict[str, Any], rtype: str) -> dict[str, Any]:
+    (found,) = [r for r in template["Resources"].values() if r["Type"] == rtype]
+    return found
+
+
+def _gpu_group(template: dict[str, Any]) -> dict[str, Any]:
+    return next(
+        r
+        for r in template["Resources"].values()
+        if r["Type"] == "AWS::EKS::Nodegroup" and "LaunchTemplate" in r["Properties"]
+    )
+
+
 def _store_template(template: dict[str, Any]) -> Any:
     """The rendezvous store Deployment's pod template, as the kubectl handler applies it."""
-    for lid, resource in template["Resources"].items():
+    for resource in template["Resources"].values():
         if resource["Type"] != replacements.MANIFEST_TYPE:
             continue
-        objects = replacements._kubernetes_objects(resource, frozenset())
-        for (kind, _, _name), obj in objects.items():
+        for (kind, _, _name), obj in replacements._kubernetes_objects(
+            resource, frozenset()
+        ).items():
             if kind == "Deployment":
-                return lid, obj["spec"]["template"]
+                return obj["spec"]["template"]
     raise AssertionError("no Deployment among the stack's Kubernetes objects")
 
 
-def _step(name: str, tmp_path: Path, request: pytest.FixtureRequest) -> dict[str, Any]:
-    context = STEPS.get(name) or UNAVOIDABLE[name][0]
-    if name == "kubernetes-version":
-        request.getfixturevalue("newer_kubernetes")
-    return synth(context, outdir=tmp_path / name)[0]
+def _ack_tokens(message: str) -> list[str]:
+    return message.rsplit(f"{first_deploy.ACK_KEY}=", 1)[1].split(",")
+
+
+def _access_kept(template: dict[str, Any]) -> None:
+    """The first deploy's admin access entry and public endpoint are still there."""
+    entries = [
+        r["Properties"]["PrincipalArn"]
+        for r in template["Resources"].values()
+        if r["Type"] == "AWS::EKS::AccessEntry"
+    ]
+    assert ADMIN in entries
+    vpc = _resource(template, "AWS::EKS::Cluster")["Properties"]["ResourcesVpcConfig"]
+    assert vpc["EndpointPublicAccess"] is True and vpc["PublicAccessCidrs"] == ["203.0.113.7/32"]
+
+
+# --- each README step, from a clone that has no local state ----------------------------------
 
 
 @pytest.mark.parametrize("name", list(STEPS))
-def test_step_replaces_no_state_and_restarts_no_store(
-    name: str, default_template: dict[str, Any], tmp_path: Path, request: pytest.FixtureRequest
+def test_a_step_keeps_every_setting_and_replaces_no_state(
+    name: str, first_template: dict[str, Any], tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    after = _step(name, tmp_path, request)
-    changes = replacements.diff(default_template, after, region=REGION)
+    given, needed = STEPS[name]
+    if name == "kubernetes-version":
+        request.getfixturevalue("newer_kubernetes")
+    after, args, _ = _deploy(first_template, given, tmp_path)
+    changes = replacements.diff(first_template, after, region=REGION)
     assert not replacements.destructive(changes), replacements.summary(changes)
-    assert not replacements.output_changed(default_template, after, "ImageUri")
-    assert _store_template(default_template) == _store_template(after)
-    # The report the app prints accepts it without acknowledgment.
-    report = first_deploy.check(
-        kept=dict.fromkeys(first_deploy.FIRST_DEPLOY_KEYS) | _kept(),
-        now=_now(name),
-        last_template=default_template,
-        template=after,
-        acknowledged=()
-        if name not in ("reservation",)
-        else ("capacityType", "capacityReservationId"),
-        region=REGION,
+    _access_kept(after)  # `make gpu-nodes` no longer drops the first deploy's -c values
+    fsx = _resource(after, "AWS::FSx::FileSystem")["Properties"]
+    assert fsx["StorageCapacity"] == int(given.get("fsxStorageCapacityGiB", 4800))
+    assert not replacements.output_changed(first_template, after, "ImageUri")
+    assert _store_template(first_template) == _store_template(after)
+    # The settings the next deploy reads back are this deploy's.
+    assert deployed.stored_settings(after) == deployed.settings_to_store(
+        {k: v for k, v in _context(first_template, given).items() if k in CDK_JSON_CONTEXT}
     )
+    if needed:
+        with pytest.raises(first_deploy.ReplacementRefused) as refused:
+            first_deploy.check(**args, acknowledged=())
+        assert _ack_tokens(str(refused.value)) == list(needed)  # each named on its own
+    report = first_deploy.check(**args, acknowledged=needed)
     assert "!" not in report
+    assert "DeploySettings" in report  # the changed settings are a stack update
 
 
-def _kept() -> dict[str, str]:
-    return {
-        "gpuAvailabilityZone": CDK_JSON_CONTEXT["gpuAvailabilityZone"],
-        "capacityType": "on-demand",
-        "capacityReservationId": "none",
-        "capacityReservationPlacementGroup": "none",
-    }
-
-
-def _now(name: str) -> dict[str, str]:
-    context = STEPS.get(name) or UNAVOIDABLE[name][0]
-    return {
-        **_kept(),
-        **{k: str(v) for k, v in context.items() if k in first_deploy.FIRST_DEPLOY_KEYS},
-    }
-
-
-@pytest.mark.parametrize("name", list(UNAVOIDABLE))
-def test_unavoidable_replacement_is_refused_unless_acknowledged(
-    name: str, default_template: dict[str, Any], tmp_path: Path, request: pytest.FixtureRequest
+def test_make_gpu_nodes_with_an_overlay_asks_for_its_nodes_and_spares(
+    first_template: dict[str, Any], tmp_path: Path
 ) -> None:
-    _, setting, must_replace = UNAVOIDABLE[name]
-    after = _step(name, tmp_path, request)
-    changes = replacements.diff(default_template, after, region=REGION)
-    assert {c.type for c in replacements.destructive(changes)} == must_replace
-    # Never the cluster, the trainer image or the store.
-    assert not any(c.type == "AWS::EKS::Cluster" for c in changes if c.destructive)
-    assert not replacements.output_changed(default_template, after, "ImageUri")
-    assert _store_template(default_template) == _store_template(after)
-
-    args = dict(kept=_kept(), now=_now(name), last_template=default_template, template=after)
-    with pytest.raises(first_deploy.ReplacementRefused) as refused:
-        first_deploy.check(**args, acknowledged=(), region=REGION)
-    message = str(refused.value)
-    assert "\n" not in message and setting in message
-    assert f"acknowledgeReplacement={setting}" in message
-    assert "!" in refused.value.report  # what it replaces is printed with the refusal
-    ack = tuple(k for k in first_deploy.FIRST_DEPLOY_KEYS if _now(name)[k] != _kept()[k])
-    report = first_deploy.check(**args, acknowledged=ack, region=REGION)
-    for change in replacements.destructive(changes):
-        assert change.logical_id in report
+    after, _, _ = _deploy(first_template, {"overlay": "2node"}, tmp_path)
+    scaling = _gpu_group(after)["Properties"]["ScalingConfig"]
+    assert scaling["DesiredSize"] == SIZES["2node"].node_count > SIZES["2node"].nodes
+    # NODES=N overrides the overlay's count, and a later overlay clears the override.
+    pinned, _, _ = _deploy(after, {"gpuNodesDesired": "1"}, tmp_path / "pinned")
+    assert _gpu_group(pinned)["Properties"]["ScalingConfig"]["DesiredSize"] == 1
+    kept = deployed.stored_settings(pinned)
+    assert kept["overlay"] == "2node" and kept["gpuNodesDesired"] == "1"
+    context = _context(pinned, {"overlay": "16node"})
+    assert _settings(context)["gpuNodesDesired"] == str(SIZES["16node"].node_count)
 
 
-def test_a_replaced_stateful_resource_without_a_setting_is_refused(
-    default_template: dict[str, Any],
+def test_acknowledging_one_setting_never_accepts_another_change(
+    first_template: dict[str, Any], tmp_path: Path
 ) -> None:
-    """A code change that replaces state (here: the FSx subnet, as a changed zone would) with
-    no first-deploy setting changed is refused by the resource's logical id."""
-    import copy
-
-    after = copy.deepcopy(default_template)
+    """A reservation acknowledged by its settings, deployed with a code change that would
+    replace the file system: the file system is refused on its own."""
+    given, needed = STEPS["reservation"]
+    after, args, _ = _deploy(first_template, given, tmp_path)
+    after = copy.deepcopy(after)
     fsx = next(lid for lid, r in after["Resources"].items() if r["Type"] == "AWS::FSx::FileSystem")
     after["Resources"][fsx]["Properties"]["SubnetIds"] = [{"Ref": "SomeOtherSubnet"}]
-    args = dict(kept=_kept(), now=_kept(), last_template=default_template, template=after)
-    with pytest.raises(first_deploy.ReplacementRefused, match=fsx) as refused:
-        first_deploy.check(**args, acknowledged=(), region=REGION)
-    # The PV that names the file system cannot follow it: the fix names both.
-    ack = str(refused.value).rsplit("acknowledgeReplacement=", 1)[1].split(",")
-    assert ack[0] == fsx and len(ack) == 2
-    first_deploy.check(**args, acknowledged=tuple(ack), region=REGION)
+    args["template"] = after
+    with pytest.raises(first_deploy.ReplacementRefused) as refused:
+        first_deploy.check(**args, acknowledged=needed)
+    tokens = _ack_tokens(str(refused.value))
+    assert tokens[0] == fsx and not set(needed) & set(tokens)
+    assert "\n" not in str(refused.value)
+    first_deploy.check(**args, acknowledged=(*needed, *tokens))
+
+
+# --- steps that replace state: refused, each change named ------------------------------------
+
+
+def test_a_capacity_block_replaces_the_gpu_group_only_with_each_change_acknowledged(
+    first_template: dict[str, Any], tmp_path: Path
+) -> None:
+    given = {
+        "capacityType": "capacity-block",
+        "capacityReservationId": RESERVATION,
+        "gpuNodesDesired": "0",
+    }
+    after, args, _ = _deploy(first_template, given, tmp_path)
+    lost = replacements.destructive(replacements.diff(first_template, after, region=REGION))
+    assert [c.type for c in lost] == ["AWS::EKS::Nodegroup"]
+    with pytest.raises(first_deploy.ReplacementRefused) as refused:
+        first_deploy.check(**args, acknowledged=("capacityType", "capacityReservationId"))
+    assert _ack_tokens(str(refused.value)) == [lost[0].logical_id]
+    report = first_deploy.check(
+        **args, acknowledged=("capacityType", "capacityReservationId", lost[0].logical_id)
+    )
+    assert f"! replace {lost[0].logical_id}" in report
+
+
+def test_a_zone_move_with_nodes_is_refused_with_the_steps_that_work(
+    first_template: dict[str, Any], tmp_path: Path
+) -> None:
+    """The new group's nodes would join the placement group while the old group's still run
+    in the old zone: refused whatever is acknowledged, naming the sequence."""
+    running, _, _ = _deploy(first_template, {"gpuNodesDesired": "2"}, tmp_path / "running")
+    _, args, _ = _deploy(running, {"gpuAvailabilityZone": "us-east-2b"}, tmp_path)
+    with pytest.raises(first_deploy.ReplacementRefused) as refused:
+        first_deploy.check(**args, acknowledged=("gpuAvailabilityZone",))
+    message = str(refused.value)
+    assert message.startswith("context 'gpuAvailabilityZone'") and "\n" not in message
+    assert "make gpu-nodes NODES=0" in message and "InvalidPlacementGroup.InUse" in message
+
+
+def test_a_zone_move_at_zero_nodes_replaces_group_fsx_and_volume_each_acknowledged(
+    first_template: dict[str, Any], tmp_path: Path
+) -> None:
+    after, args, _ = _deploy(first_template, {"gpuAvailabilityZone": "us-east-2b"}, tmp_path)
+    changes = replacements.diff(first_template, after, region=REGION)
+    lost = replacements.destructive(changes)
+    assert {c.type for c in lost} == {
+        "AWS::EKS::Nodegroup",
+        "AWS::FSx::FileSystem",
+        "PersistentVolume",
+    }
+    assert not any(c.type == "AWS::EKS::Cluster" for c in lost)
+    with pytest.raises(first_deploy.ReplacementRefused) as refused:
+        first_deploy.check(**args, acknowledged=())
+    tokens = _ack_tokens(str(refused.value))
+    assert tokens == ["gpuAvailabilityZone", *(c.logical_id for c in lost)]
+    # Acknowledging the setting alone accepts none of the replacements it causes.
+    with pytest.raises(first_deploy.ReplacementRefused):
+        first_deploy.check(**args, acknowledged=("gpuAvailabilityZone",))
+    report = first_deploy.check(**args, acknowledged=tuple(tokens))
+    for change in lost:
+        assert change.logical_id in report
+    assert _store_template(first_template) == _store_template(after)
+
+
+def test_fsx_never_shrinks(first_template: dict[str, Any], tmp_path: Path) -> None:
+    given = {"fsxStorageCapacityGiB": "2400", "fsxThroughputPerUnit": "500", "fsxSizedFor": "2node"}
+    _, args, _ = _deploy(first_template, given, tmp_path)
+    with pytest.raises(first_deploy.ReplacementRefused, match="never shrinks"):
+        first_deploy.check(**args, acknowledged=("fsxStorageCapacityGiB",))
+
+
+def test_removing_the_admin_or_the_public_endpoint_needs_its_own_acknowledgement(
+    first_template: dict[str, Any], tmp_path: Path
+) -> None:
+    given = {"adminPrincipalArn": "none", "endpointAllowedCidrs": "[]"}
+    after, args, _ = _deploy(first_template, given, tmp_path)
+    changes = replacements.diff(first_template, after, region=REGION)
+    assert any(c.type == "AWS::EKS::AccessEntry" and c.action == "remove" for c in changes)
+    with pytest.raises(first_deploy.ReplacementRefused) as refused:
+        first_deploy.check(**args, acknowledged=("adminPrincipalArn",))
+    assert _ack_tokens(str(refused.value)) == ["endpointAllowedCidrs"]
+    first_deploy.check(**args, acknowledged=("adminPrincipalArn", "endpointAllowedCidrs"))
+
+
+# --- stacks deployed by earlier versions -----------------------------------------------------
+
+
+def test_a_stack_deployed_by_main_before_this_change_upgrades_in_place(tmp_path: Path) -> None:
+    """Main's stack (bafc8b0), deployed with the README's first-deploy values and a 2node-sized
+    1200 GiB file system, has no DeploySettings: its settings are read from its resources.
+    `make gpu-nodes NODES=2` from a clean clone changes the GPU node count and adds the
+    parameter; the cluster (its create-only bootstrap-admin setting included), both node
+    groups and FSx are untouched, and so are the admin entry, the endpoint and FSx's size."""
+    before = json.loads((FIXTURES / "deployed-main-bafc8b0.template.json").read_text())
+    assert deployed.stored_settings(before) is None
+    kept, source = deployed.kept_settings(before)
+    assert "resources" in source
+    assert kept["fsxStorageCapacityGiB"] == 1200 and kept["fsxSizedFor"] == "2node"
+    after, args, _ = _deploy(before, {"gpuNodesDesired": "2"}, tmp_path, mask=True)
+    changes = replacements.diff(before, after, region=REGION)
+    assert [(c.logical_id, c.action, c.reasons) for c in changes] == [
+        ("DeploySettings", "add", ()),
+        (_gpu_id(before), "update", ("ScalingConfig",)),
+    ], replacements.summary(changes)
+    cluster = _resource(after, "AWS::EKS::Cluster")["Properties"]
+    assert cluster["AccessConfig"]["BootstrapClusterCreatorAdminPermissions"] is False
+    _access_kept(after)
+    assert first_deploy.check(**args, acknowledged=()) == replacements.summary(changes)
+
+
+def _gpu_id(template: dict[str, Any]) -> str:
+    return next(
+        lid
+        for lid, r in template["Resources"].items()
+        if r["Type"] == "AWS::EKS::Nodegroup" and "LaunchTemplate" in r["Properties"]
+    )
+
+
+def _before_issue_33(capacity_gib: int = 4800) -> dict[str, Any]:
+    text = (FIXTURES / "deployed-before-issue-33.template.json").read_text()
+    if capacity_gib != 4800:  # the same stack, first deployed with the README's small FSx
+        text = text.replace('"StorageCapacity": 4800', f'"StorageCapacity": {capacity_gib}')
+        text = text.replace('"PerUnitStorageThroughput": 250', '"PerUnitStorageThroughput": 500')
+        text = text.replace("4800Gi", f"{capacity_gib}Gi")
+    return json.loads(text)
+
+
+def test_a_stack_deployed_before_issue_33_is_updated_in_place(tmp_path: Path) -> None:
+    """The template a stack deployed at 644927e holds (cdk.json's defaults then, asset hashes
+    masked), read from a clean clone: the cluster keeps its bootstrap creator admin (create-only,
+    so it must not flip), node groups and FSx are updated in place; the one loss is the old ECR
+    repository (images now live in the images stack's), refused until acknowledged by its id."""
+    before = _before_issue_33()
+    after, args, _ = _deploy(before, {"gpuRootVolumeGiB": "500"}, tmp_path, mask=True)
+    changes = replacements.diff(before, after, region=REGION)
+    lost = [c for c in changes if c.action in ("replace", "remove")]
+    assert [(c.type, c.action) for c in lost] == [("AWS::ECR::Repository", "remove")], (
+        replacements.summary(changes)
+    )
+    with pytest.raises(first_deploy.ReplacementRefused) as refused:
+        first_deploy.check(**args, acknowledged=())
+    assert _ack_tokens(str(refused.value)) == [lost[0].logical_id]
+    first_deploy.check(**args, acknowledged=(lost[0].logical_id,))
+    assert first_deploy.keeps_creator_admin(before)
+    cluster = _resource(after, "AWS::EKS::Cluster")["Properties"]
+    assert "BootstrapClusterCreatorAdminPermissions" not in cluster["AccessConfig"]
+
+
+def test_a_stack_first_deployed_with_another_fsx_size_has_a_way_forward(tmp_path: Path) -> None:
+    """Before issue 33 the PV and claim carried the file system's size (here 1200Gi); today
+    they carry a fixed nominal size, a change a bound claim cannot take. The file system keeps
+    its 1200 GiB (read back), the PV and claim are refused each by name, and the refusal's
+    acknowledgements (after docs/day-two.md's steps: delete both, the apply recreates them)
+    accept exactly those."""
+    before = _before_issue_33(1200)
+    after, args, _ = _deploy(before, {"gpuRootVolumeGiB": "500"}, tmp_path, mask=True)
+    assert _resource(after, "AWS::FSx::FileSystem")["Properties"]["StorageCapacity"] == 1200
+    changes = replacements.diff(before, after, region=REGION)
+    lost = replacements.destructive(changes)
+    kinds = {c.type for c in lost}
+    assert {"PersistentVolume", "PersistentVolumeClaim"} <= kinds, replacements.summary(changes)
+    assert not kinds & {"AWS::FSx::FileSystem", "AWS::EKS::Cluster", "AWS::EKS::Nodegroup"}
+    with pytest.raises(first_deploy.ReplacementRefused) as refused:
+        first_deploy.check(**args, acknowledged=())
+    tokens = _ack_tokens(str(refused.value))
+    assert any(t.endswith("/PersistentVolume/fsdp-fsx") for t in tokens)
+    assert any(t.endswith("/PersistentVolumeClaim/fsx-claim") for t in tokens)
+    first_deploy.check(**args, acknowledged=tuple(tokens))
+    steps = (REPO_ROOT / "docs/day-two.md").read_text().split("## A file system of another size")
+    assert "kubectl delete pvc fsx-claim" in steps[1].split("\n## ")[0]  # the documented way
+
+
+# --- make destroy ----------------------------------------------------------------------------
+
+
+def test_a_retained_file_system_keeps_its_network(first_template: dict[str, Any]) -> None:
+    """The file system's interfaces hold its security group and subnet (and so the VPC): kept
+    with it, or the stack's delete ends DELETE_FAILED (aws/aws-cdk#31521)."""
+    resources = first_template["Resources"]
+    fsx = _resource(first_template, "AWS::FSx::FileSystem")
+    assert fsx["DeletionPolicy"] == "Retain"
+    group = fsx["Properties"]["SecurityGroupIds"][0]["Fn::GetAtt"][0]
+    subnet = fsx["Properties"]["SubnetIds"][0]["Ref"]
+    vpc = resources[subnet]["Properties"]["VpcId"]["Ref"]
+    for lid in (group, subnet, vpc):
+        assert resources[lid]["DeletionPolicy"] == "Retain", lid
+    # Every private subnet (a zone move leaves the old file system in another one).
+    for lid, resource in resources.items():
+        if resource["Type"] == "AWS::EC2::Subnet" and "Private" in lid:
+            assert resource["DeletionPolicy"] == "Retain", lid
+    kept = deployed.retained(first_template, {})
+    order = [rtype for rtype, _, _ in kept]
+    assert order.index("AWS::FSx::FileSystem") < order.index("AWS::EC2::SecurityGroup")
+    assert order.index("AWS::EC2::Subnet") < order.index("AWS::EC2::VPC")
+
+
+def test_a_destroyed_file_system_takes_its_network_along(tmp_path: Path) -> None:
+    template = synth({"fsxRemovalPolicy": "destroy"}, outdir=tmp_path)[0]
+    for resource in template["Resources"].values():
+        if resource["Type"] in ("AWS::EC2::VPC", "AWS::EC2::Subnet", "AWS::FSx::FileSystem"):
+            assert resource.get("DeletionPolicy") != "Retain"
 
 
 def test_create_only_properties_come_from_the_cfn_lint_schemas() -> None:
     paths = replacements.create_only_paths("AWS::FSx::FileSystem", REGION)
     assert ("SubnetIds",) in paths and ("StorageCapacity",) not in paths
     assert ("CapacityType",) in replacements.create_only_paths("AWS::EKS::Nodegroup", REGION)
-    # Custom resources: the generic schema (only the provider is create-only).
     assert replacements.create_only_paths(replacements.MANIFEST_TYPE, REGION) == (
         ("ServiceToken",),
     )
 
 
-def test_first_deploy_settings_round_trip_and_bad_lines() -> None:
-    text = first_deploy.render(_kept())
-    assert first_deploy.parse(text) == _kept()
-    with pytest.raises(first_deploy.ConfigError, match="line 1"):
-        first_deploy.parse("zone=us-east-2a\n")
-
-
-def _make_dry_run(*variables: str) -> str:
-    return subprocess.run(
-        ["make", "-n", "--no-print-directory", *variables],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-
-
-def test_make_deploy_keeps_the_first_deploy_settings(tmp_path: Path) -> None:
-    """Every later deploy passes the kept settings before ARGS (the CLI keeps the last -c of a
-    key), and keeps the templates and settings of a deploy that succeeded."""
-    (tmp_path / first_deploy.SETTINGS_FILE).write_text(first_deploy.render(_kept()))
-    state = f"STATE_DIR={tmp_path}"
-    out = _make_dry_run("deploy", state, "GPU_NODES_FILE=/nonexistent", "ARGS=-c x=1")
-    line = next(x for x in out.splitlines() if " deploy " in x)
-    assert line.index("-c gpuAvailabilityZone=us-east-2a") < line.index("-c x=1")
-    assert f"-c {first_deploy.STATE_DIR_KEY}={tmp_path}" in line
-    assert f"-m infra.first_deploy keep cdk.out --stack {STACK_NAME} --state-dir {tmp_path}" in out
-    # make diff synthesizes with the same context (the app prints the same report).
-    diff = _make_dry_run("diff", state, "GPU_NODES_FILE=/nonexistent")
-    assert "-c gpuAvailabilityZone=us-east-2a" in diff
-    destroy = _make_dry_run("destroy", state, "GPU_NODES_FILE=/nonexistent")
-    for name in (
-        first_deploy.SETTINGS_FILE,
-        first_deploy.LAST_TEMPLATE_FILE,
-        *first_deploy.KEPT_STACKS.values(),
-    ):
-        assert f"{tmp_path}/{name}" in destroy
-
-
-def test_keep_writes_every_file_or_none(tmp_path: Path, default_app: Any) -> None:
-    assembly = Path(default_app[1].synth().directory)
-    state = tmp_path / "state"
-    state.mkdir()
-    # No settings file in this assembly (app.py writes it): nothing is kept.
-    assert first_deploy.main(["keep", str(tmp_path / "empty"), "--state-dir", str(state)]) == 2
-    assert list(state.iterdir()) == []
-    (assembly / first_deploy.SETTINGS_FILE.lstrip(".")).write_text(first_deploy.render(_kept()))
-    assert first_deploy.main(["keep", str(assembly), "--state-dir", str(state)]) == 0
-    kept, template, others = first_deploy.load_kept(state)
-    assert kept == _kept() and template == default_app[0]
-    assert set(others) == set(first_deploy.KEPT_STACKS) and all(others.values())
-
-
-@pytest.mark.slow
-def test_the_app_refuses_a_changed_zone_in_one_line(
-    default_template: dict[str, Any], tmp_path: Path
-) -> None:
-    """app.py as the CDK CLI runs it (context in CDK_CONTEXT_JSON, cdk-nag on): the kept
-    settings and template in a state folder, a new zone on the command line."""
-    state = tmp_path / "state"
-    state.mkdir()
-    (state / first_deploy.SETTINGS_FILE).write_text(first_deploy.render(_kept()))
-    (state / first_deploy.LAST_TEMPLATE_FILE).write_text(json.dumps(default_template))
-
-    def run(**extra: Any) -> subprocess.CompletedProcess:
-        context = {**CDK_JSON_CONTEXT, first_deploy.STATE_DIR_KEY: str(state), **extra}
-        env = {
-            **os.environ,
-            "CDK_CONTEXT_JSON": json.dumps(context),
-            "CDK_OUTDIR": str(tmp_path / "out"),
-            "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
-            "CDK_VALIDATION": "false",  # cdk-nag still runs; tests/infra/test_infra_cli.py
-        }
-        return subprocess.run(
-            [sys.executable, "app.py"], cwd=REPO_ROOT, env=env, capture_output=True, text=True
-        )
-
-    refused = run(gpuAvailabilityZone="us-east-2b")
-    assert refused.returncode != 0
-    last = refused.stderr.strip().splitlines()[-1]
-    assert last.startswith("Refused: context 'gpuAvailabilityZone'")
-    assert "acknowledgeReplacement=gpuAvailabilityZone" in last
-    assert "! replace" in refused.stderr  # the report, printed before the refusal
-
-    accepted = run(gpuAvailabilityZone="us-east-2b", acknowledgeReplacement="gpuAvailabilityZone")
-    assert accepted.returncode == 0, accepted.stderr[-2000:]
-    assert "AWS::FSx::FileSystem" in accepted.stderr
-    written = (tmp_path / "out" / first_deploy.SETTINGS_FILE.lstrip(".")).read_text()
-    assert first_deploy.parse(written)["gpuAvailabilityZone"] == "us-east-2b"
-
-
-def test_the_store_runs_its_own_image(default_template: dict[str, Any]) -> None:
-    """The store's pod template names the store's asset, never the trainer's image (whose
-    every change would otherwise restart the store under running launchers)."""
-    _, template = _store_template(default_template)
-    (container,) = template["spec"]["containers"]
-    trainer = replacements._flatten(default_template["Outputs"]["ImageUri"]["Value"], frozenset())
-    assert f"/{CDK_JSON_CONTEXT['imageRepositoryName']}:" in container["image"]
-    assert container["image"] != trainer
-
+# --- Capacity Blocks -------------------------------------------------------------------------
 
 BLOCK = {
     "capacityType": "capacity-block",
     "capacityReservationId": RESERVATION,
     "capacityBlockActive": True,
 }
-BLOCK_KEPT = {**_kept(), "capacityType": "capacity-block", "capacityReservationId": RESERVATION}
 
 
 @pytest.mark.usefixtures("newer_kubernetes")
@@ -302,84 +445,25 @@ def test_capacity_block_updates_only_at_zero_nodes(tmp_path: Path, nodes: int) -
     """A version bump rolls every node group (Version follows the cluster); a Capacity Block
     group with nodes is refused, per the EKS guide, and goes through at 0 nodes."""
     before = synth({**BLOCK, "gpuNodesDesired": nodes}, outdir=tmp_path / "before")[0]
-    after = synth(
-        {**BLOCK, "gpuNodesDesired": nodes, "kubernetesVersion": "1.37"}, outdir=tmp_path / "after"
-    )[0]
+    after, args, _ = _deploy(before, {"kubernetesVersion": "1.37"}, tmp_path)
     changes = replacements.diff(before, after, region=REGION)
     rolled = {
         c.logical_id for c in changes if c.type == "AWS::EKS::Nodegroup" and "Version" in c.reasons
     }
     assert len(rolled) == 2  # the system nodes and the GPU nodes
-    args = dict(kept=BLOCK_KEPT, now=BLOCK_KEPT, last_template=before, template=after)
     if nodes:
         with pytest.raises(first_deploy.ReplacementRefused) as refused:
-            first_deploy.check(**args, acknowledged=(), region=REGION)
+            first_deploy.check(**args, acknowledged=())
         message = str(refused.value)
         assert message.startswith("context 'gpuNodesDesired'") and "\n" not in message
         assert "capacity-blocks-mng.html" in message and "NODES=0" in message
     else:
-        assert "Version" in first_deploy.check(**args, acknowledged=(), region=REGION)
-
-
-def test_capacity_block_launch_template_change_is_refused_with_nodes(tmp_path: Path) -> None:
-    """A new launch template version (here: edited user data) rolls the nodes like a version
-    bump: the node group's LaunchTemplate.Version follows the template's latest version."""
-    import copy
-
-    before = synth({**BLOCK, "gpuNodesDesired": 2}, outdir=tmp_path / "before")[0]
-    after = copy.deepcopy(before)
-    template = next(
-        r for r in after["Resources"].values() if r["Type"] == "AWS::EC2::LaunchTemplate"
-    )
-    template["Properties"]["LaunchTemplateData"]["UserData"] = {"Fn::Base64": "edited"}
-    changes = replacements.diff(before, after, region=REGION)
-    gpu = [c for c in changes if c.type == "AWS::EKS::Nodegroup"]
-    assert [c.reasons for c in gpu] == [("LaunchTemplate",)]
-    with pytest.raises(first_deploy.ReplacementRefused, match="gpuNodesDesired"):
-        first_deploy.check(
-            kept=BLOCK_KEPT,
-            now=BLOCK_KEPT,
-            last_template=before,
-            template=after,
-            acknowledged=(),
-            region=REGION,
-        )
-
-
-def test_a_stack_deployed_before_issue_33_is_updated_in_place(tmp_path: Path) -> None:
-    """The template a stack deployed before these fixes holds (cdk.json's defaults at commit
-    644927e, asset hashes masked): today's app, given it as the last deploy, replaces nothing.
-    The fixes that touch create-only properties keep what the stack has: the cluster's
-    bootstrap creator admin (kept; docs/day-two.md says how to remove it), the node roles
-    (same roles, new policy lists), the FSx security groups (rules added, not moved). The one
-    thing it removes is the old ECR repository (images now live in the images stack's): the
-    app refuses that until acknowledged, since CI's images in it go with it."""
-    fixture = Path(__file__).parent / "fixtures" / "deployed-before-issue-33.template.json"
-    before = json.loads(fixture.read_text())
-    # Masked as the fixture is (asset hashes follow every file of their build context).
-    after = mask_asset_hashes(
-        synth({"gpuRootVolumeGiB": 500}, outdir=tmp_path / "now", last_template=before)[0]
-    )
-    changes = replacements.diff(before, after, region=REGION)
-    lost = [c for c in changes if c.action in ("replace", "remove")]
-    assert [(c.type, c.action) for c in lost] == [("AWS::ECR::Repository", "remove")], (
-        replacements.summary(changes)
-    )
-    args = dict(kept=_kept(), now=_kept(), last_template=before, template=after)
-    with pytest.raises(first_deploy.ReplacementRefused, match=lost[0].logical_id):
-        first_deploy.check(**args, acknowledged=(), region=REGION)
-    first_deploy.check(**args, acknowledged=(lost[0].logical_id,), region=REGION)
-    # A deployed cluster keeps its creator admin; a new one gets none.
-    assert first_deploy.keeps_creator_admin(before)
-    cluster = next(r for r in after["Resources"].values() if r["Type"] == "AWS::EKS::Cluster")
-    assert "BootstrapClusterCreatorAdminPermissions" not in cluster["Properties"]["AccessConfig"]
+        assert "Version" in first_deploy.check(**args, acknowledged=())
 
 
 def test_the_images_stack_is_diffed_too(images_template: dict[str, Any]) -> None:
     """A new repository name replaces the images stack's repository (RepositoryName is
     create-only) and deletes its images: refused, named by stack and logical id."""
-    import copy
-
     after = copy.deepcopy(images_template)
     (repo,) = [r for r in after["Resources"].values() if r["Type"] == "AWS::ECR::Repository"]
     repo["Properties"]["RepositoryName"] = "another-name"
@@ -387,11 +471,182 @@ def test_the_images_stack_is_diffed_too(images_template: dict[str, Any]) -> None
         first_deploy.ReplacementRefused, match=r"EksFsdpResilientImages\.Repository"
     ):
         first_deploy.check(
-            kept=_kept(),
-            now=_kept(),
+            kept={},
+            now={},
             last_template=None,
             template={},
             acknowledged=(),
             region=REGION,
-            other_stacks={"EksFsdpResilientImages": (images_template, after)},
+            other_stacks={IMAGES_STACK_NAME: (images_template, after)},
         )
+
+
+# --- the deployed stack, read through the AWS CLI from an emulated CloudFormation ------------
+
+
+def _aws_cli_reads_the_emulator() -> str | None:
+    """Why the AWS CLI cannot be pointed at the emulator here (None: it can). Service-specific
+    endpoint variables arrived in AWS CLI v1 with botocore 1.31 and in v2.13 (AWS SDKs and
+    Tools reference guide, "Service-specific endpoints"); an older CLI would call AWS."""
+    if shutil.which("aws") is None:
+        return "the AWS CLI (aws) is not installed"
+    version = subprocess.run(["aws", "--version"], capture_output=True, text=True).stdout
+    version += subprocess.run(["aws", "--version"], capture_output=True, text=True).stderr
+    v1 = re.search(r"botocore/(\d+)\.(\d+)", version)
+    v2 = re.search(r"aws-cli/2\.(\d+)", version)
+    if (v2 and int(v2.group(1)) >= 13) or (not v2 and v1 and (int(v1[1]), int(v1[2])) >= (1, 31)):
+        return None
+    return f"AWS CLI {version.strip()} has no service-specific endpoint variables"
+
+
+NO_EMULATION = _aws_cli_reads_the_emulator()
+needs_aws_cli = pytest.mark.skipif(NO_EMULATION is not None, reason=str(NO_EMULATION))
+
+
+@needs_aws_cli
+def test_the_deployed_stack_is_read_back_through_the_aws_cli(
+    first_template: dict[str, Any], images_template: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with emulated_cloudformation() as cfn:
+        for key, value in cfn.env().items():
+            monkeypatch.setenv(key, value)
+        read = dict(stack_name=STACK_NAME, other_stacks=(IMAGES_STACK_NAME,), region=REGION)
+        assert deployed.read(**read).status == "none"
+        cfn.put(STACK_NAME, first_template)
+        cfn.put(IMAGES_STACK_NAME, images_template)
+        found = deployed.read(**read)
+        assert found.status == "deployed" and found.template == first_template
+        assert found.other_templates == {IMAGES_STACK_NAME: images_template}
+        assert deployed.kept_settings(found.template)[0]["adminPrincipalArn"] == ADMIN
+        assert ("GetTemplate", STACK_NAME) in cfn.calls
+        cfn.put(STACK_NAME, first_template, status="UPDATE_IN_PROGRESS")
+        busy = deployed.read(**read)
+        assert busy.status == "unknown" and "wait" in busy.reason
+        cfn.put(STACK_NAME, first_template, status="ROLLBACK_COMPLETE")
+        assert deployed.read(**read).status == "none"
+        # What make destroy keeps, with the physical ids and the commands, in order.
+        cfn.put(STACK_NAME, first_template, physical_ids={_fsx_id(first_template): "fs-0abc"})
+        kept = deployed.retained_report(stack_name=STACK_NAME, region=REGION)
+        assert "aws fsx delete-file-system --file-system-id fs-0abc" in kept
+        assert kept.index("delete-file-system") < kept.index("delete-subnet")
+        assert kept.index("delete-subnet") < kept.index("delete-vpc")
+
+
+def _fsx_id(template: dict[str, Any]) -> str:
+    return next(
+        lid for lid, r in template["Resources"].items() if r["Type"] == "AWS::FSx::FileSystem"
+    )
+
+
+@needs_aws_cli
+def test_without_credentials_the_stack_is_unknown_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for key in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(key)
+    for key, value in no_credentials_env().items():
+        monkeypatch.setenv(key, value)
+    found = deployed.read(stack_name=STACK_NAME, other_stacks=(), region=REGION)
+    assert found.status == "unknown" and "credentials" in found.reason
+    assert "\n" not in found.reason
+
+
+def _app(
+    tmp_path: Path, env: dict[str, str], **context: Any
+) -> tuple[subprocess.CompletedProcess, Path]:
+    """app.py as the CDK CLI runs it: cdk.json's context and the `-c` values (strings) merged
+    in CDK_CONTEXT_JSON, cdk-nag on, from the repository root."""
+    out = tmp_path / "out"
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    merged = {**CDK_JSON_CONTEXT, **context}
+    proc = subprocess.run(
+        [sys.executable, "app.py"],
+        cwd=REPO_ROOT,
+        env={
+            **base,
+            **env,
+            "CDK_CONTEXT_JSON": json.dumps(merged),
+            "CDK_OUTDIR": str(out),
+            "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
+            "CDK_VALIDATION": "false",  # cdk-nag still runs; tests/infra/test_infra_cli.py
+        },
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    return proc, out
+
+
+@pytest.mark.slow
+@needs_aws_cli
+def test_the_app_from_a_clean_clone_keeps_the_deployed_settings(tmp_path: Path) -> None:
+    """`make gpu-nodes NODES=2` (app.py with -c gpuNodesDesired=2) from a clone with no local
+    state, against main's deployed stack: the first deploy's admin, endpoint and FSx size are
+    read back and kept, the report says so, and nothing is refused."""
+    before = json.loads((FIXTURES / "deployed-main-bafc8b0.template.json").read_text())
+    images = json.loads((FIXTURES / "deployed-main-bafc8b0.images.template.json").read_text())
+    with emulated_cloudformation() as cfn:
+        cfn.put(STACK_NAME, before)
+        cfn.put(IMAGES_STACK_NAME, images)
+        proc, out = _app(tmp_path, cfn.env(), gpuNodesDesired="2", deployCheck="required")
+        # The synth `make destroy` runs first: what the destroy keeps, and how to delete it.
+        destroy, destroy_out = _app(tmp_path / "destroy", cfn.env(), deployCheck="destroy")
+    assert destroy.returncode == 0, destroy.stderr[-3000:]
+    kept = (destroy_out / "retained.txt").read_text()
+    assert "aws fsx delete-file-system" in kept and "AWS::KMS::Key" in kept
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"adminPrincipalArn={json.dumps(ADMIN)}" in proc.stderr
+    assert (
+        "fsxStorageCapacityGiB=1200" in proc.stderr and "given now: gpuNodesDesired" in proc.stderr
+    )
+    assert "remove" not in proc.stderr.split("against the deployed stack:")[1]
+    template = json.loads((out / f"{STACK_NAME}.template.json").read_text())
+    _access_kept(template)
+    assert deployed.stored_settings(template)["fsxStorageCapacityGiB"] == 1200
+
+
+@pytest.mark.slow
+@needs_aws_cli
+def test_the_app_without_credentials_says_what_it_could_not_check(tmp_path: Path) -> None:
+    proc, _ = _app(tmp_path, no_credentials_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("Not checked")]
+    assert len(lines) == 1 and "credentials" in lines[0]
+    refused, _ = _app(tmp_path / "deploy", no_credentials_env(), deployCheck="required")
+    assert refused.returncode != 0
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last.startswith("Refused: could not read the deployed stack") and "credentials" in last
+
+
+@pytest.mark.slow
+@needs_aws_cli
+@pytest.mark.skipif(not (REPO_ROOT / "node_modules/.bin/cdk").exists(), reason="make setup")
+def test_make_diff_through_the_cdk_cli_refuses_a_zone_move_with_nodes(
+    first_template: dict[str, Any], images_template: dict[str, Any], tmp_path: Path
+) -> None:
+    """The real `make diff` (the pinned CDK CLI's `cdk synth --no-lookups`, then app.py) from
+    this clone, which has no deploy state, against the emulated stack: a zone move with the
+    first deploy's nodes is refused in one line with the steps."""
+    running = copy.deepcopy(first_template)
+    _gpu_group(running)["Properties"]["ScalingConfig"]["DesiredSize"] = 2
+    settings = deployed.stored_settings(running) | {"gpuNodesDesired": "2"}
+    running["Resources"]["DeploySettings"]["Properties"]["Value"] = json.dumps(settings)
+    with emulated_cloudformation() as cfn:
+        cfn.put(STACK_NAME, running, physical_ids={_fsx_id(running): "fs-0abc"})
+        cfn.put(IMAGES_STACK_NAME, images_template)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | cfn.env()
+        out = tmp_path / "cdk.out"
+        make = ["make", "--no-print-directory", f"CDK=node_modules/.bin/cdk --output {out}"]
+        diff = subprocess.run(
+            [*make, "diff", "ARGS=-c gpuAvailabilityZone=us-east-2b"],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=500,
+        )
+        assert diff.returncode != 0
+        refusal = [line for line in diff.stderr.splitlines() if line.startswith("Refused:")]
+        assert len(refusal) == 1 and "make gpu-nodes NODES=0" in refusal[0], diff.stderr[-3000:]
+        assert "Kept from the stack's DeploySettings parameter" in diff.stderr
+    assert ("GetTemplate", STACK_NAME) in cfn.calls

@@ -197,3 +197,22 @@ def test_the_gpu_node_group_can_hold_every_overlay_with_its_spares() -> None:
         f"cdk.json gpuNodesMax {DEFAULTS['gpuNodesMax']} < {largest} (the largest overlay's "
         "nodes + spares): raise it"
     )
+
+
+def test_an_overlay_sizes_the_gpu_group_and_gpu_nodes_desired_overrides_it() -> None:
+    """`-c overlay=NAME` asks for the overlay's training nodes plus its hot spares
+    (manifests/sizes.py's node_count, the one owner); `gpuNodesDesired` overrides; neither: 0."""
+    from manifests.sizes import SIZES
+
+    counts = {name: size.node_count for name, size in SIZES.items()}
+
+    def desired(**overrides: Any) -> int:
+        context = {**DEFAULTS, **overrides}
+        return load_config(context.get, overlays=OVERLAYS, node_counts=counts).gpu.desired_size
+
+    assert DEFAULTS["gpuNodesDesired"] is None and DEFAULTS["overlay"] is None
+    assert desired() == 0
+    assert desired(overlay="2node") == SIZES["2node"].nodes + SIZES["2node"].spares
+    assert desired(overlay="2node", gpuNodesDesired="1") == 1
+    with pytest.raises(ConfigError, match="context 'overlay': 'huge' is not an overlay"):
+        desired(overlay="huge")

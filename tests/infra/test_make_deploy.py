@@ -1,5 +1,5 @@
-"""`make deploy` keeps the GPU node count `make gpu-nodes` set, so a plain deploy never scales
-running p5 nodes back to cdk.json's 0. Dry runs (`make -n`): nothing is deployed.
+"""The Makefile's deploy targets keep no local state: every deploy reads the deployed stack back
+(app.py, infra/deployed.py). Dry runs (`make -n`): nothing is deployed.
 
 Run: .venv/bin/pytest tests/infra/test_make_deploy.py
 """
@@ -7,9 +7,10 @@ Run: .venv/bin/pytest tests/infra/test_make_deploy.py
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 from support import REPO_ROOT
+
+STATE_FILES = (".gpu-nodes", ".first-deploy", ".last-deploy")
 
 
 def _dry_run(target: str, *variables: str) -> str:
@@ -22,16 +23,20 @@ def _dry_run(target: str, *variables: str) -> str:
     ).stdout
 
 
-def test_deploy_passes_the_remembered_gpu_node_count(tmp_path: Path) -> None:
-    remembered = tmp_path / "gpu-nodes"
-    assert "gpuNodesDesired" not in _dry_run("deploy", f"GPU_NODES_FILE={remembered}")
-    remembered.write_text("2\n")
-    assert "-c gpuNodesDesired=2" in _dry_run("deploy", f"GPU_NODES_FILE={remembered}")
+def test_deploy_reads_the_deployed_stack_and_keeps_no_local_state() -> None:
+    out = _dry_run("deploy", "ARGS=-c x=1")
+    line = next(x for x in out.splitlines() if " deploy " in x)
+    # Refuses when the deployed stack cannot be read; ARGS last (the CLI keeps the last -c).
+    assert line.index("-c deployCheck=required") < line.index("-c x=1")
+    infrastructure = (REPO_ROOT / "Makefile").read_text().split("# --- infrastructure")[1]
+    infrastructure = infrastructure.split("# --- quality")[0]
+    for name in STATE_FILES:
+        assert name not in infrastructure
 
 
 def test_gpu_nodes_refuses_a_count_that_is_not_a_number() -> None:
     proc = subprocess.run(
-        ["make", "--no-print-directory", "gpu-nodes", "NODES=two", "GPU_NODES_FILE=/dev/null"],
+        ["make", "--no-print-directory", "gpu-nodes", "NODES=two"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -40,13 +45,17 @@ def test_gpu_nodes_refuses_a_count_that_is_not_a_number() -> None:
     assert "NODES: give the GPU node count" in proc.stderr
 
 
-def test_gpu_nodes_of_an_overlay_are_its_nodes_and_hot_spares() -> None:
-    """`make gpu-nodes OVERLAY=2node` asks for the overlay's training nodes plus its spares
-    (manifests/sizes.py's node_count); NODES, when given, wins."""
-    from manifests.sizes import SIZES
+def test_gpu_nodes_is_a_deploy_with_the_overlay() -> None:
+    """`make gpu-nodes OVERLAY=2node` deploys with the overlay (infra/config.py sizes the group
+    to its nodes + hot spares from manifests/sizes.py); NODES=N is the override."""
+    out = _dry_run("gpu-nodes", "OVERLAY=2node")
+    assert "-c overlay=2node " in out and "-c deployCheck=required" in out
+    assert "-c gpuNodesDesired" not in out
+    pinned = _dry_run("gpu-nodes", "OVERLAY=2node", "NODES=5")
+    assert "-c gpuNodesDesired=5 " in pinned and "-c overlay" not in pinned
 
-    size = SIZES["2node"]
-    assert size.spares >= 1
-    out = _dry_run("gpu-nodes", "OVERLAY=2node", "GPU_NODES_FILE=/dev/null")
-    assert f"-c gpuNodesDesired={size.nodes + size.spares} " in out
-    assert "-c gpuNodesDesired=5 " in _dry_run("gpu-nodes", "OVERLAY=2node", "NODES=5")
+
+def test_destroy_says_what_it_keeps() -> None:
+    out = _dry_run("destroy")
+    assert "-c deployCheck=destroy" in out
+    assert "cdk.out/retained.txt" in out

@@ -1,0 +1,357 @@
+"""The deployed stack, read back at synth: its template (what `cdk diff` diffs against) and the
+settings it was deployed with, so that every clone, operator and CI run keeps them.
+
+Read through the AWS CLI (`aws cloudformation ...`), the same calls `cdk diff` makes:
+`DescribeStacks` for the stack's status, `GetTemplate --template-stage Original` for the template
+as deployed (aws-cdk's `readCurrentTemplate`; CloudFormation API reference, GetTemplate), and
+`DescribeStackResources` for the physical ids `make destroy` names. The CLI is already what
+kubectl authenticates with (`aws eks get-token`), so it adds no dependency (boto3 cannot be
+installed beside the pinned kubernetes client: botocore pins python-dateutil<3, kubernetes 37
+needs >=3).
+
+The settings live with the stack: `infra/stack.py` writes every setting of the deploy into the
+`DeploySettings` SSM parameter the stack owns (a resource, so a changed setting is always a
+stack update; template metadata alone may not be). A stack deployed before that parameter
+existed has its settings derived from its resources (zone, capacity, nodes, FSx, access).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+SETTINGS_PARAMETER_ID = "DeploySettings"
+"""Logical id of the stack's SSM parameter holding the deploy's settings (JSON)."""
+NOT_SETTINGS = frozenset({"train"})
+"""Context keys of cdk.json that are never kept (`train` is refused at synth)."""
+USE_DEFAULT_KEY = "useDefault"
+"""`-c useDefault=key[,key]`: take cdk.json's value for a kept setting. (A `-c` value equal to
+cdk.json's string default cannot be told apart from no value: the CLI merges both.)"""
+
+Status = Literal["deployed", "none", "unknown"]
+Runner = Callable[..., subprocess.CompletedProcess]
+
+# CloudFormation statuses in which the stack holds no deployed template worth keeping: a first
+# create that failed (CDK deletes and recreates it) or a change set never executed.
+NOT_CREATED = frozenset({"ROLLBACK_COMPLETE", "ROLLBACK_FAILED", "REVIEW_IN_PROGRESS"})
+
+
+@dataclass(frozen=True)
+class DeployedStack:
+    """What CloudFormation holds for the app's stacks."""
+
+    status: Status
+    template: Mapping[str, Any] | None = None
+    other_templates: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
+    reason: str = ""
+    """Why the stack could not be read (status `unknown`), in one line."""
+
+
+class AwsCliError(RuntimeError):
+    """An `aws` command failed; the message is its last line of error output."""
+
+
+def aws_cli(args: Sequence[str], *, region: str, run: Runner = subprocess.run) -> Any:
+    """Run `aws <args> --region R --output json` and return the parsed output."""
+    if shutil.which("aws") is None and run is subprocess.run:
+        raise AwsCliError("the AWS CLI (aws) is not installed")
+    proc = run(
+        ["aws", *args, "--region", region, "--output", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if proc.returncode != 0:
+        lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
+        raise AwsCliError(lines[-1] if lines else f"aws exited with {proc.returncode}")
+    return json.loads(proc.stdout) if proc.stdout.strip() else {}
+
+
+def _missing(err: AwsCliError, stack_name: str) -> bool:
+    # CloudFormation answers ValidationError "Stack with id NAME does not exist".
+    return "does not exist" in str(err) and stack_name in str(err)
+
+
+def _template(stack_name: str, *, region: str, run: Runner) -> dict[str, Any]:
+    body = aws_cli(
+        [
+            "cloudformation",
+            "get-template",
+            "--stack-name",
+            stack_name,
+            "--template-stage",
+            "Original",
+        ],
+        region=region,
+        run=run,
+    )["TemplateBody"]
+    return json.loads(body) if isinstance(body, str) else body
+
+
+def read(
+    *, stack_name: str, other_stacks: Sequence[str], region: str, run: Runner = subprocess.run
+) -> DeployedStack:
+    """The deployed templates of the stack and the app's other stacks (never raises: a stack
+    that cannot be read is `unknown` with the reason). The CLI calls run side by side (each
+    starts a Python interpreter)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    describe = ["cloudformation", "describe-stacks", "--stack-name", stack_name]
+    names = (stack_name, *other_stacks)
+    try:
+        with ThreadPoolExecutor(max_workers=len(names) + 1) as pool:
+            status_call = pool.submit(aws_cli, describe, region=region, run=run)
+            template_calls = {
+                name: pool.submit(_template, name, region=region, run=run) for name in names
+            }
+            try:
+                status = status_call.result()["Stacks"][0]["StackStatus"]
+            except AwsCliError as err:
+                if _missing(err, stack_name):
+                    return DeployedStack(status="none")
+                raise
+            if status in NOT_CREATED:
+                return DeployedStack(status="none", reason=f"{stack_name} is {status}")
+            if status.endswith("_IN_PROGRESS"):
+                return DeployedStack(
+                    status="unknown", reason=f"{stack_name} is {status}: wait for it to finish"
+                )
+            template = template_calls[stack_name].result()
+            others: dict[str, Mapping[str, Any] | None] = {}
+            for other in other_stacks:
+                try:
+                    others[other] = template_calls[other].result()
+                except AwsCliError as err:
+                    if not _missing(err, other):
+                        raise
+                    others[other] = None
+    except (AwsCliError, OSError, subprocess.TimeoutExpired, KeyError, ValueError) as err:
+        return DeployedStack(status="unknown", reason=str(err) or type(err).__name__)
+    return DeployedStack(status="deployed", template=template, other_templates=others)
+
+
+# --- settings --------------------------------------------------------------------------------
+
+
+def stored_settings(template: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The settings the stack's DeploySettings parameter holds (None: a stack from before)."""
+    resource = template.get("Resources", {}).get(SETTINGS_PARAMETER_ID)
+    if resource is None:
+        return None
+    value = resource.get("Properties", {}).get("Value")
+    return json.loads(value) if isinstance(value, str) else None
+
+
+def _resources(template: Mapping[str, Any], rtype: str) -> list[Mapping[str, Any]]:
+    return [
+        r.get("Properties", {})
+        for r in template.get("Resources", {}).values()
+        if r.get("Type") == rtype
+    ]
+
+
+def derived_settings(template: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings a stack deployed before DeploySettings was built with, read from its
+    resources: the GPU node group (the one with a launch template), its subnet's zone, the
+    launch template's capacity target, the cluster, the admin access entry and FSx."""
+    resources = template.get("Resources", {})
+    found: dict[str, Any] = {}
+    for cluster in _resources(template, "AWS::EKS::Cluster"):
+        vpc = cluster.get("ResourcesVpcConfig", {})
+        if isinstance(cluster.get("Name"), str):
+            found["clusterName"] = cluster["Name"]
+        if isinstance(cluster.get("Version"), str):
+            found["kubernetesVersion"] = cluster["Version"]
+        public = vpc.get("EndpointPublicAccess") is True
+        found["endpointAllowedCidrs"] = list(vpc.get("PublicAccessCidrs", [])) if public else []
+    admins = [
+        e["PrincipalArn"]
+        for e in _resources(template, "AWS::EKS::AccessEntry")
+        if isinstance(e.get("PrincipalArn"), str)
+    ]
+    found["adminPrincipalArn"] = admins[0] if admins else None
+    for group in _resources(template, "AWS::EKS::Nodegroup"):
+        if "LaunchTemplate" not in group:
+            continue  # the system node group
+        scaling = group.get("ScalingConfig", {})
+        found |= {
+            "gpuNodesMin": scaling.get("MinSize", 0),
+            "gpuNodesDesired": scaling.get("DesiredSize", 0),
+            "gpuNodesMax": scaling.get("MaxSize", 1),
+        }
+        subnet = (group.get("Subnets") or [{}])[0]
+        ref = subnet.get("Ref") if isinstance(subnet, dict) else None
+        zone = resources.get(ref, {}).get("Properties", {}).get("AvailabilityZone")
+        if isinstance(zone, str):
+            found["gpuAvailabilityZone"] = zone
+        block = group.get("CapacityType") == "CAPACITY_BLOCK"
+        for lt in _resources(template, "AWS::EC2::LaunchTemplate"):
+            data = lt.get("LaunchTemplateData", {})
+            target = data.get("CapacityReservationSpecification", {}).get(
+                "CapacityReservationTarget", {}
+            )
+            reservation = target.get("CapacityReservationId")
+            group_name = data.get("Placement", {}).get("GroupName")
+            if "InstanceType" not in data:
+                continue
+            found["capacityType"] = (
+                "capacity-block"
+                if block
+                else "capacity-reservation"
+                if reservation
+                else "on-demand"
+            )
+            found["capacityReservationId"] = reservation
+            found["capacityReservationPlacementGroup"] = (
+                group_name if isinstance(group_name, str) and reservation else None
+            )
+            if block and found["gpuNodesDesired"]:
+                found["capacityBlockActive"] = True
+    for fs in _resources(template, "AWS::FSx::FileSystem"):
+        found["fsxStorageCapacityGiB"] = fs.get("StorageCapacity")
+        lustre = fs.get("LustreConfiguration", {})
+        found["fsxThroughputPerUnit"] = lustre.get("PerUnitStorageThroughput")
+    return {k: v for k, v in found.items() if v is not None or k in _NULLABLE}
+
+
+_NULLABLE = frozenset(
+    {"adminPrincipalArn", "capacityReservationId", "capacityReservationPlacementGroup"}
+)
+
+
+def kept_settings(template: Mapping[str, Any] | None) -> tuple[dict[str, Any], str]:
+    """The deployed stack's settings and where they came from (for the report)."""
+    if template is None:
+        return {}, "no deployed stack"
+    stored = stored_settings(template)
+    if stored is not None:
+        return stored, "the stack's DeploySettings parameter"
+    derived = derived_settings(template)
+    if "fsxStorageCapacityGiB" in derived and "fsxThroughputPerUnit" in derived:
+        derived["fsxSizedFor"] = _sized_for(
+            derived["fsxStorageCapacityGiB"], derived["fsxThroughputPerUnit"]
+        )
+    return derived, "the deployed resources (a stack from before DeploySettings)"
+
+
+def _sized_for(capacity_gib: int, tier: int) -> str | None:
+    """The largest overlay a deployed file system fits (None: the largest of all), since a
+    stack from before DeploySettings does not say which `fsxSizedFor` it was deployed with."""
+    from infra import sizing
+    from infra.config import ConfigError
+    from manifests.sizes import SIZES
+
+    fits = {}
+    for name, size in SIZES.items():
+        try:
+            sizing.check_fsx(capacity_gib=capacity_gib, tier_mbps_per_tib=tier, sized_for=name)
+        except ConfigError:
+            continue
+        fits[name] = size
+    if not fits or len(fits) == len(SIZES):
+        return None
+    return sizing.largest_overlay(fits)
+
+
+def given_context(get: Callable[[str], Any], *, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The context values the user gave (`-c`): those that differ from cdk.json's."""
+    given = {}
+    for key, default in defaults.items():
+        value = get(key)
+        if value is not None and value != default:
+            given[key] = value
+    return given
+
+
+def layered(
+    *,
+    defaults: Mapping[str, Any],
+    kept: Mapping[str, Any],
+    given: Mapping[str, Any],
+    use_default: Sequence[str] = (),
+) -> dict[str, Any]:
+    """cdk.json's defaults, under the deployed stack's settings, under the user's `-c` values.
+
+    A new `overlay` without `gpuNodesDesired` clears a kept node-count override, so the
+    overlay's size (nodes + spares) applies.
+    """
+    kept = {k: v for k, v in kept.items() if k in defaults and k not in use_default}
+    context = {**defaults, **kept, **given}
+    if "overlay" in given and "gpuNodesDesired" not in given:
+        context["gpuNodesDesired"] = defaults.get("gpuNodesDesired")
+    return context
+
+
+def settings_to_store(context: Mapping[str, Any]) -> dict[str, Any]:
+    """What the DeploySettings parameter holds: every setting of this deploy."""
+    return {k: context[k] for k in sorted(context) if k not in NOT_SETTINGS}
+
+
+def split_list(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, list):
+        return tuple(str(v).strip() for v in value)
+    return tuple(v.strip() for v in str(value).split(",") if v.strip())
+
+
+# --- make destroy ----------------------------------------------------------------------------
+
+RETAINED_DELETE = {
+    "AWS::FSx::FileSystem": "aws fsx delete-file-system --file-system-id {id}",
+    "AWS::EC2::SecurityGroup": "aws ec2 delete-security-group --group-id {id}",
+    "AWS::EC2::Subnet": "aws ec2 delete-subnet --subnet-id {id}",
+    "AWS::EC2::VPC": "aws ec2 delete-vpc --vpc-id {id}",
+    "AWS::KMS::Key": "aws kms schedule-key-deletion --key-id {id} --pending-window-in-days 7",
+    "AWS::Logs::LogGroup": "aws logs delete-log-group --log-group-name {id}",
+}
+"""How to delete what `make destroy` keeps, in the order that works (the file system first:
+its interfaces hold the security group and subnet; then the subnets, then the VPC)."""
+
+
+def retained(
+    template: Mapping[str, Any], physical_ids: Mapping[str, str]
+) -> list[tuple[str, str, str]]:
+    """(type, physical id, delete command) of each resource with DeletionPolicy Retain."""
+    kept = []
+    for lid, resource in template.get("Resources", {}).items():
+        if resource.get("DeletionPolicy") not in ("Retain", "RetainExceptOnCreate"):
+            continue
+        rtype = resource.get("Type", "")
+        pid = physical_ids.get(lid, lid)
+        command = RETAINED_DELETE.get(rtype, "delete by hand").format(id=pid)
+        kept.append((rtype, pid, command))
+    order = list(RETAINED_DELETE)
+    return sorted(kept, key=lambda k: order.index(k[0]) if k[0] in order else len(order))
+
+
+def retained_report(*, stack_name: str, region: str, run: Runner = subprocess.run) -> str:
+    """What `make destroy` keeps of the deployed stack, and the commands that delete it."""
+    deployed = read(stack_name=stack_name, other_stacks=(), region=region, run=run)
+    if deployed.status != "deployed" or deployed.template is None:
+        return f"{stack_name}: {deployed.status} {deployed.reason}".strip()
+    try:
+        described = aws_cli(
+            ["cloudformation", "describe-stack-resources", "--stack-name", stack_name],
+            region=region,
+            run=run,
+        )
+        ids = {
+            r["LogicalResourceId"]: r.get("PhysicalResourceId", "")
+            for r in described.get("StackResources", [])
+        }
+    except AwsCliError as err:
+        ids = {}
+        note = f" (physical ids unknown: {err})"
+    else:
+        note = ""
+    kept = retained(deployed.template, ids)
+    if not kept:
+        return f"{stack_name}: nothing kept"
+    lines = [f"Kept after `make destroy` of {stack_name}{note}; delete when the data is safe:"]
+    lines += [f"  {rtype} {pid}: {command}" for rtype, pid, command in kept]
+    return "\n".join(lines)

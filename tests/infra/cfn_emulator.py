@@ -1,0 +1,156 @@
+"""An emulated CloudFormation endpoint on localhost for the deployed-stack reads.
+
+The product's own code (infra/deployed.py) runs the real AWS CLI, pointed here with
+`AWS_ENDPOINT_URL_CLOUDFORMATION` (botocore's service-specific endpoint variable) and dummy
+credentials: nothing reaches AWS. Only the three read actions the product calls exist, with the
+query protocol's form-encoded requests and XML responses as the CloudFormation API reference
+gives them (https://docs.aws.amazon.com/AWSCloudFormation/latest/APIReference/ : DescribeStacks,
+GetTemplate, DescribeStackResources; errors: "Common Errors", ValidationError "Stack with id
+NAME does not exist", HTTP 400). What it cannot show: IAM, throttling, real stack events.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs
+from xml.sax.saxutils import escape
+
+NS = "http://cloudformation.amazonaws.com/doc/2010-05-15/"
+
+
+@dataclass
+class EmulatedCloudFormation:
+    """Stacks by name: template, status, physical ids; `calls` records each action."""
+
+    stacks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    url: str = ""
+
+    def put(
+        self,
+        name: str,
+        template: Mapping[str, Any],
+        *,
+        status: str = "UPDATE_COMPLETE",
+        physical_ids: Mapping[str, str] | None = None,
+    ) -> None:
+        self.stacks[name] = {
+            "template": json.loads(json.dumps(template)),
+            "status": status,
+            "physical_ids": dict(physical_ids or {}),
+        }
+
+    def env(self) -> dict[str, str]:
+        """Environment for the AWS CLI: this endpoint, dummy credentials, no other config."""
+        return {
+            "AWS_ENDPOINT_URL_CLOUDFORMATION": self.url,
+            "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE",
+            "AWS_SECRET_ACCESS_KEY": "emulated",
+            "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+            "AWS_CONFIG_FILE": "/nonexistent",
+            "AWS_EC2_METADATA_DISABLED": "true",
+            # Anything else the CLI might call lands on a closed local port, never on AWS.
+            "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+        }
+
+
+def no_credentials_env() -> dict[str, str]:
+    """A clone with no AWS credentials (and every endpoint local, should one be called)."""
+    return {
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+        "AWS_CONFIG_FILE": "/nonexistent",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+    }
+
+
+def _member_list(items: list[str]) -> str:
+    return "".join(f"<member>{item}</member>" for item in items)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    cfn: EmulatedCloudFormation
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+    def _send(self, status: int, body: str) -> None:
+        data = body.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/xml")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        form = {k: v[0] for k, v in parse_qs(self.rfile.read(length).decode()).items()}
+        action, name = form.get("Action", ""), form.get("StackName", "")
+        self.cfn.calls.append((action, name))
+        stack = self.cfn.stacks.get(name)
+        if stack is None:
+            self._send(
+                400,
+                f'<ErrorResponse xmlns="{NS}"><Error><Type>Sender</Type>'
+                f"<Code>ValidationError</Code><Message>Stack with id {escape(name)} does not "
+                "exist</Message></Error><RequestId>emulated</RequestId></ErrorResponse>",
+            )
+            return
+        if action == "DescribeStacks":
+            result = (
+                f"<Stacks><member><StackName>{escape(name)}</StackName>"
+                f"<StackId>arn:aws:cloudformation:us-east-2:123456789012:stack/{name}/1</StackId>"
+                "<CreationTime>2026-01-01T00:00:00Z</CreationTime>"
+                f"<StackStatus>{stack['status']}</StackStatus></member></Stacks>"
+            )
+        elif action == "GetTemplate":
+            body = escape(json.dumps(stack["template"]))
+            result = (
+                f"<TemplateBody>{body}</TemplateBody><StagesAvailable>"
+                f"{_member_list(['Original', 'Processed'])}</StagesAvailable>"
+            )
+        elif action == "DescribeStackResources":
+            members = "".join(
+                f"<member><StackName>{escape(name)}</StackName>"
+                f"<LogicalResourceId>{lid}</LogicalResourceId>"
+                f"<PhysicalResourceId>{escape(stack['physical_ids'].get(lid, lid.lower()))}"
+                f"</PhysicalResourceId><ResourceType>{r['Type']}</ResourceType>"
+                "<Timestamp>2026-01-01T00:00:00Z</Timestamp>"
+                "<ResourceStatus>UPDATE_COMPLETE</ResourceStatus></member>"
+                for lid, r in stack["template"].get("Resources", {}).items()
+            )
+            result = f"<StackResources>{members}</StackResources>"
+        else:
+            self._send(
+                400,
+                f'<ErrorResponse xmlns="{NS}"><Error><Code>InvalidAction</Code>'
+                f"<Message>{escape(action)}</Message></Error></ErrorResponse>",
+            )
+            return
+        self._send(
+            200,
+            f'<{action}Response xmlns="{NS}"><{action}Result>{result}</{action}Result>'
+            f"<ResponseMetadata><RequestId>emulated</RequestId></ResponseMetadata>"
+            f"</{action}Response>",
+        )
+
+
+@contextmanager
+def emulated_cloudformation() -> Iterator[EmulatedCloudFormation]:
+    cfn = EmulatedCloudFormation()
+    handler = type("Handler", (_Handler,), {"cfn": cfn})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    cfn.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield cfn
+    finally:
+        server.shutdown()
+        server.server_close()
