@@ -17,7 +17,9 @@ import pytest
 from infra_synth import CDK_JSON_CONTEXT, synth
 
 from infra import first_deploy, k8s_immutable, replacements
-from infra.first_deploy import FIRST_DEPLOY_KEYS
+from infra.config import load_config
+from manifests.render import OVERLAYS
+from manifests.sizes import SIZES
 
 REGION = "us-east-2"
 
@@ -43,7 +45,10 @@ def test_every_kind_the_stack_applies_is_looked_up(default_template: dict[str, A
 
 
 def _kept() -> dict[str, str]:
-    return {k: str(CDK_JSON_CONTEXT[k]) for k in FIRST_DEPLOY_KEYS}
+    """The deployed settings of cdk.json's defaults (nothing about them changes here)."""
+    counts = {name: size.node_count for name, size in SIZES.items()}
+    config = load_config(CDK_JSON_CONTEXT.get, overlays=OVERLAYS, node_counts=counts)
+    return first_deploy.settings(config)
 
 
 def test_a_priority_class_value_change_is_refused(
@@ -66,8 +71,9 @@ def test_a_priority_class_value_change_is_refused(
     with pytest.raises(first_deploy.ReplacementRefused, match="PriorityClass") as refused:
         first_deploy.check(**args, acknowledged=(), region=REGION)
     assert "value is immutable" in str(refused.value)
-    manifest_id = change.logical_id.split("/")[0]
-    assert str(refused.value).endswith(f"acknowledgeReplacement={manifest_id}")
+    # One acknowledgement per object: the manifest resource, kind and name.
+    assert str(refused.value).endswith(f"acknowledgeReplacement={change.logical_id}")
+    first_deploy.check(**args, acknowledged=(change.logical_id,), region=REGION)
 
 
 def test_a_mutable_change_of_the_same_object_is_an_update(default_template: dict[str, Any]) -> None:
