@@ -152,7 +152,7 @@ class CheckpointManager:
                 rank=rank,
                 world_size=world_size,
                 events=events,
-                published=partial(pod_memory.wait, keepalive=keepalive or _nothing),
+                published=pod_memory.publication,
                 keepalive=keepalive or _nothing,
             )
             if copies is not None:
@@ -296,6 +296,8 @@ class CheckpointManager:
         commit already handed to rank 0's committer (every rank's files durable) finishes."""
         self._pending.clear()
         self._committer.close()
+        if self._peer is not None:
+            self._peer.abandon()  # its exchange thread publishes nothing more
         if self._nvrx is not None:
             self._nvrx.abandon()
             self._nvrx = None
@@ -316,6 +318,8 @@ class CheckpointManager:
         Collective (the plan gathers every rank's local plan): every rank calls it at the same
         step."""
         self._start_worker()
+        if self._pod_memory is not None:
+            self._pod_memory.prepare(trainer.state_dict())  # slots mapped, pinned off-thread
         if self._nvrx is None or not (self.config.interval or self.config.save_final):
             return  # no save will use the plan
         state = {"trainer": trainer.state_dict()}  # as :meth:`save` builds it

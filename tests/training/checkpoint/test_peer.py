@@ -222,9 +222,9 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
     # 1. The exchange: two intervals, the first without staging, the second staged.
     own = node_root(rank // 2)
     _take(own, rank=rank, step=5)
-    copies(own, local=2).exchange()
+    copies(own, local=2).exchange(blocking=True)
     _take(own, rank=rank, step=6)
-    copies(own, local=2, staging=torch.device("cpu")).exchange()
+    copies(own, local=2, staging=torch.device("cpu")).exchange(blocking=True)
     dist.barrier()
     if rank == 0:
         results["ring"] = {
@@ -295,7 +295,7 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
     # then a node and its holder lost together: the first one's shard is gone from memory.
     alone = base_dir / f"single-{rank}"
     _take(alone, rank=rank, step=7)
-    copies(alone, local=1).exchange()
+    copies(alone, local=1).exchange(blocking=True)
     dist.barrier()
     if rank == 1:
         shutil.rmtree(alone, ignore_errors=True)
@@ -303,7 +303,7 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
     state = _fresh(rank) if rank == 1 else _state(rank, 7)
     got = restore(alone, state, local=1, at_least=0)
     results[f"one-lost-{rank}"] = restored(state, got, 7)
-    copies(alone, local=1).exchange()  # the copies are whole again
+    copies(alone, local=1).exchange(blocking=True)  # the copies are whole again
     dist.barrier()
     if rank in (1, 2):  # node 1 and node 2, which holds node 1's copy
         shutil.rmtree(alone, ignore_errors=True)
