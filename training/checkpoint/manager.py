@@ -467,7 +467,7 @@ class CheckpointManager:
             "memory_snapshot", step=step, blocking_s=time.perf_counter() - started, tier=tier
         )
         if self._peer is not None:
-            self._peer.exchange()  # collective: every rank snapshots at the same steps
+            self._peer.exchange(step=step)  # collective: every rank snapshots at the same steps
 
     def before_update(self) -> None:
         """Call before the optimizer changes the state in place: on a GPU the compute stream

@@ -211,11 +211,13 @@ class PeerCopies:
         return self._staging  # type: ignore[return-value]
 
     # -- the exchange after each snapshot -------------------------------------------------------
-    def exchange(self, *, blocking: bool = False) -> bool:
-        """Start sending this rank's newest own snapshot to its holder and receiving its
-        source's into this pod's memory (kind ``peer``), on the exchange thread; returns
-        whether it started. Collective over every rank, on the training thread, at the same
-        step everywhere (the manager's snapshot steps).
+    def exchange(self, *, step: int | None = None, blocking: bool = False) -> bool:
+        """Start sending this rank's own snapshot of ``step`` (the one just taken; None: the
+        newest) to its holder and receiving its source's into this pod's memory (kind
+        ``peer``), on the exchange thread; returns whether it started. The step is fixed here:
+        by the time the thread sends, a newer snapshot may be complete, and the one after it
+        may be overwriting the older slot. Collective over every rank, on the training thread,
+        at the same step everywhere (the manager's snapshot steps).
 
         The training thread only agrees with the others that every rank's previous exchange is
         over (one all-reduce of a flag), creates the exchange group the first time, and starts
@@ -241,7 +243,7 @@ class PeerCopies:
         self._abandoned = False
         thread = device_threads.start(
             self._exchange,
-            args=(wait_published, group, time.perf_counter()),
+            args=(wait_published, group, step, time.perf_counter()),
             name=f"peer-exchange-{self.rank}",
             device=device_threads.current_device(),
         )
@@ -288,14 +290,18 @@ class PeerCopies:
         return self._group
 
     def _exchange(
-        self, wait_published: Callable[[], None], group: dist.ProcessGroup, started: float
+        self,
+        wait_published: Callable[[], None],
+        group: dist.ProcessGroup,
+        step: int | None,
+        started: float,
     ) -> None:
         """The exchange thread (see :meth:`exchange`); a failure is reported, not raised: the
         restart layer handles a lost peer, and training goes on either way."""
         try:
             wait_published()  # the snapshot just taken is complete (its CRC32 and meta written)
             self._prune()
-            own = self._newest_own()
+            own = self._own(step)
             if own is not None:
                 directory, meta = own
                 outgoing = Outgoing(
@@ -338,9 +344,12 @@ class PeerCopies:
             problem=problem,
         )
 
-    def _newest_own(self) -> tuple[Path, files.SnapshotMeta] | None:
+    def _own(self, step: int | None) -> tuple[Path, files.SnapshotMeta] | None:
+        """This rank's complete own snapshot of ``step`` (None: the newest), if any. A slot
+        rewritten while it is sent is caught by the CRC32 on arrival (never published)."""
         for directory, meta in files.list_snapshots(self.root, kind="own", rank=self.rank):
-            if meta.refusal(owner=self.owner, rank=self.rank, world_size=self.world_size) is None:
+            refusal = meta.refusal(owner=self.owner, rank=self.rank, world_size=self.world_size)
+            if refusal is None and (step is None or meta.step == step):
                 return directory, meta
         return None
 

@@ -124,13 +124,20 @@ class PodMemorySnapshots:
                 ready = torch.cuda.Event()
                 ready.record(self._stream)
             self._copying = ready
-        # Bound to the rank's GPU: the event's synchronize would otherwise bind (or create) a
-        # context on GPU 0 (``device_threads``).
+        self._start_publish(target, meta, ready=ready, device=index)
+
+    def _start_publish(
+        self, target: sf.SlotFile, meta: sf.SnapshotMeta, *, ready: Any, device: int | None
+    ) -> None:
+        """The publish thread of a snapshot: it waits for the copies' event ``ready`` (None on
+        the CPU), then writes the CRC32 and the meta. Bound to the rank's GPU first: the
+        event's synchronize would otherwise bind (or create) a context on GPU 0 in it
+        (``device_threads``)."""
         self._publisher = device_threads.start(
             self._publish,
             args=(target, meta, ready),
-            name=f"pod-memory-publish-{step}",
-            device=index if ready is not None else None,
+            name=f"pod-memory-publish-{meta.step}",
+            device=device if ready is not None else None,
         )
 
     def prepare(self, state: dict[str, Any]) -> None:

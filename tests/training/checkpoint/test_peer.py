@@ -312,6 +312,63 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
     got = restore(alone, state, local=1, at_least=0)
     results[f"two-lost-{rank}"] = {"got": got}
 
+    # 6. Training goes on while an exchange is in flight. The exchange thread is held where it
+    # waits for the snapshot's publish (a long CRC32, a slow network) until the training
+    # thread has run three steps (all-reduces on the default group); the next snapshot's
+    # exchange, due while one is still in flight, is skipped on every rank; the copy that
+    # arrives is complete and verified, and the next exchange carries the newer snapshot.
+    import threading
+
+    overlap = base_dir / f"overlap-node-{rank // 2}"
+    gate = threading.Event()
+    seen_steps: list[int] = []
+    trained = [0]
+
+    def held_publish() -> Any:
+        def wait() -> None:
+            gate.wait(60)
+            seen_steps.append(trained[0])
+
+        return wait
+
+    ring = peer.PeerCopies(
+        root=overlap,
+        owner=OWNER,
+        rank=rank,
+        world_size=WORLD,
+        local_world_size=2,
+        events=events,
+        staging=None,
+        bucket_bytes=512,
+        published=held_publish,
+    )
+    _take(overlap, rank=rank, step=8)
+    first = ring.exchange(step=8)
+    for _ in range(3):  # the next steps' collectives
+        dist.all_reduce(torch.ones(1))
+        trained[0] += 1
+    in_flight = ring.in_flight()
+    _take(overlap, rank=rank, step=9)
+    second = ring.exchange(step=9)  # some rank's exchange is still in flight: skipped everywhere
+    gate.set()
+    ring.wait()
+    dist.barrier()  # every rank's copy of step 8 is in
+    after_first = _held(overlap, "peer")
+    third = ring.exchange(step=9, blocking=True)
+    dist.barrier()
+    results[f"overlap-{rank}"] = {
+        "started": [first, second, third],
+        "in_flight_after_steps": in_flight,
+        "steps_before_publish_waited": seen_steps[0],
+        "peer_after_first": after_first,
+        "peer_after_third": _held(overlap, "peer"),
+        "verified": [
+            sf.verify(d, m) for d, m in sf.list_snapshots(overlap, kind="peer", rank=ring.source)
+        ],
+        "blocked_s": ring.last_blocked_s,
+    }
+    ring.close()
+
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()
@@ -407,6 +464,28 @@ def test_a_node_and_its_holder_lost_together_leave_no_step_in_memory(seen: dict)
     for rank in range(WORLD):
         assert seen[f"one-lost-{rank}"]["got"][0] == 7 and seen[f"one-lost-{rank}"]["equal"]
         assert seen[f"two-lost-{rank}"]["got"] is None
+
+
+def test_training_goes_on_while_an_exchange_is_in_flight_and_the_copy_still_arrives_whole(
+    seen: dict,
+) -> None:
+    """The exchange runs on its own thread and group: the training thread ran three steps of
+    collectives while every rank's exchange was held before sending; the exchange due
+    meanwhile was skipped on every rank (none waits for the network); the copy that arrived
+    is the one of the snapshot it was started for, complete and CRC-verified, and the next
+    exchange brings the newer one."""
+    for rank in range(WORLD):
+        got = seen[f"overlap-{rank}"]
+        assert got["started"] == [True, False, True], got
+        assert got["in_flight_after_steps"] is True
+        assert got["steps_before_publish_waited"] == 3
+        source = (rank - 2) % WORLD
+        node_peer = sorted([[(r - 2) % WORLD, 8] for r in range(WORLD) if r // 2 == rank // 2])
+        assert got["peer_after_first"] == node_peer, got
+        assert [s for q, s in got["peer_after_third"] if q == source] == [8, 9]
+        assert got["verified"] == [None, None]
+    skipped = [e for e in seen["events"] if e.get("kind") == "peer_copy_skipped"]
+    assert len(skipped) == WORLD
 
 
 def test_data_that_is_not_flat_bytes_is_refused_before_anything_is_sent() -> None:
