@@ -76,6 +76,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.data",
         "training.model",
         "training.checkpoint.layout",
+        "training.checkpoint.device_threads",
         "training.checkpoint.integrity",
         "training.checkpoint.staging",
         "training.checkpoint.memory",
