@@ -9,20 +9,28 @@ configuration error: the node count is the rendezvous's, not the config's (an el
 shrinks to one node keeps training), and the same recipe runs on one node and on sixteen.
 
 The exchange (:meth:`PeerCopies.exchange`, after each pod-memory snapshot, every
-``checkpoint.memory_interval`` steps). Every rank sends its newest own snapshot (``meta`` and
-``data``, ``snapshot_files``) to its holder and receives its source's into its pod's
+``checkpoint.memory_interval`` steps). Every rank sends its own snapshot of that step (``meta``
+and ``data``, ``snapshot_files``) to its holder and receives its source's into its pod's
 ``/dev/shm`` as kind ``peer``, in the slot-by-slot protocol of ``snapshot_files`` (the meta
-unlinked first, the data received straight into the slot's mapping, its CRC32 checked on
-arrival, the meta published last), over the job's own process group in buckets
-(``transfer.py``: gloo on host tensors, NCCL through one reusable device buffer per message).
-Cost per node and interval: it sends the shards of its L ranks and receives as many, i.e.
-the node's share of the state (``W / L`` nodes): 12 bytes per parameter (fp32 sharded params,
+unlinked first, the data received straight into the slot's mapping, kept mapped from one
+exchange to the next, its CRC32 taken bucket by bucket as it lands, the meta published last),
+in buckets (``transfer.py``, two rounds on the wire at once). It runs beside training: the
+training thread agrees with the other ranks that every previous exchange is over (one
+all-reduce of a flag; if one is not, every rank skips this one, event ``peer_copy_skipped``),
+creates the exchange's own gloo group at the first exchange (collective, same order on every
+rank) and starts the exchange thread, which waits for the snapshot's publish and does the rest.
+gloo, not the job's NCCL: a second NCCL communicator used from another thread beside the
+training's collectives may deadlock (:meth:`PeerCopies._exchange_group`); gloo moves the host
+mappings themselves, without staging or device memory, over the pod's TCP network.
+Cost per node and interval: it sends the shards of its L ranks and receives as many, i.e. the
+node's share of the state (``W / L`` nodes): 12 bytes per parameter (fp32 sharded params,
 AdamW's two fp32 moments), so ``p5_70b`` (70.6B) on 16 nodes sends and receives ~52.9 GB per
-node per interval. The wire time is short (32 x 400 Gb/s EFA: ~0.13 s); the host copies through
-the staging buffers and the CRC32 check on arrival are most of it (``bench/restore.py`` measures
-the exchange on CPU; docs/restore-tiers.md, "Peer copy", weighs it against what it saves).
+node per interval: 0.13 s at EFA's 3,200 Gb/s (32 x 100 Gb/s), ~4.2 s at 100 Gb/s of TCP, in the
+background; the training thread pays the flag's all-reduce and a thread start
+(``bench/peer.py`` measures both against the wire floor; docs/restore-tiers.md, "Peer copy").
 Memory: each node's ``/dev/shm`` holds two own slots and two peer slots, 197.1 GiB of the pod's
-256 GiB ``shm`` limit at 70B / 16. The transfers call ``keepalive`` after every round.
+256 GiB ``shm`` limit at 70B / 16. The exchange thread never calls ``keepalive``: a training
+thread that hangs must not look alive; :meth:`PeerCopies.wait` (the run's end) does.
 
 The restore (:meth:`PeerCopies.restore`), when some rank has no snapshot of its own (a pod
 replaced after its node was lost). Every rank lists what its pod holds, own and peer copies, by

@@ -6,19 +6,23 @@ A transfer is a set of point-to-point messages, each a small ``meta`` (bytes) an
 over the ranks that take part). Three rounds: the sizes (two int64s per message), the metas,
 then the data in buckets of at most ``bucket_bytes``; every round is one
 ``dist.batch_isend_irecv`` (sends and receives of one round in one batch, so a ring of sends
-never deadlocks) and is waited for before the next.
+never deadlocks). Data rounds are pipelined (:data:`IN_FLIGHT`): bucket k+1 is on the wire
+while bucket k is copied back and handed to ``Incoming.landed`` (a running CRC32). A receiver
+that cannot keep a message (``into`` returns None) still receives it, into scratch buckets, so
+its sender is never left blocked.
 
 Staging. gloo takes host tensors: with ``staging=None`` a bucket is sent straight from a view
 of the source buffer and received straight into a view of the target, so no buffer beyond the
-mapped files is needed. NCCL (EFA in the cluster) takes CUDA tensors only
-(``ProcessGroupNCCL``: "Tensors must be CUDA and dense"): with ``staging=cuda`` every message
-gets one device buffer of one bucket, reused for each of its buckets: a send copies the bucket
-host-to-device into it before the send, a receive copies it device-to-host after the wait.
-Ordering on the device needs no explicit synchronisation: NCCL's stream waits for the current
-stream when an operation is issued, and ``Work.wait()`` makes the current stream wait for
-NCCL's; a device-to-host copy into pageable (mapped) memory returns once the bytes are there,
-so the next bucket may reuse the buffer. The same code runs with ``staging=cpu`` on gloo, which
-is how the tests pin the staged path without a GPU.
+mapped files is needed (the peer exchange runs this way, on its own gloo group). NCCL (EFA in
+the cluster) takes CUDA tensors only (``ProcessGroupNCCL``: "Tensors must be CUDA and dense"):
+with ``staging=cuda`` every message gets two device buffers of one bucket, used in turn: a send
+copies the bucket host-to-device into one before the send, a receive copies it device-to-host
+after the wait. Ordering on the device needs no explicit synchronisation: NCCL's stream waits
+for the current stream when an operation is issued, and ``Work.wait()`` makes the current
+stream wait for NCCL's; a device-to-host copy into pageable (mapped) memory returns once the
+bytes are there, and a buffer is reused only after the round that used it was waited for. The
+same code runs with ``staging=cpu`` on gloo, which is how the tests pin the staged path without
+a GPU.
 """
 
 from __future__ import annotations
