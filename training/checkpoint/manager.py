@@ -451,6 +451,8 @@ class CheckpointManager:
         if self._memory is None and self._pod_memory is None:
             return
         started = time.perf_counter()
+        if self._peer is not None:
+            self._peer.settle()  # collective: the previous copies are in before a slot is reused
         if self._pod_memory is not None:
             self._pod_memory.take(trainer.state_dict(), step=step, keepalive=self.keepalive)
             tier = "pod_memory"

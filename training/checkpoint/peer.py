@@ -14,11 +14,11 @@ and ``data``, ``snapshot_files``) to its holder and receives its source's into i
 ``/dev/shm`` as kind ``peer``, in the slot-by-slot protocol of ``snapshot_files`` (the meta
 unlinked first, the data received straight into the slot's mapping, kept mapped from one
 exchange to the next, its CRC32 taken bucket by bucket as it lands, the meta published last),
-in buckets (``transfer.py``, two rounds on the wire at once). It runs beside training: the
-training thread agrees with the other ranks that every previous exchange is over (one
-all-reduce of a flag; if one is not, every rank skips this one, event ``peer_copy_skipped``),
-creates the exchange's own gloo group at the first exchange (collective, same order on every
-rank) and starts the exchange thread, which waits for the snapshot's publish and does the rest.
+in buckets (``transfer.py``, two rounds on the wire at once). It runs beside training: before
+each snapshot every rank waits until every previous exchange is over (:meth:`PeerCopies.settle`:
+at once, unless one outlasted a memory interval), and after it the training thread creates the
+exchange's own gloo group at the first exchange (collective, same order on every rank) and
+starts the exchange thread, which waits for the snapshot's publish and does the rest.
 gloo, not the job's NCCL: a second NCCL communicator used from another thread beside the
 training's collectives may deadlock (:meth:`PeerCopies._exchange_group`); gloo moves the host
 mappings themselves, without staging or device memory, over the pod's TCP network.
@@ -26,7 +26,7 @@ Cost per node and interval: it sends the shards of its L ranks and receives as m
 node's share of the state (``W / L`` nodes): 12 bytes per parameter (fp32 sharded params,
 AdamW's two fp32 moments), so ``p5_70b`` (70.6B) on 16 nodes sends and receives ~52.9 GB per
 node per interval: 0.13 s at EFA's 3,200 Gb/s (32 x 100 Gb/s), ~4.2 s at 100 Gb/s of TCP, in the
-background; the training thread pays the flag's all-reduce and a thread start
+background; the training thread pays one all-reduce and a thread start
 (``bench/peer.py`` measures both against the wire floor; docs/restore-tiers.md, "Peer copy").
 Memory: each node's ``/dev/shm`` holds two own slots and two peer slots, 197.1 GiB of the pod's
 256 GiB ``shm`` limit at 70B / 16. The exchange thread never calls ``keepalive``: a training
@@ -197,8 +197,9 @@ class PeerCopies:
         self._group: dist.ProcessGroup | None = None
         self._slots: dict[int, files.SlotFile] = {}
         self._abandoned = False
+        self._settle_s = 0.0
         self.last_blocked_s = 0.0
-        """Seconds the training thread spent in the last :meth:`exchange` call."""
+        """Seconds the training thread spent in the last :meth:`settle` and :meth:`exchange`."""
         self.last_exchange_s = 0.0
         """Seconds the last exchange took on its thread, start to publish."""
 
@@ -219,33 +220,40 @@ class PeerCopies:
         return self._staging  # type: ignore[return-value]
 
     # -- the exchange after each snapshot -------------------------------------------------------
+    def settle(self) -> None:
+        """Before the next pod-memory snapshot (collective, on the training thread): until every
+        rank's exchange in flight is over (each waits for its own, then one all-reduce). A
+        snapshot overwrites its rank's older own slot, so a snapshot taken while some copy of
+        the newest step is still on its way would leave no step whole in memory after a node
+        loss: the own slots one step ahead of the copies. Training waits here only when an
+        exchange outlasts a memory interval (event ``peer_copy_waited``)."""
+        if not self.enabled:
+            return
+        started = time.perf_counter()
+        busy = self.in_flight()
+        self.wait()
+        if busy:
+            self.events.emit("peer_copy_waited", seconds=time.perf_counter() - started)
+        _everyone(True)
+        self._settle_s = time.perf_counter() - started
+
     def exchange(self, *, step: int | None = None, blocking: bool = False) -> bool:
         """Start sending this rank's own snapshot of ``step`` (the one just taken; None: the
         newest) to its holder and receiving its source's into this pod's memory (kind
         ``peer``), on the exchange thread; returns whether it started. The step is fixed here:
-        by the time the thread sends, a newer snapshot may be complete, and the one after it
-        may be overwriting the older slot. Collective over every rank, on the training thread,
-        at the same step everywhere (the manager's snapshot steps).
+        by the time the thread sends, a newer snapshot may be complete. Collective over every
+        rank, on the training thread, at the same step everywhere (the manager's snapshot
+        steps), after :meth:`settle` and the snapshot.
 
-        The training thread only agrees with the others that every rank's previous exchange is
-        over (one all-reduce of a flag), creates the exchange group the first time, and starts
-        the thread: the wait for the snapshot's publish, the transfer and the checksum on
-        arrival all run beside the next steps. While some rank's previous exchange is still in
-        flight every rank skips this one (event ``peer_copy_skipped``): the copy held is then
-        one interval older, and training never waits for the network."""
+        The training thread only creates the exchange group the first time and starts the
+        thread: the wait for the snapshot's publish, the transfer and the checksum on arrival
+        all run beside the next steps. ``last_blocked_s``: the training thread's time in
+        :meth:`settle` and here."""
         if not self.enabled:
             return False
         assert self.holder is not None and self.source is not None
         started = time.perf_counter()
-        previous = PeerCopies._IN_FLIGHT.get(self._key)
-        if not _everyone(previous is None or not previous.is_alive()):
-            self.last_blocked_s = time.perf_counter() - started
-            self.events.emit(
-                "peer_copy_skipped",
-                reason="a previous exchange is still in flight on some rank",
-                blocked_s=self.last_blocked_s,
-            )
-            return False
+        self.wait()  # a no-op after settle
         group = self._exchange_group()
         wait_published = self._published()
         self._abandoned = False
@@ -256,7 +264,8 @@ class PeerCopies:
             device=device_threads.current_device(),
         )
         PeerCopies._IN_FLIGHT[self._key] = thread
-        self.last_blocked_s = time.perf_counter() - started
+        self.last_blocked_s = self._settle_s + time.perf_counter() - started
+        self._settle_s = 0.0
         if blocking:
             self.wait()
         return True
@@ -280,8 +289,8 @@ class PeerCopies:
     def abandon(self) -> None:
         """After a fault (no collective): the exchange in flight publishes nothing more. Its
         thread is not waited for: the restart layer releases its blocked transfer (NVRx's
-        abort, or the gloo sockets shut, ``resilience/gloo_abort.py``), and the next attempt's
-        first exchange is skipped while it is still alive."""
+        abort, or the gloo sockets shut, ``resilience/gloo_abort.py``); the next attempt's
+        first :meth:`settle` waits for it (the thread is known by root and rank)."""
         self._abandoned = True
 
     def _exchange_group(self) -> dist.ProcessGroup:
