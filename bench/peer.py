@@ -9,8 +9,9 @@ a load change on the machine hits them alike:
   group, between buffers already in memory: what the wire (here loopback TCP) costs at least;
 - ``serial``: the exchange waited for on the training thread (``exchange(blocking=True)``: what
   every exchange cost before it had its own thread): wall time = blocked time;
-- ``background``: the exchange as the manager runs it (``exchange()``): the training thread's
-  time in the call (one all-reduce of a flag, the thread started) is its blocked time; the
+- ``background``: the exchange as the manager runs it (``settle()``, the snapshot,
+  ``exchange()``): the training thread's time in settle and exchange (one all-reduce, the
+  thread started; the snapshot's own copy not counted) is its blocked time; the
   training thread then runs steps (a matmul and an all-reduce each) until every rank's
   exchange is over; the exchange's wall time is its thread's, publish wait to publish;
 - ``steps``: the same steps with no exchange, for the step time the exchange slows down (on
@@ -132,13 +133,26 @@ def worker(*, mib: int, rounds: int, bucket_mib: int, shm: Path, out: Path) -> N
                 wall = time.perf_counter() - started
                 records[mode].append({"wall_s": slowest(wall), "blocked_s": slowest(wall)})
             elif mode == "serial":
+                started = time.perf_counter()
+                copies.settle()
+                settle_s = copies._settle_s
                 taken = snapshot()
+                snapshot_s = time.perf_counter() - started - settle_s
                 started = time.perf_counter()
                 copies.exchange(step=taken, blocking=True)
                 wall = time.perf_counter() - started
-                records[mode].append({"wall_s": slowest(wall), "blocked_s": slowest(wall)})
+                records[mode].append(
+                    {
+                        "wall_s": slowest(wall),
+                        "blocked_s": slowest(wall + settle_s),
+                        "snapshot_s": slowest(snapshot_s),
+                    }
+                )
             elif mode == "background":
+                started = time.perf_counter()
+                copies.settle()  # the manager's order: settle, snapshot, exchange
                 taken = snapshot()
+                snapshot_s = time.perf_counter() - started - copies._settle_s
                 assert copies.exchange(step=taken)
                 blocked = copies.last_blocked_s
                 started = time.perf_counter()
@@ -154,6 +168,7 @@ def worker(*, mib: int, rounds: int, bucket_mib: int, shm: Path, out: Path) -> N
                     {
                         "wall_s": slowest(copies.last_exchange_s),
                         "blocked_s": slowest(blocked),
+                        "snapshot_s": slowest(snapshot_s),
                         "steps": steps,
                         "step_s": slowest(stepping / steps),
                     }
