@@ -387,7 +387,14 @@ class PeerCopies:
             if target is not None:
                 target.close()
             directory = files.slot_dir(self.root, kind="peer", rank=meta.rank, slot=slot)
-            target = self._slots[slot] = files.SlotFile(directory, nbytes=nbytes)
+            try:
+                target = self._slots[slot] = files.SlotFile(directory, nbytes=nbytes)
+            except OSError as err:  # no room in /dev/shm: drop it, but answer the sender
+                self._slots.pop(slot, None)
+                message = f"peer copy from rank {self.source} dropped: {err}"
+                warnings.warn(message, stacklevel=2)
+                print(f"WARNING: {message}", flush=True)
+                return None
         out.append(target)
         return target.data
 

@@ -371,6 +371,33 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
     }
     ring.close()
 
+    # 7. A receiver that cannot keep a message (``into`` gives None: no room for its slot)
+    # still receives it, into scratch buckets: its sender is never left blocked, and the next
+    # transfer between the same ranks is in step.
+    from training.checkpoint.transfer import Incoming, Outgoing, transfer
+
+    landed: list[int] = []
+    rounds = []
+    for attempt in range(2):
+        payload = torch.arange(3000, dtype=torch.int64).add_(rank + 10 * attempt)
+        payload = payload.to(torch.uint8)
+        (got,) = transfer(
+            outgoing=[Outgoing(dst=(rank + 1) % WORLD, meta=b"m", data=payload)],
+            incoming=[
+                Incoming(
+                    src=(rank - 1) % WORLD,
+                    into=lambda _m, n, a=attempt: (
+                        None if (rank % 2 == 0 and a == 0) else torch.empty(n, dtype=torch.uint8)
+                    ),
+                    landed=lambda part: landed.append(part.numel()),
+                )
+            ],
+            bucket_bytes=512,
+        )
+        expected = torch.arange(3000, dtype=torch.int64).add_((rank - 1) % WORLD + 10 * attempt)
+        rounds.append([got.data.numel(), torch.equal(got.data, expected.to(torch.uint8))])
+    results[f"dropped-{rank}"] = {"rounds": rounds, "landed": landed}
+
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()
@@ -488,6 +515,22 @@ def test_training_goes_on_while_an_exchange_is_in_flight_and_the_copy_still_arri
         assert got["verified"] == [None, None]
     waited = [e for e in seen["events"] if e.get("kind") == "peer_copy_waited"]
     assert 1 in {e["rank"] for e in waited}, waited
+
+
+def test_a_message_the_receiver_cannot_keep_is_received_and_dropped_keeping_ranks_in_step(
+    seen: dict,
+) -> None:
+    """Even ranks drop their first message (no slot for it); every sender still completes,
+    the data of the kept messages arrive whole in 512-byte buckets (``landed`` sees each
+    bucket of a kept message, none of a dropped one), and the second transfer is in step."""
+    for rank in range(WORLD):
+        got = seen[f"dropped-{rank}"]
+        if rank % 2 == 0:
+            assert got["rounds"] == [[0, False], [3000, True]], got
+            assert got["landed"] == [512] * 5 + [440], got
+        else:
+            assert got["rounds"] == [[3000, True], [3000, True]], got
+            assert got["landed"] == ([512] * 5 + [440]) * 2, got
 
 
 def test_data_that_is_not_flat_bytes_is_refused_before_anything_is_sent() -> None:
