@@ -403,6 +403,122 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
     dist.destroy_process_group()
 
 
+def _manager_ranks(rank: int, base: str, out: str, port: int) -> None:
+    """The manager's own wiring (``CheckpointManager.for_job``: settle, snapshot, exchange on
+    its thread; ``prepare``; ``abandon``) on 2 ranks as 2 nodes of one rank: snapshots every
+    step, a fault right after the fourth (its exchange may still be in flight), node 1's pod
+    memory lost, and both ranks restarted with new managers."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from training.checkpoint.manager import CheckpointManager
+    from training.config import CheckpointConfig, JobConfig, ResilienceConfig
+    from training.runlog.metrics import EventLog
+
+    os.environ["LOCAL_WORLD_SIZE"] = "1"
+    os.environ["TORCHELASTIC_RUN_ID"] = "peer-manager-test"  # one run: one owner on both
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    node = Path(base) / f"node-{rank}"
+    config = JobConfig(
+        run_dir=str(Path(out) / "run"),
+        checkpoint=CheckpointConfig(
+            engine="sync",
+            interval=1000,
+            save_final=False,
+            memory_interval=1,
+            pod_memory_dir=str(node),
+            peer_copy=True,
+        ),
+        resilience=ResilienceConfig(restart="injob"),
+    )
+    events = EventLog(run_dir=Path(out) / "run", rank=rank)
+
+    class Trainer:
+        def __init__(self, value: float) -> None:
+            self.w = torch.full((5000 + 13 * rank,), value)
+            self.step = int(value)
+
+        def state_dict(self) -> dict:
+            return {"model": {"w": self.w}, "step": self.step}
+
+        def load_state_dict(self, state: dict) -> None:
+            assert state["model"]["w"] is self.w
+            self.step = state["step"]
+
+    manager = CheckpointManager.for_job(config=config, rank=rank, world_size=2, events=events)
+    manager.start()
+    trainer = Trainer(0.0)
+    manager.prepare(trainer)
+    for step in range(1, 5):
+        trainer.w.add_(1.0)
+        trainer.step = step
+        manager.before_update()
+        manager.snapshot(trainer, step=step)
+    manager.abandon()  # the fault
+    dist.barrier()
+    if rank == 1:  # node 1 lost: its replacement's pod memory is empty
+        shutil.rmtree(node, ignore_errors=True)
+    dist.barrier()
+    restarted = Trainer(-1.0)
+    second = CheckpointManager.for_job(config=config, rank=rank, world_size=2, events=events)
+    second.start()
+    step = second.load_latest(restarted)
+    (Path(out) / f"manager{rank}.json").write_text(
+        json.dumps(
+            {
+                "step": step,
+                "w_equal_step": bool(torch.equal(restarted.w, torch.full_like(restarted.w, step)))
+                if step is not None
+                else False,
+                "trainer_step": restarted.step,
+            }
+        )
+    )
+    dist.barrier()
+    second.close()
+    dist.destroy_process_group()
+
+
+@pytest.mark.timeout(240)
+def test_through_the_manager_a_lost_node_restores_a_whole_step_from_its_peer(
+    tmp_path: Path,
+) -> None:
+    """Whatever the exchange in flight at the fault, the surviving pod holds a step that is
+    whole (settle before every snapshot): both ranks restore the same step, 3 or 4, from the
+    peer tier, and rank 1's state, whose own memory was lost, equals that step's."""
+    import torch.multiprocessing as mp
+    from support import free_port
+
+    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
+    base = shm / f"test-peer-manager-{uuid.uuid4().hex[:12]}"
+    base.mkdir()
+    try:
+        mp.start_processes(
+            _manager_ranks,
+            args=(str(base), str(tmp_path), free_port()),
+            nprocs=2,
+            start_method="spawn",
+            join=True,
+        )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    got = [json.loads((tmp_path / f"manager{r}.json").read_text()) for r in range(2)]
+    assert got[0]["step"] == got[1]["step"] and got[0]["step"] in (3, 4), got
+    assert all(g["w_equal_step"] and g["trainer_step"] == g["step"] for g in got), got
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").open()]
+    loads = [e for e in events if e["kind"] == "checkpoint_load"]
+    assert {e["source"] for e in loads} == {"peer"} and len(loads) == 2, loads
+    copies = [e for e in events if e["kind"] == "peer_copy" and e["problem"] is None]
+    assert {e["step"] for e in copies} >= {1, 2, 3}, copies
+
+
 @pytest.fixture(scope="module")
 def seen(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     import torch.multiprocessing as mp
