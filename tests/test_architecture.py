@@ -155,6 +155,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "bench.goodput",
         "bench.node_loss",
         "bench.overhead",
+        "bench.peer",
         "bench.restart",
         "bench.restore",
     ),
