@@ -144,7 +144,7 @@ def worker(*, dim: int, layers: int, rounds: int, root: Path, shm: Path, out: Pa
     for _ in range(rounds):
         dist.barrier()
         started = time.perf_counter()
-        copies().exchange()
+        copies().exchange(step=step, blocking=True)  # bench/peer.py: in the background
         exchange_s.append(time.perf_counter() - started)
 
     def storage() -> None:

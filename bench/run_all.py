@@ -1,6 +1,6 @@
 """Run the benchmarks one after the other and print one combined table (``make bench``).
 
-    python -m bench.run_all                # checkpoint, overhead, restore, goodput: ~37 min
+    python -m bench.run_all                # checkpoint, overhead, restore, peer, goodput: ~39 min
     python -m bench.run_all --with-restart           # + the restart benchmark (+~4 min)
     python -m bench.run_all --quick                  # smoke sizes, ~7 min
     python -m bench.run_all --only checkpoint,restart
@@ -8,8 +8,9 @@
 
 On a 2-core machine the goodput benchmark alone trains each of its 6 modes (the restart modes,
 and in-job and nested with the restore tiers off and on) for 5 minutes (~33 min with
-start-ups); the restore benchmark takes ~30 s. The restart benchmark (~4 min) is left out by
-default: the goodput runs report the cost of every fault of each kind too, and
+start-ups); the restore benchmark takes ~30 s, the peer exchange's ~2 min. The restart
+benchmark (~4 min) is left out by default: the goodput runs report the cost of every fault of
+each kind too, and
 ``bench/results/restart.json`` (which the planner reads) keeps its last full run.
 
 Each benchmark prints its own table and writes bench/results/<name>.json; this writes
@@ -31,7 +32,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from bench import checkpoint, goodput, node_loss, overhead, restart, restore
+from bench import checkpoint, goodput, node_loss, overhead, peer, restart, restore
 from bench.common import REPO_ROOT, RESULTS_DIR, ensure_corpus, fmt, machine, table, write_result
 
 BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -39,6 +40,7 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "overhead": overhead.run,
     "restart": restart.run,
     "restore": restore.run,
+    "peer": peer.run,
     "goodput": goodput.run,
     "node_loss": node_loss.run,  # needs root: emulated pods (`--only node_loss`)
 }
@@ -60,6 +62,14 @@ HEADLINES: dict[str, tuple[str, ...]] = {
         "pod_memory_vs_storage",
         "peer_vs_storage",
     ),
+    "peer": (
+        "floor_s",
+        "serial_blocked_s",
+        "background_blocked_s",
+        "background_wall_s",
+        "background_wall_vs_floor",
+        "step_slowdown_during_exchange",
+    ),
     "goodput": (
         "ettr_baseline",
         "ettr_inprocess",
@@ -73,7 +83,7 @@ HEADLINES: dict[str, tuple[str, ...]] = {
     # Its results are per case (bench/results/node_loss.json; `python -m bench.node_loss --table`).
     "node_loss": (),
 }
-DEFAULT = ("checkpoint", "overhead", "restore", "goodput")
+DEFAULT = ("checkpoint", "overhead", "restore", "peer", "goodput")
 
 
 def run_planner() -> int:

@@ -18,6 +18,14 @@ Checks, in order (each bounded by what is left of ``--budget-s``), each with a v
   on ``--ac-layers`` blocks of the same width: peak memory and step time of each.
 - ``memory_snapshot``: a memory snapshot of device tensors (side stream, pinned buffers), the
   state changed in place after it, restored exactly.
+- ``pod_memory_snapshot``: a pod-memory snapshot (``/dev/shm``) of ~1 GiB of device state:
+  ``prepare`` (slots mapped, ``cudaHostRegister`` on a thread bound to the GPU), the first
+  ``take`` (waits for the registration), the state changed in place after ``before_update``,
+  published, restored exactly; the times of prepare, the first and the second take.
+- ``peer_exchange``: tests/training/probes/peer_probe.py, two gloo ranks with CUDA state (one
+  GPU cannot host two NCCL ranks): pod-memory snapshots, the exchange on its own thread and
+  group while the ranks go on changing their state, then a lost node's shard restored from
+  its peer, bit for bit.
 - ``nvrx_snapshot``, ``torch_async``: tests/training/probes/snapshot_probe.py under torchrun on
   the GPUs there are (1 or 2): an asynchronous save (NVRx; torch's ``async_save`` over
   "cpu:gloo,cuda:nccl") with the state changed right after the call, loaded back equal; the
@@ -71,6 +79,8 @@ CHECKS = (
     "fsdp_step",
     "ac_compile",
     "memory_snapshot",
+    "pod_memory_snapshot",
+    "peer_exchange",
     "nvrx_snapshot",
     "torch_async",
     "local_checkpoint",
@@ -755,6 +765,114 @@ def check_memory_snapshot(ctx: Context) -> dict[str, Any]:
     }
 
 
+def _shm_dir(ctx: Context, name: str) -> Path:
+    """A directory on tmpfs (``/dev/shm``, as the pods' ``pod_memory_dir``): cudaHostRegister
+    pins file mappings with FOLL_LONGTERM, which kernels >= 6.5 allow on shmem only."""
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else ctx.work
+    path = base / f"gpu-check-{name}-{os.getpid()}"
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+def check_pod_memory_snapshot(ctx: Context) -> dict[str, Any]:
+    import torch
+
+    from training.checkpoint.pod_memory import PodMemorySnapshots
+
+    boundary = ctx.boundary
+    device = boundary.device()
+    numel = (256 << 20) // 4 if not boundary.fake else 1 << 20  # 1 GiB of fp32 on the GPU
+    state = {
+        "model": {"w": torch.randn(numel, device=device), "b": torch.randn(4096, device=device)},
+        "step": 7,
+    }
+    expected = {k: v.cpu().clone() for k, v in state["model"].items()}
+    root = _shm_dir(ctx, "pod-memory")
+    snapshots = PodMemorySnapshots(root=root, owner="gpu_check", rank=0, world_size=1)
+    try:
+        started = time.perf_counter()
+        snapshots.prepare(state)
+        prepare_s = time.perf_counter() - started
+        boundary.synchronize()
+        started = time.perf_counter()
+        snapshots.take(state, step=7)  # waits for its slot's registration
+        first_take_s = time.perf_counter() - started
+        snapshots.before_update()
+        for value in state["model"].values():
+            value.mul_(-2.0)  # the optimizer's in-place update, right after the snapshot
+        state["step"] = 99
+        snapshots.wait()
+        first_complete_s = time.perf_counter() - started
+        pinned = [f.wait_pinned() for f in snapshots._files.values()]
+        path, problem = snapshots.check(state, step=7)
+        restored_equal = False
+        if problem is None and path is not None:
+            snapshots.restore(state, path=path)
+            restored_equal = all(
+                torch.equal(state["model"][k].cpu(), v) for k, v in expected.items()
+            )
+        boundary.synchronize()
+        started = time.perf_counter()
+        snapshots.take(state, step=8)  # the other slot, registered by prepare meanwhile
+        second_take_s = time.perf_counter() - started
+        snapshots.wait()
+        second_complete_s = time.perf_counter() - started
+    finally:
+        snapshots.close(remove=True)
+        shutil.rmtree(root, ignore_errors=True)
+    nbytes = sum(v.numel() * v.element_size() for v in expected.values())
+    return {
+        "ok": restored_equal and state["step"] == 7 and problem is None,
+        "restored_equal": restored_equal,
+        "problem": problem,
+        "bytes": nbytes,
+        "pinned": pinned,
+        "prepare_s": round(prepare_s, 4),
+        "first_take_s": round(first_take_s, 4),
+        "first_complete_s": round(first_complete_s, 4),
+        "second_take_s": round(second_take_s, 4),
+        "second_complete_s": round(second_complete_s, 4),
+        "stray_context_check": "needs 2 GPUs (a rank on GPU 1, no context of it on GPU 0); "
+        "tests/training/checkpoint/test_device_threads.py pins the binding on CPU",
+    }
+
+
+def check_peer_exchange(ctx: Context) -> dict[str, Any]:
+    numel = (128 << 20) // 4 if not ctx.boundary.fake else 1 << 16  # 512 MiB of fp32 per rank
+    result_dir = ctx.work / "peer_probe"
+    command = [
+        sys.executable,
+        str(REPO_ROOT / "tests/training/probes/peer_probe.py"),
+        str(result_dir),
+        str(numel),
+    ]
+    log = ctx.work / "peer_probe.log"
+    proc = run_child(ctx, command, log=log, cap_s=180)
+    if proc.returncode != 0:
+        return {"ok": False, "returncode": proc.returncode, "tail": tail(log)}
+    reports = [json.loads((result_dir / f"rank{rank}.json").read_text()) for rank in range(2)]
+    problems = []
+    for report in reports:
+        rank = report["rank"]
+        if not report["exchange_started"]:
+            problems.append(f"rank {rank}: the exchange did not start")
+        if report["problem"] or not report["restored"]:
+            problems.append(f"rank {rank}: not restored ({report['problem']})")
+        if not report["restored_equal"]:
+            problems.append(f"rank {rank}: the restored state differs")
+    if reports[1]["restored"] is not None and not reports[1]["restored"].startswith("peer"):
+        problems.append(f"rank 1 restored from {reports[1]['restored']}, not its peer")
+    keys = ("device", "pinned", "first_take_s", "blocked_s", "steps_s", "in_flight_after_steps")
+    return {
+        "ok": not problems,
+        "problems": problems,
+        "bytes_per_rank": numel * 4 * 5 // 4 + 4096 * 4,
+        "exchange_s": [round(r["exchange_s"], 4) for r in reports],
+        **{key: [r[key] for r in reports] for key in keys},
+    }
+
+
 def _snapshot_probe(ctx: Context, *, engine: str) -> dict[str, Any]:
     nproc = min(2, ctx.boundary.gpus())
     result_dir = ctx.work / f"probe_{engine}"
@@ -971,6 +1089,8 @@ CHECK_FUNCTIONS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "fsdp_step": check_fsdp_step,
     "ac_compile": check_ac_compile,
     "memory_snapshot": check_memory_snapshot,
+    "pod_memory_snapshot": check_pod_memory_snapshot,
+    "peer_exchange": check_peer_exchange,
     "nvrx_snapshot": check_nvrx_snapshot,
     "torch_async": check_torch_async,
     "local_checkpoint": check_local_checkpoint,

@@ -10,6 +10,7 @@ Run: ``.venv/bin/pytest tests/training/test_gpu_check.py`` (~30 s, CPU only).
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
@@ -110,6 +111,45 @@ def test_every_gpu_marked_test_is_run_by_the_check() -> None:
         assert (gpu_check.REPO_ROOT / node.split("::")[0]).is_file(), node
 
 
+def test_the_pod_memory_and_peer_paths_are_checks_on_the_device() -> None:
+    """The device check runs the pod-memory snapshot (cudaHostRegister, side stream, publish
+    thread) and the peer exchange (its own thread and group, CUDA state, a restore from the
+    peer) on CUDA, each a check of its own with a function behind it."""
+    for name in ("pod_memory_snapshot", "peer_exchange"):
+        assert name in gpu_check.CHECKS and name in gpu_check.CHECK_FUNCTIONS, name
+    assert list(gpu_check.CHECK_FUNCTIONS) == [c for c in gpu_check.CHECKS if c != "pytest_gpu"]
+    probe = gpu_check.REPO_ROOT / "tests/training/probes/peer_probe.py"
+    assert probe.is_file() and str(probe.relative_to(gpu_check.REPO_ROOT)) in inspect.getsource(
+        gpu_check.check_peer_exchange
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_the_peer_exchange_check_runs_with_cuda_faked_at_the_boundary(tmp_path: Path) -> None:
+    """``peer_exchange`` as the GPU machine runs it, on CPU ranks: two ranks snapshot, exchange
+    on the exchange thread while they go on, and a lost node's state comes back from its peer
+    equal (the probe's own checks)."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "report.json"
+    command = [
+        sys.executable,
+        str(gpu_check.REPO_ROOT / "tests/gpu_check.py"),
+        *("--only", "peer_exchange", "--out", str(out)),
+    ]
+    env = {**os.environ, gpu_check.FAKE_ENV: "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == exits.OK, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (check,) = json.loads(out.read_text())["checks"]
+    assert check["name"] == "peer_exchange" and check["ok"] and not check["skipped"], check
+    assert check["detail"]["problems"] == []
+    assert all(seconds > 0 for seconds in check["detail"]["exchange_s"])
+
+
 @pytest.mark.timeout(240)
 def test_in_process_checks_run_with_cuda_faked_at_the_boundary(tmp_path: Path) -> None:
     """The entry point as the GPU machine runs it (``python tests/gpu_check.py``), its in-process
@@ -127,6 +167,7 @@ def test_in_process_checks_run_with_cuda_faked_at_the_boundary(tmp_path: Path) -
         *("--only", "environment", "--only", "fsdp_step"),
         *("--only", "ac_compile", "--only", "memory_snapshot"),
         *("--model", "tiny", "--seq-len", "32", "--steps", "1", "--layers", "1"),
+        *("--only", "pod_memory_snapshot"),
         *("--ac-layers", "1", "--out", str(out)),
     ]
     env = {**os.environ, gpu_check.FAKE_ENV: "1", "OMP_NUM_THREADS": "1"}
@@ -134,7 +175,13 @@ def test_in_process_checks_run_with_cuda_faked_at_the_boundary(tmp_path: Path) -
     assert proc.returncode == exits.OK, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     checks = {c["name"]: c for c in report["checks"]}
-    assert list(checks) == ["environment", "fsdp_step", "ac_compile", "memory_snapshot"]
+    assert list(checks) == [
+        "environment",
+        "fsdp_step",
+        "ac_compile",
+        "memory_snapshot",
+        "pod_memory_snapshot",
+    ]
     assert report["ok"] and report["device"]["fake_cuda"] is True
     assert all(c["ok"] and not c["skipped"] for c in checks.values())
     env_detail = checks["environment"]["detail"]

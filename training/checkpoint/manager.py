@@ -151,7 +151,7 @@ class CheckpointManager:
                 rank=rank,
                 world_size=world_size,
                 events=events,
-                published=partial(pod_memory.wait, keepalive=keepalive or _nothing),
+                published=pod_memory.publication,
                 keepalive=keepalive or _nothing,
             )
             if copies is not None:
@@ -295,6 +295,8 @@ class CheckpointManager:
         commit already handed to rank 0's committer (every rank's files durable) finishes."""
         self._pending.clear()
         self._committer.close()
+        if self._peer is not None:
+            self._peer.abandon()  # its exchange thread publishes nothing more
         if self._nvrx is not None:
             self._nvrx.abandon()
             self._nvrx = None
@@ -315,6 +317,8 @@ class CheckpointManager:
         Collective (the plan gathers every rank's local plan): every rank calls it at the same
         step."""
         self._start_worker()
+        if self._pod_memory is not None:
+            self._pod_memory.prepare(trainer.state_dict())  # slots mapped, pinned off-thread
         if self._nvrx is None or not (self.config.interval or self.config.save_final):
             return  # no save will use the plan
         state = {"trainer": trainer.state_dict()}  # as :meth:`save` builds it
@@ -446,6 +450,8 @@ class CheckpointManager:
         if self._memory is None and self._pod_memory is None:
             return
         started = time.perf_counter()
+        if self._peer is not None:
+            self._peer.settle()  # collective: the previous copies are in before a slot is reused
         if self._pod_memory is not None:
             self._pod_memory.take(trainer.state_dict(), step=step, keepalive=self.keepalive)
             tier = "pod_memory"
@@ -462,7 +468,7 @@ class CheckpointManager:
             "memory_snapshot", step=step, blocking_s=time.perf_counter() - started, tier=tier
         )
         if self._peer is not None:
-            self._peer.exchange()  # collective: every rank snapshots at the same steps
+            self._peer.exchange(step=step)  # collective: every rank snapshots at the same steps
 
     def before_update(self) -> None:
         """Call before the optimizer changes the state in place: on a GPU the compute stream

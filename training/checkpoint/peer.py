@@ -9,20 +9,28 @@ configuration error: the node count is the rendezvous's, not the config's (an el
 shrinks to one node keeps training), and the same recipe runs on one node and on sixteen.
 
 The exchange (:meth:`PeerCopies.exchange`, after each pod-memory snapshot, every
-``checkpoint.memory_interval`` steps). Every rank sends its newest own snapshot (``meta`` and
-``data``, ``snapshot_files``) to its holder and receives its source's into its pod's
+``checkpoint.memory_interval`` steps). Every rank sends its own snapshot of that step (``meta``
+and ``data``, ``snapshot_files``) to its holder and receives its source's into its pod's
 ``/dev/shm`` as kind ``peer``, in the slot-by-slot protocol of ``snapshot_files`` (the meta
-unlinked first, the data received straight into the slot's mapping, its CRC32 checked on
-arrival, the meta published last), over the job's own process group in buckets
-(``transfer.py``: gloo on host tensors, NCCL through one reusable device buffer per message).
-Cost per node and interval: it sends the shards of its L ranks and receives as many, i.e.
-the node's share of the state (``W / L`` nodes): 12 bytes per parameter (fp32 sharded params,
+unlinked first, the data received straight into the slot's mapping, kept mapped from one
+exchange to the next, its CRC32 taken bucket by bucket as it lands, the meta published last),
+in buckets (``transfer.py``, two rounds on the wire at once). It runs beside training: before
+each snapshot every rank waits until every previous exchange is over (:meth:`PeerCopies.settle`:
+at once, unless one outlasted a memory interval), and after it the training thread creates the
+exchange's own gloo group at the first exchange (collective, same order on every rank) and
+starts the exchange thread, which waits for the snapshot's publish and does the rest.
+gloo, not the job's NCCL: a second NCCL communicator used from another thread beside the
+training's collectives may deadlock (:meth:`PeerCopies._exchange_group`); gloo moves the host
+mappings themselves, without staging or device memory, over the pod's TCP network.
+Cost per node and interval: it sends the shards of its L ranks and receives as many, i.e. the
+node's share of the state (``W / L`` nodes): 12 bytes per parameter (fp32 sharded params,
 AdamW's two fp32 moments), so ``p5_70b`` (70.6B) on 16 nodes sends and receives ~52.9 GB per
-node per interval. The wire time is short (32 x 400 Gb/s EFA: ~0.13 s); the host copies through
-the staging buffers and the CRC32 check on arrival are most of it (``bench/restore.py`` measures
-the exchange on CPU; docs/restore-tiers.md, "Peer copy", weighs it against what it saves).
+node per interval: 0.13 s at EFA's 3,200 Gb/s (32 x 100 Gb/s), ~4.2 s at 100 Gb/s of TCP, in the
+background; the training thread pays one all-reduce and a thread start
+(``bench/peer.py`` measures both against the wire floor; docs/restore-tiers.md, "Peer copy").
 Memory: each node's ``/dev/shm`` holds two own slots and two peer slots, 197.1 GiB of the pod's
-256 GiB ``shm`` limit at 70B / 16. The transfers call ``keepalive`` after every round.
+256 GiB ``shm`` limit at 70B / 16. The exchange thread never calls ``keepalive``: a training
+thread that hangs must not look alive; :meth:`PeerCopies.wait` (the run's end) does.
 
 The restore (:meth:`PeerCopies.restore`), when some rank has no snapshot of its own (a pod
 replaced after its node was lost). Every rank lists what its pod holds, own and peer copies, by
@@ -47,17 +55,21 @@ import contextlib
 import logging
 import os
 import pickle
+import threading
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from training.checkpoint import device_threads
 from training.checkpoint import snapshot_files as files
+from training.checkpoint.layout import crc32
 from training.checkpoint.tiers import Rejected, Restored, agree, state_bytes
 from training.checkpoint.transfer import (
     BUCKET_BYTES,
@@ -147,6 +159,10 @@ class PeerCopies:
     """This rank's side of the ring (see the module docstring). Collective methods: call on
     every rank at the same point."""
 
+    _IN_FLIGHT: dict[tuple[str, int], threading.Thread] = {}
+    """The exchange thread of each (root, rank) in this process, across attempts: an
+    in-process restart's new object sees the previous attempt's exchange still running."""
+
     def __init__(
         self,
         *,
@@ -158,8 +174,9 @@ class PeerCopies:
         events: EventLog,
         staging: torch.device | str | None = "auto",
         bucket_bytes: int = BUCKET_BYTES,
-        published: Callable[[], None] = lambda: None,
+        published: Callable[[], Callable[[], None]] = lambda: _nothing,
         keepalive: Callable[[], None] = lambda: None,
+        timeout: timedelta = timedelta(minutes=30),
     ) -> None:
         self.root = Path(root)
         self.owner = owner
@@ -175,6 +192,16 @@ class PeerCopies:
         self.holder = holder_of(rank, world_size=world_size, local_world_size=local_world_size)
         self.source = source_of(rank, world_size=world_size, local_world_size=local_world_size)
         self._pruned = False
+        self.timeout = timeout
+        self._key = (str(self.root), rank)
+        self._group: dist.ProcessGroup | None = None
+        self._slots: dict[int, files.SlotFile] = {}
+        self._abandoned = False
+        self._settle_s = 0.0
+        self.last_blocked_s = 0.0
+        """Seconds the training thread spent in the last :meth:`settle` and :meth:`exchange`."""
+        self.last_exchange_s = 0.0
+        """Seconds the last exchange took on its thread, start to publish."""
 
     @property
     def enabled(self) -> bool:
@@ -193,44 +220,133 @@ class PeerCopies:
         return self._staging  # type: ignore[return-value]
 
     # -- the exchange after each snapshot -------------------------------------------------------
-    def exchange(self) -> None:
-        """Send this rank's newest own snapshot to its holder and receive its source's into
-        this pod's memory (kind ``peer``). Collective over every rank."""
+    def settle(self) -> None:
+        """Before the next pod-memory snapshot (collective, on the training thread): until every
+        rank's exchange in flight is over (each waits for its own, then one all-reduce). A
+        snapshot overwrites its rank's older own slot, so a snapshot taken while some copy of
+        the newest step is still on its way would leave no step whole in memory after a node
+        loss: the own slots one step ahead of the copies. Training waits here only when an
+        exchange outlasts a memory interval (event ``peer_copy_waited``)."""
         if not self.enabled:
             return
+        started = time.perf_counter()
+        busy = self.in_flight()
+        self.wait()
+        if busy:
+            self.events.emit("peer_copy_waited", seconds=time.perf_counter() - started)
+        _everyone(True)
+        self._settle_s = time.perf_counter() - started
+
+    def exchange(self, *, step: int | None = None, blocking: bool = False) -> bool:
+        """Start sending this rank's own snapshot of ``step`` (the one just taken; None: the
+        newest) to its holder and receiving its source's into this pod's memory (kind
+        ``peer``), on the exchange thread; returns whether it started. The step is fixed here:
+        by the time the thread sends, a newer snapshot may be complete. Collective over every
+        rank, on the training thread, at the same step everywhere (the manager's snapshot
+        steps), after :meth:`settle` and the snapshot.
+
+        The training thread only creates the exchange group the first time and starts the
+        thread: the wait for the snapshot's publish, the transfer and the checksum on arrival
+        all run beside the next steps. ``last_blocked_s``: the training thread's time in
+        :meth:`settle` and here."""
+        if not self.enabled:
+            return False
         assert self.holder is not None and self.source is not None
         started = time.perf_counter()
-        self._published()  # the snapshot just taken is complete (its CRC32 and meta written)
-        self._prune()
-        own = self._newest_own()
-        outgoing = []
-        if own is not None:
-            directory, meta = own
-            outgoing = [
-                Outgoing(
-                    dst=self.holder,
-                    meta=meta.to_bytes(),
-                    data=files.map_data(directory, meta),
-                )
-            ]
-        else:  # nothing complete yet: an empty message keeps the ranks in step
-            outgoing = [Outgoing(dst=self.holder, meta=b"", data=_EMPTY)]
-        slot: list[files.SlotFile] = []
-        incoming = Incoming(src=self.source, into=lambda blob, n: self._peer_slot(blob, n, slot))
+        self.wait()  # a no-op after settle
+        group = self._exchange_group()
+        wait_published = self._published()
+        self._abandoned = False
+        thread = device_threads.start(
+            self._exchange,
+            args=(wait_published, group, step, time.perf_counter()),
+            name=f"peer-exchange-{self.rank}",
+            device=device_threads.current_device(),
+        )
+        PeerCopies._IN_FLIGHT[self._key] = thread
+        self.last_blocked_s = self._settle_s + time.perf_counter() - started
+        self._settle_s = 0.0
+        if blocking:
+            self.wait()
+        return True
+
+    def wait(self, *, keepalive: Callable[[], None] | None = None) -> None:
+        """Until this rank's exchange in flight (if any) is over, calling ``keepalive`` (the
+        restart layer's heartbeat) meanwhile: the exchange thread itself never calls it, or a
+        training thread that hangs would look alive."""
+        keepalive = keepalive or self.keepalive
+        thread = PeerCopies._IN_FLIGHT.get(self._key)
+        while thread is not None and thread.is_alive():
+            thread.join(timeout=_POLL_S)
+            keepalive()
+        if thread is not None and PeerCopies._IN_FLIGHT.get(self._key) is thread:
+            del PeerCopies._IN_FLIGHT[self._key]
+
+    def in_flight(self) -> bool:
+        thread = PeerCopies._IN_FLIGHT.get(self._key)
+        return thread is not None and thread.is_alive()
+
+    def abandon(self) -> None:
+        """After a fault (no collective): the exchange in flight publishes nothing more. Its
+        thread is not waited for: the restart layer releases its blocked transfer (NVRx's
+        abort, or the gloo sockets shut, ``resilience/gloo_abort.py``); the next attempt's
+        first :meth:`settle` waits for it (the thread is known by root and rank)."""
+        self._abandoned = True
+
+    def _exchange_group(self) -> dist.ProcessGroup:
+        """The exchange's own gloo process group, created at the first exchange (collective:
+        every rank reaches it at the same snapshot step, the order of group creation is the
+        same everywhere). gloo, whatever the default backend: the exchange runs on its own
+        thread beside the training's NCCL collectives, and NCCL gives no guarantee for two
+        communicators used at once (its user guide, "Using multiple NCCL communicators
+        concurrently": operations on different communicators must not overlap, or be issued
+        in the same order on every rank, which a background thread cannot ensure). gloo sends
+        the host mappings themselves: no staging, no device memory."""
+        if self._group is None:
+            self._group = dist.new_group(backend="gloo", timeout=self.timeout)
+        return self._group
+
+    def _exchange(
+        self,
+        wait_published: Callable[[], None],
+        group: dist.ProcessGroup,
+        step: int | None,
+        started: float,
+    ) -> None:
+        """The exchange thread (see :meth:`exchange`); a failure is reported, not raised: the
+        restart layer handles a lost peer, and training goes on either way."""
         try:
+            wait_published()  # the snapshot just taken is complete (its CRC32 and meta written)
+            self._prune()
+            own = self._own(step)
+            if own is not None:
+                directory, meta = own
+                outgoing = Outgoing(
+                    dst=self.holder, meta=meta.to_bytes(), data=files.map_data(directory, meta)
+                )
+            else:  # nothing complete yet: an empty message keeps the ranks in step
+                outgoing = Outgoing(dst=self.holder, meta=b"", data=_EMPTY)
+            arrival = _RunningCrc()
+            slot: list[files.SlotFile] = []
             (received,) = transfer(
-                outgoing=outgoing,
-                incoming=[incoming],
-                staging=self.staging(),
+                outgoing=[outgoing],
+                incoming=[
+                    Incoming(
+                        src=self.source,
+                        into=lambda blob, n: self._peer_slot(blob, n, slot),
+                        landed=arrival.update,
+                    )
+                ],
+                group=group,
                 bucket_bytes=self.bucket_bytes,
-                keepalive=self.keepalive,
             )
-            problem = self._publish(received, slot[0] if slot else None)
-        finally:
-            for target in slot:
-                target.close()
-        sent = outgoing[0].data.numel()
+            problem = self._publish(received, slot[0] if slot else None, crc=arrival.value)
+        except Exception as err:  # a peer lost mid-transfer, a full /dev/shm...
+            own, problem = None, f"the exchange failed: {type(err).__name__}: {err}"
+            outgoing = Outgoing(dst=self.holder, meta=b"", data=_EMPTY)
+            received = None
         seconds = time.perf_counter() - started
+        self.last_exchange_s = seconds
         if problem is not None:
             message = f"peer copy from rank {self.source} not kept: {problem}"
             warnings.warn(message, stacklevel=2)
@@ -239,34 +355,52 @@ class PeerCopies:
             "peer_copy",
             step=None if own is None else own[1].step,
             to=self.holder,
-            sent_bytes=sent,
-            received_bytes=received.data.numel(),
+            sent_bytes=outgoing.data.numel(),
+            received_bytes=0 if received is None else received.data.numel(),
             seconds=seconds,
             problem=problem,
         )
 
-    def _newest_own(self) -> tuple[Path, files.SnapshotMeta] | None:
+    def _own(self, step: int | None) -> tuple[Path, files.SnapshotMeta] | None:
+        """This rank's complete own snapshot of ``step`` (None: the newest), if any. A slot
+        rewritten while it is sent is caught by the CRC32 on arrival (never published)."""
         for directory, meta in files.list_snapshots(self.root, kind="own", rank=self.rank):
-            if meta.refusal(owner=self.owner, rank=self.rank, world_size=self.world_size) is None:
+            refusal = meta.refusal(owner=self.owner, rank=self.rank, world_size=self.world_size)
+            if refusal is None and (step is None or meta.step == step):
                 return directory, meta
         return None
 
-    def _peer_slot(self, blob: bytes, nbytes: int, out: list[files.SlotFile]) -> torch.Tensor:
-        """The receive buffer of a peer copy: the next peer slot of its rank, mapped; a scratch
-        tensor when the message is empty or unusable (its data is still received, so the
-        ranks stay in step, and thrown away)."""
+    def _peer_slot(
+        self, blob: bytes, nbytes: int, out: list[files.SlotFile]
+    ) -> torch.Tensor | None:
+        """The receive buffer of a peer copy: the next peer slot of its rank, its mapping kept
+        from one exchange to the next (no fresh pages to fault in each interval); None (the
+        data dropped, the ranks still in step) when the message is empty or unusable."""
         meta = _meta_or_none(blob)
         if meta is None or meta.nbytes != nbytes or meta.rank != self.source:
-            return torch.empty(nbytes, dtype=torch.uint8)
+            return None
         slot = files.next_slot(self.root, kind="peer", rank=meta.rank)
-        target = files.SlotFile(
-            files.slot_dir(self.root, kind="peer", rank=meta.rank, slot=slot), nbytes=nbytes
-        )
+        target = self._slots.get(slot)
+        if target is not None and target.nbytes == nbytes and target.current():
+            target.reopen()
+        else:
+            if target is not None:
+                target.close()
+            directory = files.slot_dir(self.root, kind="peer", rank=meta.rank, slot=slot)
+            try:
+                target = self._slots[slot] = files.SlotFile(directory, nbytes=nbytes)
+            except OSError as err:  # no room in /dev/shm: drop it, but answer the sender
+                self._slots.pop(slot, None)
+                message = f"peer copy from rank {self.source} dropped: {err}"
+                warnings.warn(message, stacklevel=2)
+                print(f"WARNING: {message}", flush=True)
+                return None
         out.append(target)
         return target.data
 
-    def _publish(self, received: Any, target: files.SlotFile | None) -> str | None:
-        """Publish a received copy once its bytes match its CRC32; the problem otherwise."""
+    def _publish(self, received: Any, target: files.SlotFile | None, *, crc: int) -> str | None:
+        """Publish a received copy once its bytes (CRC32 ``crc``, taken as they landed) match
+        its meta's CRC32; the problem otherwise."""
         if not received.meta:
             return None  # the source had no snapshot yet
         meta = _meta_or_none(received.meta)
@@ -275,9 +409,10 @@ class PeerCopies:
         refusal = meta.refusal(owner=self.owner, rank=self.source, world_size=self.world_size)
         if refusal is not None or target is None:
             return refusal or "its size differs from its meta"
-        found = files.checksum(target.data)
-        if found != meta.crc32:
-            return f"data fails its checksum on arrival (CRC32 {found:08x}, meta {meta.crc32:08x})"
+        if crc != meta.crc32:
+            return f"data fails its checksum on arrival (CRC32 {crc:08x}, meta {meta.crc32:08x})"
+        if self._abandoned:
+            return "abandoned after a fault (not published)"
         files.publish(target.directory, meta)
         return None
 
@@ -299,8 +434,17 @@ class PeerCopies:
                     files.remove_rank(self.root, kind="peer", rank=int(directory.name[5:]))
 
     def close(self) -> None:
-        """The run ended: remove the copies this rank holds (its source's), as the pod-memory
-        snapshots remove their own, so a finished run leaves nothing in ``/dev/shm``."""
+        """The run ended: wait for the exchange in flight, then remove the copies this rank
+        holds (its source's), as the pod-memory snapshots remove their own, so a finished run
+        leaves nothing in ``/dev/shm``."""
+        self.wait()
+        for target in self._slots.values():
+            target.close()
+        self._slots.clear()
+        if self._group is not None:
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group(self._group)
+            self._group = None
         if self.source is not None:
             files.remove_rank(self.root, kind="peer", rank=self.source)
 
@@ -373,9 +517,14 @@ class PeerCopies:
             )
         slot: list[files.SlotFile] = []
         incoming = []
+        arrival = _RunningCrc()
         if self.rank in senders:
             incoming = [
-                Incoming(src=senders[self.rank], into=lambda blob, n: self._own_slot(blob, n, slot))
+                Incoming(
+                    src=senders[self.rank],
+                    into=lambda blob, n: self._own_slot(blob, n, slot),
+                    landed=arrival.update,
+                )
             ]
         key = files.walk(state)[1]
         received_bytes = 0
@@ -397,7 +546,7 @@ class PeerCopies:
                     problem = "its size differs from its meta"
                 if problem is None:
                     assert meta is not None
-                    crc = files.checksum(slot[0].data)
+                    crc = arrival.value  # taken as the buckets landed
                     if crc != meta.crc32:
                         problem = (
                             f"the copy from rank {senders[self.rank]} fails its checksum "
@@ -431,12 +580,12 @@ class PeerCopies:
         files.load(state, directory, meta)
         return None, where, received_bytes
 
-    def _own_slot(self, blob: bytes, nbytes: int, out: list[files.SlotFile]) -> torch.Tensor:
-        """The receive buffer of this rank's shard: its next own slot, mapped (a scratch
-        tensor when the meta is unusable: the bytes still arrive, and are dropped)."""
+    def _own_slot(self, blob: bytes, nbytes: int, out: list[files.SlotFile]) -> torch.Tensor | None:
+        """The receive buffer of this rank's shard: its next own slot, mapped (None when the
+        meta is unusable: the bytes still arrive, and are dropped)."""
         meta = _meta_or_none(blob)
         if meta is None or meta.nbytes != nbytes:
-            return torch.empty(nbytes, dtype=torch.uint8)
+            return None
         slot = files.next_slot(self.root, kind="own", rank=self.rank)
         target = files.SlotFile(
             files.slot_dir(self.root, kind="own", rank=self.rank, slot=slot), nbytes=nbytes
@@ -483,6 +632,32 @@ class PeerTier:
 
 
 _EMPTY = torch.empty(0, dtype=torch.uint8)
+
+
+_POLL_S = 0.05
+"""The longest pause between two ``keepalive`` calls while an exchange is waited for."""
+
+
+def _nothing() -> None:
+    pass
+
+
+def _everyone(flag: bool) -> bool:
+    """Whether ``flag`` holds on every rank (collective: one all-reduce of one int)."""
+    device = transfer_device() or torch.device("cpu")
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return bool(value.item())
+
+
+class _RunningCrc:
+    """CRC32 of the buckets of a message, updated as each lands (ISA-L releases the GIL)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def update(self, part: torch.Tensor) -> None:
+        self.value = crc32(memoryview(part.numpy()).cast("B"), self.value)
 
 
 def _meta_or_none(blob: bytes) -> files.SnapshotMeta | None:

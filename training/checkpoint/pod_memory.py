@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -41,6 +40,7 @@ from typing import Any
 
 import torch
 
+from training.checkpoint import device_threads
 from training.checkpoint import snapshot_files as sf
 from training.checkpoint.tiers import Rejected, Restored, agree, common_steps
 from training.runlog.verdict import RUN_ID_ENV
@@ -85,7 +85,7 @@ class PodMemorySnapshots:
         self.rank = rank
         self.world_size = world_size
         self._files: dict[int, sf.SlotFile] = {}
-        self._publisher: threading.Thread | None = None
+        self._publisher: Any = None  # the publish thread of the newest snapshot
         self._copying: Any = None
         self._stream: Any = None
         self.last_take_s = 0.0
@@ -107,7 +107,9 @@ class PodMemorySnapshots:
         device = next(
             (v.device for _, _, v in leaves if isinstance(v, torch.Tensor) and v.is_cuda), None
         )
-        target = self._slot_file(slot, nbytes=meta.nbytes, pin=device is not None)
+        index = device_threads.device_index(device)
+        target = self._slot_file(slot, nbytes=meta.nbytes, device=index)
+        target.wait_pinned()  # the registration (started by ``prepare``, or just now) is done
         ready = None
         if device is None:
             sf.pack(state, target.data, meta)
@@ -122,23 +124,64 @@ class PodMemorySnapshots:
                 ready = torch.cuda.Event()
                 ready.record(self._stream)
             self._copying = ready
-        self._publisher = threading.Thread(
-            target=self._publish,
-            args=(target, meta, ready),
-            name=f"pod-memory-publish-{step}",
-            daemon=True,
-        )
-        self._publisher.start()
+        self._start_publish(target, meta, ready=ready, device=index)
 
-    def _slot_file(self, slot: int, *, nbytes: int, pin: bool) -> sf.SlotFile:
+    def _start_publish(
+        self, target: sf.SlotFile, meta: sf.SnapshotMeta, *, ready: Any, device: int | None
+    ) -> None:
+        """The publish thread of a snapshot: it waits for the copies' event ``ready`` (None on
+        the CPU), then writes the CRC32 and the meta. Bound to the rank's GPU first: the
+        event's synchronize would otherwise bind (or create) a context on GPU 0 in it
+        (``device_threads``)."""
+        self._publisher = device_threads.start(
+            self._publish,
+            args=(target, meta, ready),
+            name=f"pod-memory-publish-{meta.step}",
+            device=device if ready is not None else None,
+        )
+
+    def prepare(self, state: dict[str, Any]) -> None:
+        """Map both slots for snapshots of ``state`` and, on a GPU, start their CUDA
+        registration in the background (``SlotFile``): the first snapshots of this process then
+        find them pinned instead of registering on the training thread (seconds per slot of GBs,
+        at every new process). A complete snapshot in a slot stays offered. Call once the
+        state's structure is final (``CheckpointManager.prepare``, after the first step)."""
+        self.wait()
+        meta = sf.meta_for(
+            state, owner=self.owner, rank=self.rank, world_size=self.world_size, step=0
+        )
+        leaves, _ = sf.walk(state)
+        device = next(
+            (v.device for _, _, v in leaves if isinstance(v, torch.Tensor) and v.is_cuda), None
+        )
+        for slot in range(sf.SLOTS):
+            self._slot_file(
+                slot,
+                nbytes=meta.nbytes,
+                device=device_threads.device_index(device),
+                keep_meta=True,
+            )
+
+    def publication(self) -> Callable[[], None]:
+        """A wait for the newest snapshot's publish that any thread may call (the peer
+        exchange's, while the training thread goes on and may start the next snapshot)."""
+        thread = self._publisher
+        return _nothing if thread is None else thread.join
+
+    def _slot_file(
+        self, slot: int, *, nbytes: int, device: int | None, keep_meta: bool = False
+    ) -> sf.SlotFile:
         current = self._files.get(slot)
-        if current is not None and current.nbytes == nbytes:
-            current.reopen()
+        if current is not None and current.nbytes == nbytes and current.current():
+            if not keep_meta:
+                current.reopen()
             return current
         if current is not None:
             current.close()
         directory = sf.slot_dir(self.root, kind="own", rank=self.rank, slot=slot)
-        self._files[slot] = sf.SlotFile(directory, nbytes=nbytes, pin=pin)
+        self._files[slot] = sf.SlotFile(
+            directory, nbytes=nbytes, pin=device is not None, device=device, keep_meta=keep_meta
+        )
         return self._files[slot]
 
     @staticmethod
@@ -264,3 +307,7 @@ def restore_snapshot(trainer: Any, *, snapshots: PodMemorySnapshots) -> int | No
             trainer.load_state_dict(state)
             return meta.step
     return None
+
+
+def _nothing() -> None:
+    pass

@@ -35,6 +35,8 @@ import copy
 import os
 import pickle
 import shutil
+import threading
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -42,6 +44,7 @@ from typing import Any, Literal
 
 import torch
 
+from training.checkpoint import device_threads
 from training.checkpoint.layout import crc32
 
 FORMAT = 1
@@ -388,41 +391,97 @@ class SlotFile:
     """A slot's ``data`` mapped shared and writable, for a writer that fills it in place.
 
     ``open`` unlinks the slot's ``meta`` first (:func:`unpublish`), so nothing offers the slot
-    until :func:`publish`. With ``pin`` (a GPU run), the mapping is registered with CUDA
-    (``cudaHostRegister``) so device-to-host copies into it are asynchronous; :meth:`close`
-    unregisters it."""
+    until :func:`publish`; with ``keep_meta`` (a mapping made ahead of its first write,
+    ``PodMemorySnapshots.prepare``) a complete snapshot in the slot stays offered, unless the
+    file must change size. With ``pin`` (a GPU run), the mapping is registered with CUDA
+    (``cudaHostRegister``) so device-to-host copies into it are asynchronous: on a background
+    thread bound to ``device`` (:mod:`device_threads`), because registration populates and
+    pins every page (seconds for a shard of GBs) and must not stall the training thread;
+    :meth:`wait_pinned` waits for it before the first copy, :meth:`close` unregisters it."""
 
-    def __init__(self, directory: Path, *, nbytes: int, pin: bool = False) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        nbytes: int,
+        pin: bool = False,
+        device: int | None = None,
+        keep_meta: bool = False,
+    ) -> None:
         self.directory = Path(directory)
         self.nbytes = nbytes
         self.directory.mkdir(parents=True, exist_ok=True)
-        unpublish(self.directory)
+        if not keep_meta:
+            unpublish(self.directory)
         path = self.directory / DATA
         size = max(_aligned(nbytes), ALIGN)
         with open(path, "a+b") as handle:  # created if missing, never truncated to 0 first
             if os.fstat(handle.fileno()).st_size != size:
+                unpublish(self.directory)  # its data changes: it describes other bytes now
                 os.ftruncate(handle.fileno(), size)
+            self._inode = os.fstat(handle.fileno()).st_ino
         self._mapped = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
         self.data = self._mapped[:nbytes]
-        self._registered = False
+        self.pinned = False
+        self.pin_problem: str | None = None
+        self._registration: threading.Thread | None = None
         if pin:
+            self._registration = device_threads.start(
+                self._register, name=f"cuda-host-register-{self.directory.name}", device=device
+            )
+
+    def _register(self) -> None:
+        try:
             _cuda_register(self._mapped)
-            self._registered = True
+        except Exception as err:  # reported by wait_pinned; the copies then go unpinned
+            self.pin_problem = f"{type(err).__name__}: {err}"
+        else:
+            self.pinned = True
+
+    def wait_pinned(self) -> bool:
+        """Wait until the registration (if any) has finished; whether the mapping is pinned. A
+        failed registration is warned about once: the copies into it are then synchronous
+        (``cudaMemcpyAsync`` to pageable memory returns once the bytes are there), slower but
+        correct."""
+        if self._registration is not None:
+            self._registration.join()
+            self._registration = None
+            if self.pin_problem is not None:
+                message = (
+                    f"{self.directory}: cudaHostRegister failed ({self.pin_problem}); snapshot "
+                    "copies into it are synchronous (a pod_memory_dir off tmpfs cannot be pinned "
+                    "on kernels >= 6.5: FOLL_LONGTERM pins of file mappings are shmem-only)"
+                )
+                warnings.warn(message, stacklevel=2)
+                print(f"WARNING: {message}", flush=True)
+        return self.pinned
+
+    def current(self) -> bool:
+        """Whether the mapping is still the slot's file (not removed or replaced since): a
+        writer reusing a mapping checks this first."""
+        try:
+            return os.stat(self.directory / DATA).st_ino == self._inode
+        except OSError:
+            return False
 
     def reopen(self) -> None:
         """Mark the slot incomplete again before it is rewritten with the same layout."""
         unpublish(self.directory)
 
     def close(self) -> None:
-        if self._registered:
+        if self._registration is not None:
+            self._registration.join()  # never unmapped under a registration in flight
+            self._registration = None
+        if self.pinned:
             _cuda_unregister(self._mapped)
-            self._registered = False
+            self.pinned = False
         self.data = self._mapped = None  # type: ignore[assignment]
 
 
 def _cuda_register(tensor: torch.Tensor) -> None:
     """Page-lock a mapping for CUDA (``cudaHostRegister``, flags 0 = default): device-to-host
-    copies into it then run asynchronously, as into ``pin_memory`` buffers."""
+    copies into it then run asynchronously, as into ``pin_memory`` buffers. Registers for the
+    calling thread's current device's context: call it on a thread bound to the rank's GPU."""
     result = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), tensor.numel(), 0)
     if int(result) != 0:
         raise RuntimeError(f"cudaHostRegister failed ({result}) for {tensor.numel()} bytes")

@@ -222,9 +222,9 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
     # 1. The exchange: two intervals, the first without staging, the second staged.
     own = node_root(rank // 2)
     _take(own, rank=rank, step=5)
-    copies(own, local=2).exchange()
+    copies(own, local=2).exchange(blocking=True)
     _take(own, rank=rank, step=6)
-    copies(own, local=2, staging=torch.device("cpu")).exchange()
+    copies(own, local=2, staging=torch.device("cpu")).exchange(blocking=True)
     dist.barrier()
     if rank == 0:
         results["ring"] = {
@@ -295,7 +295,7 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
     # then a node and its holder lost together: the first one's shard is gone from memory.
     alone = base_dir / f"single-{rank}"
     _take(alone, rank=rank, step=7)
-    copies(alone, local=1).exchange()
+    copies(alone, local=1).exchange(blocking=True)
     dist.barrier()
     if rank == 1:
         shutil.rmtree(alone, ignore_errors=True)
@@ -303,7 +303,7 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
     state = _fresh(rank) if rank == 1 else _state(rank, 7)
     got = restore(alone, state, local=1, at_least=0)
     results[f"one-lost-{rank}"] = restored(state, got, 7)
-    copies(alone, local=1).exchange()  # the copies are whole again
+    copies(alone, local=1).exchange(blocking=True)  # the copies are whole again
     dist.barrier()
     if rank in (1, 2):  # node 1 and node 2, which holds node 1's copy
         shutil.rmtree(alone, ignore_errors=True)
@@ -312,9 +312,211 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
     got = restore(alone, state, local=1, at_least=0)
     results[f"two-lost-{rank}"] = {"got": got}
 
+    # 6. Training goes on while an exchange is in flight. The exchange thread is held where it
+    # waits for the snapshot's publish (a long CRC32, a slow network) until the training
+    # thread has run three steps (all-reduces on the default group). Then every rank but one
+    # releases its exchange; rank 1's is released half a second later, from a timer: the next
+    # snapshot's settle must wait on every rank until rank 1's copy is in too (else its pod
+    # would overwrite an own slot while a copy of the newest step is still on its way).
+    import threading
+
+    overlap = base_dir / f"overlap-node-{rank // 2}"
+    gate = threading.Event()
+    seen_steps: list[int] = []
+    trained = [0]
+
+    def held_publish() -> Any:
+        def wait() -> None:
+            gate.wait(60)
+            seen_steps.append(trained[0])
+
+        return wait
+
+    ring = peer.PeerCopies(
+        root=overlap,
+        owner=OWNER,
+        rank=rank,
+        world_size=WORLD,
+        local_world_size=2,
+        events=events,
+        staging=None,
+        bucket_bytes=512,
+        published=held_publish,
+    )
+    _take(overlap, rank=rank, step=8)
+    first = ring.exchange(step=8)
+    for _ in range(3):  # the next steps' collectives
+        dist.all_reduce(torch.ones(1))
+        trained[0] += 1
+    in_flight = ring.in_flight()
+    if rank == 1:
+        threading.Timer(0.5, gate.set).start()
+    else:
+        gate.set()
+    ring.settle()  # before the next snapshot
+    after_settle = _held(overlap, "peer")
+    _take(overlap, rank=rank, step=9)
+    second = ring.exchange(step=9, blocking=True)
+    dist.barrier()
+    results[f"overlap-{rank}"] = {
+        "started": [first, second],
+        "in_flight_after_steps": in_flight,
+        "steps_before_publish_waited": seen_steps[0],
+        "peer_after_settle": after_settle,
+        "peer_after_next": _held(overlap, "peer"),
+        "verified": [
+            sf.verify(d, m) for d, m in sf.list_snapshots(overlap, kind="peer", rank=ring.source)
+        ],
+        "blocked_s": ring.last_blocked_s,
+    }
+    ring.close()
+
+    # 7. A receiver that cannot keep a message (``into`` gives None: no room for its slot)
+    # still receives it, into scratch buckets: its sender is never left blocked, and the next
+    # transfer between the same ranks is in step.
+    from training.checkpoint.transfer import Incoming, Outgoing, transfer
+
+    landed: list[int] = []
+    rounds = []
+    for attempt in range(2):
+        payload = torch.arange(3000, dtype=torch.int64).add_(rank + 10 * attempt)
+        payload = payload.to(torch.uint8)
+        (got,) = transfer(
+            outgoing=[Outgoing(dst=(rank + 1) % WORLD, meta=b"m", data=payload)],
+            incoming=[
+                Incoming(
+                    src=(rank - 1) % WORLD,
+                    into=lambda _m, n, a=attempt: (
+                        None if (rank % 2 == 0 and a == 0) else torch.empty(n, dtype=torch.uint8)
+                    ),
+                    landed=lambda part: landed.append(part.numel()),
+                )
+            ],
+            bucket_bytes=512,
+        )
+        expected = torch.arange(3000, dtype=torch.int64).add_((rank - 1) % WORLD + 10 * attempt)
+        rounds.append([got.data.numel(), torch.equal(got.data, expected.to(torch.uint8))])
+    results[f"dropped-{rank}"] = {"rounds": rounds, "landed": landed}
+
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _manager_ranks(rank: int, base: str, out: str, port: int) -> None:
+    """The manager's own wiring (``CheckpointManager.for_job``: settle, snapshot, exchange on
+    its thread; ``prepare``; ``abandon``) on 2 ranks as 2 nodes of one rank: snapshots every
+    step, a fault right after the fourth (its exchange may still be in flight), node 1's pod
+    memory lost, and both ranks restarted with new managers."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from training.checkpoint.manager import CheckpointManager
+    from training.config import CheckpointConfig, JobConfig, ResilienceConfig
+    from training.runlog.metrics import EventLog
+
+    os.environ["LOCAL_WORLD_SIZE"] = "1"
+    os.environ["TORCHELASTIC_RUN_ID"] = "peer-manager-test"  # one run: one owner on both
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    node = Path(base) / f"node-{rank}"
+    config = JobConfig(
+        run_dir=str(Path(out) / "run"),
+        checkpoint=CheckpointConfig(
+            engine="sync",
+            interval=1000,
+            save_final=False,
+            memory_interval=1,
+            pod_memory_dir=str(node),
+            peer_copy=True,
+        ),
+        resilience=ResilienceConfig(restart="injob"),
+    )
+    events = EventLog(run_dir=Path(out) / "run", rank=rank)
+
+    class Trainer:
+        def __init__(self, value: float) -> None:
+            self.w = torch.full((5000 + 13 * rank,), value)
+            self.step = int(value)
+
+        def state_dict(self) -> dict:
+            return {"model": {"w": self.w}, "step": self.step}
+
+        def load_state_dict(self, state: dict) -> None:
+            assert state["model"]["w"] is self.w
+            self.step = state["step"]
+
+    manager = CheckpointManager.for_job(config=config, rank=rank, world_size=2, events=events)
+    manager.start()
+    trainer = Trainer(0.0)
+    manager.prepare(trainer)
+    for step in range(1, 5):
+        trainer.w.add_(1.0)
+        trainer.step = step
+        manager.before_update()
+        manager.snapshot(trainer, step=step)
+    manager.abandon()  # the fault
+    dist.barrier()
+    if rank == 1:  # node 1 lost: its replacement's pod memory is empty
+        shutil.rmtree(node, ignore_errors=True)
+    dist.barrier()
+    restarted = Trainer(-1.0)
+    second = CheckpointManager.for_job(config=config, rank=rank, world_size=2, events=events)
+    second.start()
+    step = second.load_latest(restarted)
+    (Path(out) / f"manager{rank}.json").write_text(
+        json.dumps(
+            {
+                "step": step,
+                "w_equal_step": bool(torch.equal(restarted.w, torch.full_like(restarted.w, step)))
+                if step is not None
+                else False,
+                "trainer_step": restarted.step,
+            }
+        )
+    )
+    dist.barrier()
+    second.close()
+    dist.destroy_process_group()
+
+
+@pytest.mark.timeout(240)
+def test_through_the_manager_a_lost_node_restores_a_whole_step_from_its_peer(
+    tmp_path: Path,
+) -> None:
+    """Whatever the exchange in flight at the fault, the surviving pod holds a step that is
+    whole (settle before every snapshot): both ranks restore the same step, 3 or 4, from the
+    peer tier, and rank 1's state, whose own memory was lost, equals that step's."""
+    import torch.multiprocessing as mp
+    from support import free_port
+
+    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
+    base = shm / f"test-peer-manager-{uuid.uuid4().hex[:12]}"
+    base.mkdir()
+    try:
+        mp.start_processes(
+            _manager_ranks,
+            args=(str(base), str(tmp_path), free_port()),
+            nprocs=2,
+            start_method="spawn",
+            join=True,
+        )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    got = [json.loads((tmp_path / f"manager{r}.json").read_text()) for r in range(2)]
+    assert got[0]["step"] == got[1]["step"] and got[0]["step"] in (3, 4), got
+    assert all(g["w_equal_step"] and g["trainer_step"] == g["step"] for g in got), got
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").open()]
+    loads = [e for e in events if e["kind"] == "checkpoint_load"]
+    assert {e["source"] for e in loads} == {"peer"} and len(loads) == 2, loads
+    copies = [e for e in events if e["kind"] == "peer_copy" and e["problem"] is None]
+    assert {e["step"] for e in copies} >= {1, 2, 3}, copies
 
 
 @pytest.fixture(scope="module")
@@ -407,6 +609,44 @@ def test_a_node_and_its_holder_lost_together_leave_no_step_in_memory(seen: dict)
     for rank in range(WORLD):
         assert seen[f"one-lost-{rank}"]["got"][0] == 7 and seen[f"one-lost-{rank}"]["equal"]
         assert seen[f"two-lost-{rank}"]["got"] is None
+
+
+def test_training_goes_on_while_an_exchange_is_in_flight_and_the_copy_still_arrives_whole(
+    seen: dict,
+) -> None:
+    """The exchange runs on its own thread and group: the training thread ran three steps of
+    collectives while every rank's exchange was held before sending; the next snapshot's
+    settle waited, on every rank, until the last held copy (rank 1's, released later) was in,
+    so each pod holds its sources' copies of step 8 before any own slot is reused; the copies
+    are complete and CRC-verified, and the next exchange brings step 9."""
+    for rank in range(WORLD):
+        got = seen[f"overlap-{rank}"]
+        assert got["started"] == [True, True], got
+        assert got["in_flight_after_steps"] is True
+        assert got["steps_before_publish_waited"] == 3
+        source = (rank - 2) % WORLD
+        node_peer = sorted([[(r - 2) % WORLD, 8] for r in range(WORLD) if r // 2 == rank // 2])
+        assert got["peer_after_settle"] == node_peer, got
+        assert [s for q, s in got["peer_after_next"] if q == source] == [8, 9]
+        assert got["verified"] == [None, None]
+    waited = [e for e in seen["events"] if e.get("kind") == "peer_copy_waited"]
+    assert 1 in {e["rank"] for e in waited}, waited
+
+
+def test_a_message_the_receiver_cannot_keep_is_received_and_dropped_keeping_ranks_in_step(
+    seen: dict,
+) -> None:
+    """Even ranks drop their first message (no slot for it); every sender still completes,
+    the data of the kept messages arrive whole in 512-byte buckets (``landed`` sees each
+    bucket of a kept message, none of a dropped one), and the second transfer is in step."""
+    for rank in range(WORLD):
+        got = seen[f"dropped-{rank}"]
+        if rank % 2 == 0:
+            assert got["rounds"] == [[0, False], [3000, True]], got
+            assert got["landed"] == [512] * 5 + [440], got
+        else:
+            assert got["rounds"] == [[3000, True], [3000, True]], got
+            assert got["landed"] == ([512] * 5 + [440]) * 2, got
 
 
 def test_data_that_is_not_flat_bytes_is_refused_before_anything_is_sent() -> None:
