@@ -1,0 +1,249 @@
+"""A save of one attempt is never finalized on another's completion or write results
+(training/checkpoint/nvrx_async.py; issue #43, defects 1 and 2).
+
+NVRx 0.4.1 keeps two things per process that outlive an in-process restart: the persistent
+worker with its queues (``core.py`` ``PersistentAsyncCaller``: ``queue``, ``preload_q``,
+``comp_q``) and the write-results queue (``filesystem_async._results_queue``). Neither says
+which save an entry belongs to as NVRx reads it: ``is_current_async_call_done`` takes any
+completion for the head request's, ``retrieve_write_results`` takes the oldest results for the
+save being finalized. These tests leave a real stale entry behind the way a fault does, on real
+NVRx workers of a one-rank gloo group, and check that the next attempt's saves are finalized
+only once written, with their own results, and load back equal.
+
+Run: ``.venv/bin/pytest tests/training/checkpoint/test_nvrx_stale_completions.py`` (CPU, ~1 min).
+The GPU-shaped case (a fault while the trainer waits in ``preload_q.join()`` for the worker's
+device-to-host copies) runs NVRx's preload path with a CPU preload function: the queue
+protocol is the same, only the copy is not a CUDA copy.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from nvidia_resiliency_ext.checkpointing.async_ckpt import filesystem_async
+from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest, _ActiveAsyncRequest
+from nvidia_resiliency_ext.inprocess.monitor_thread import RankShouldRestart, async_raise
+
+from training.checkpoint import nvrx_async as nvrx
+from training.checkpoint.layout import CheckpointError
+
+
+@pytest.fixture
+def one_rank_group(one_rank_group):
+    """tests/conftest.py's group; the shared NVRx worker stopped before and after the test."""
+    nvrx.stop_shared_worker()
+    try:
+        yield
+    finally:
+        nvrx.stop_shared_worker()
+
+
+def _started_queue() -> nvrx.AsyncCheckpointQueue:
+    queue = nvrx.AsyncCheckpointQueue()
+    queue.start_worker()
+    queue.await_worker()
+    return queue
+
+
+def _slow_marker(directory: str, files: object) -> None:
+    """``after_write``: a write that takes 3 s, then leaves a marker."""
+    time.sleep(3.0)
+    (Path(directory) / "marker").write_text("ok")
+
+
+def _marker_seen(directory: str, seen: list[bool]) -> None:
+    """``finalize``: was this save's write done when it was finalized?"""
+    seen.append((Path(directory) / "marker").exists())
+
+
+def _nothing(*args: object) -> None:
+    pass
+
+
+def _state(step: int) -> dict[str, torch.Tensor]:
+    return {"w": torch.arange(8.0) + 100 * step}
+
+
+def _loaded(directory: Path) -> torch.Tensor:
+    state = {"w": torch.zeros(8)}
+    dcp.load(state, checkpoint_id=str(directory))
+    return state["w"]
+
+
+def _save_and_check(queue: nvrx.AsyncCheckpointQueue, directory: Path, step: int) -> None:
+    """One save of the next attempt: finalized only after its write, and it loads back."""
+    directory.mkdir(parents=True)
+    seen: list[bool] = []
+    queue.schedule_save(
+        state_dict=_state(step),
+        checkpoint_dir=str(directory),
+        after_write=partial(_slow_marker, str(directory)),
+        finalize=partial(_marker_seen, str(directory), seen),
+    )
+    queue.poll(blocking=True)
+    assert seen == [True], f"step {step} was finalized before its write ended"
+    assert torch.equal(_loaded(directory), _state(step)["w"])
+
+
+# --- defect 1: a request the worker holds but NVRx does not track ------------------------------
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+def test_a_request_handed_over_but_not_tracked_is_not_taken_for_the_next_attempts(
+    one_rank_group, tmp_path: Path
+) -> None:
+    """The fault lands between NVRx's ``queue.put`` and ``async_calls.append``
+    (``AsyncCallsQueue.schedule_async_request``): the worker has the request, the queue does
+    not know it. The window is a few bytecodes wide, so it is reproduced by doing what
+    ``schedule_async_request`` had done when the fault landed."""
+    first = _started_queue()
+    calls = first._queue
+    calls.call_idx += 1
+    calls.persistent_caller.schedule_async_call(
+        AsyncRequest(partial(time.sleep, 2.0), (), [], call_idx=calls.call_idx)
+    )
+    first.abandon()
+    _save_and_check(_started_queue(), tmp_path / "step_2", 2)
+
+
+def _slow_preload(seconds: float) -> list:
+    """A preload that takes ``seconds`` (the worker's device-to-host copies on a GPU)."""
+    time.sleep(seconds)
+    return []
+
+
+def _slow_write(seconds: float, *args: object) -> None:
+    """A write that takes ``seconds`` (NVRx calls it with the request's arguments)."""
+    time.sleep(seconds)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+def test_a_fault_while_the_trainer_waits_for_the_preload_is_not_taken_for_the_next_attempts(
+    one_rank_group, tmp_path: Path
+) -> None:
+    """The GPU shape of the same window: the trainer blocks in NVRx's ``preload_q.join()``
+    while the worker copies the tensors to host; NVRx's monitor thread raises
+    ``RankShouldRestart`` into it (``monitor_thread.async_raise``, used here as is); the
+    exception lands when ``join`` returns, after ``queue.put``, before
+    ``async_calls.append``."""
+    first = _started_queue()
+    request = AsyncRequest(
+        partial(_slow_write, 2.0), (0, [], None), [], preload_fn=partial(_slow_preload, 1.5)
+    )
+    fault = threading.Timer(
+        0.5, async_raise, (threading.main_thread().ident, RankShouldRestart)
+    )
+    fault.start()
+    try:
+        with pytest.raises(RankShouldRestart):
+            first.schedule_request(request)
+            time.sleep(5.0)  # the fault lands in here only if it missed the join: see below
+    finally:
+        fault.join()
+    assert first._queue.call_idx == 1 and not first._queue.async_calls, (
+        "the fault did not land between the hand-over and the tracking: nothing was tested"
+    )
+    first.abandon()
+    _save_and_check(_started_queue(), tmp_path / "step_2", 2)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_a_completion_is_matched_to_its_request_by_index(one_rank_group) -> None:
+    """Completions older than the head request are dropped; one newer than the head means a
+    request was lost on the way, an error rather than a save finalized on another's word."""
+    queue = _started_queue()
+    caller = queue._queue.persistent_caller
+    base = queue._queue.call_idx + 1
+    queue._queue.call_idx += 1
+    caller.schedule_async_call(AsyncRequest(partial(time.sleep, 0.0), (), [], call_idx=base))
+    queue._queue.async_calls.append(
+        _ActiveAsyncRequest(base, caller, AsyncRequest(None, (), [], call_idx=base))
+    )
+    caller.comp_q.put(base - 7)  # a stale one, queued before the head's own
+    assert queue.poll(blocking=True) == [base]
+    queue._queue.call_idx += 1
+    queue._queue.async_calls.append(
+        _ActiveAsyncRequest(base + 1, caller, AsyncRequest(None, (), [], call_idx=base + 1))
+    )
+    caller.comp_q.put(base + 2)  # from a request the queue never tracked
+    with pytest.raises(CheckpointError, match="completion"):
+        queue.poll(blocking=True)
+    queue.abandon()
+
+
+# --- defect 2: write results left in NVRx's process-wide queue --------------------------------
+
+
+def _results_left() -> int:
+    return filesystem_async._results_queue.qsize()
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+def test_a_save_written_but_not_finalized_leaves_no_results_for_later_saves(
+    one_rank_group, tmp_path: Path
+) -> None:
+    """The first attempt's save is written (its manifest is there) but the fault comes before
+    its finalize: its write results stay in NVRx's process-wide queue. Every later save must
+    still be finalized with its own results: the byte item's size differs between the saves,
+    so results taken from another save describe the wrong offsets and the load fails."""
+    first = _started_queue()
+    written = tmp_path / "step_1"
+    written.mkdir()
+    first.schedule_save(
+        state_dict={"note": "x" * 10, "w": torch.arange(8.0)},
+        checkpoint_dir=str(written),
+        after_write=_nothing,
+        finalize=_nothing,
+    )
+    deadline = time.monotonic() + 60
+    while _results_left() == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _results_left() == 1, "the first save was not written: nothing was tested"
+    first.abandon()
+    second = _started_queue()
+    for step in (2, 3, 4):
+        directory = tmp_path / f"step_{step}"
+        directory.mkdir()
+        note = "y" * (5000 * step)
+        second.schedule_save(
+            state_dict={"note": note, "w": _state(step)["w"]},
+            checkpoint_dir=str(directory),
+            after_write=_nothing,
+            finalize=_nothing,
+        )
+        second.poll(blocking=True)
+        state = {"note": "", "w": torch.zeros(8)}
+        dcp.load(state, checkpoint_id=str(directory))
+        assert state["note"] == note and torch.equal(state["w"], _state(step)["w"])
+    assert _results_left() == 0
+    second.close()
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_results_nobody_claims_are_never_taken_for_a_save(one_rank_group, tmp_path: Path) -> None:
+    """Whatever else sits in the process-wide queue (results of a writer no queue tracks any
+    more) is not this save's: it is finalized with the results its own write sent."""
+    queue = _started_queue()
+    filesystem_async._results_queue.put({0: []})  # a stranger's results, queued first
+    directory = tmp_path / "step_5"
+    directory.mkdir()
+    queue.schedule_save(
+        state_dict=_state(5),
+        checkpoint_dir=str(directory),
+        after_write=_nothing,
+        finalize=_nothing,
+    )
+    queue.poll(blocking=True)
+    assert torch.equal(_loaded(directory), _state(5)["w"])
+    queue.close()
