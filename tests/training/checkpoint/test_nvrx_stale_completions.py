@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from functools import partial
 from pathlib import Path
 
@@ -27,7 +28,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from nvidia_resiliency_ext.checkpointing.async_ckpt import filesystem_async
-from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest, _ActiveAsyncRequest
+from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
 from nvidia_resiliency_ext.inprocess.monitor_thread import RankShouldRestart, async_raise
 
 from training.checkpoint import nvrx_async as nvrx
@@ -94,6 +95,13 @@ def _save_and_check(queue: nvrx.AsyncCheckpointQueue, directory: Path, step: int
 # --- defect 1: a request the worker holds but NVRx does not track ------------------------------
 
 
+class _FaultOnAppend(deque):
+    """``async_calls`` of a queue where the fault lands right before NVRx tracks the request."""
+
+    def append(self, item: object) -> None:
+        raise RankShouldRestart
+
+
 @pytest.mark.distributed
 @pytest.mark.timeout(180)
 def test_a_request_handed_over_but_not_tracked_is_not_taken_for_the_next_attempts(
@@ -101,14 +109,12 @@ def test_a_request_handed_over_but_not_tracked_is_not_taken_for_the_next_attempt
 ) -> None:
     """The fault lands between NVRx's ``queue.put`` and ``async_calls.append``
     (``AsyncCallsQueue.schedule_async_request``): the worker has the request, the queue does
-    not know it. The window is a few bytecodes wide, so it is reproduced by doing what
-    ``schedule_async_request`` had done when the fault landed."""
+    not know it. The window is a few bytecodes wide; here the append itself raises what NVRx's
+    monitor thread raises, so NVRx's own code runs up to that point."""
     first = _started_queue()
-    calls = first._queue
-    calls.call_idx += 1
-    calls.persistent_caller.schedule_async_call(
-        AsyncRequest(partial(time.sleep, 2.0), (), [], call_idx=calls.call_idx)
-    )
+    first._queue.async_calls = _FaultOnAppend()
+    with pytest.raises(RankShouldRestart):
+        first.schedule_request(AsyncRequest(partial(time.sleep, 2.0), (), []))
     first.abandon()
     _save_and_check(_started_queue(), tmp_path / "step_2", 2)
 
@@ -138,9 +144,8 @@ def test_a_fault_while_the_trainer_waits_for_the_preload_is_not_taken_for_the_ne
     request = AsyncRequest(
         partial(_slow_write, 2.0), (0, [], None), [], preload_fn=partial(_slow_preload, 1.5)
     )
-    fault = threading.Timer(
-        0.5, async_raise, (threading.main_thread().ident, RankShouldRestart)
-    )
+    fault = threading.Timer(0.5, async_raise, (threading.main_thread().ident, RankShouldRestart))
+    before = first._queue.call_idx
     fault.start()
     try:
         with pytest.raises(RankShouldRestart):
@@ -148,7 +153,7 @@ def test_a_fault_while_the_trainer_waits_for_the_preload_is_not_taken_for_the_ne
             time.sleep(5.0)  # the fault lands in here only if it missed the join: see below
     finally:
         fault.join()
-    assert first._queue.call_idx == 1 and not first._queue.async_calls, (
+    assert first._queue.call_idx == before + 1 and not first._queue.async_calls, (
         "the fault did not land between the hand-over and the tracking: nothing was tested"
     )
     first.abandon()
@@ -157,25 +162,23 @@ def test_a_fault_while_the_trainer_waits_for_the_preload_is_not_taken_for_the_ne
 
 @pytest.mark.distributed
 @pytest.mark.timeout(120)
-def test_a_completion_is_matched_to_its_request_by_index(one_rank_group) -> None:
+def test_a_completion_is_matched_to_its_request_by_index(one_rank_group, tmp_path: Path) -> None:
     """Completions older than the head request are dropped; one newer than the head means a
-    request was lost on the way, an error rather than a save finalized on another's word."""
+    request was lost on the way: an error rather than a save finalized on another's word."""
     queue = _started_queue()
     caller = queue._queue.persistent_caller
-    base = queue._queue.call_idx + 1
-    queue._queue.call_idx += 1
-    caller.schedule_async_call(AsyncRequest(partial(time.sleep, 0.0), (), [], call_idx=base))
-    queue._queue.async_calls.append(
-        _ActiveAsyncRequest(base, caller, AsyncRequest(None, (), [], call_idx=base))
+    caller.comp_q.put(queue._queue.call_idx)  # the binding's index again: stale
+    seen: list[bool] = []
+    queue.schedule_request(
+        AsyncRequest(
+            partial(_slow_marker, str(tmp_path)), ({},), [partial(_marker_seen, tmp_path, seen)]
+        )
     )
-    caller.comp_q.put(base - 7)  # a stale one, queued before the head's own
-    assert queue.poll(blocking=True) == [base]
-    queue._queue.call_idx += 1
-    queue._queue.async_calls.append(
-        _ActiveAsyncRequest(base + 1, caller, AsyncRequest(None, (), [], call_idx=base + 1))
-    )
-    caller.comp_q.put(base + 2)  # from a request the queue never tracked
-    with pytest.raises(CheckpointError, match="completion"):
+    assert queue.poll(blocking=True) == [queue._queue.call_idx]
+    assert seen == [True], "finalized on a stale completion, before its write ended"
+    caller.comp_q.put(queue._queue.call_idx + 5)  # from a request this queue never handed over
+    queue.schedule_request(AsyncRequest(partial(time.sleep, 1.0), (), []))
+    with pytest.raises(CheckpointError, match="completion of request"):
         queue.poll(blocking=True)
     queue.abandon()
 
