@@ -78,6 +78,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.checkpoint.layout",
         "training.checkpoint.integrity",
         "training.checkpoint.staging",
+        "training.checkpoint.torch_async",
         "training.checkpoint.memory",
         "training.checkpoint.snapshot_files",
         "training.checkpoint.tiers",
