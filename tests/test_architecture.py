@@ -82,6 +82,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.checkpoint.device_threads",
         "training.checkpoint.integrity",
         "training.checkpoint.staging",
+        "training.checkpoint.torch_async",
         "training.checkpoint.memory",
         "training.checkpoint.snapshot_files",
         "training.checkpoint.tiers",

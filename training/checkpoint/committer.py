@@ -12,10 +12,18 @@ checkpoint, which is never loaded and is swept at the next start, as a death mid
 Jobs run in submission order (a commit and then its retention, so the newest committed step
 is never a victim). A job's exception is kept and raised in the main thread at the next
 ``submit``, ``drain`` or ``raise_if_failed``, where it is a fault like any other.
+
+Across in-process restarts: a fault can interrupt :meth:`Committer.close` before its join (NVRx
+raises asynchronously into the main thread), leaving the thread committing while the next
+attempt sweeps uncommitted step directories: a commit record written into a directory being
+deleted vouches for missing files. So every committer thread is remembered until it is joined,
+and a new committer (one per attempt's checkpoint manager, made before that sweep) first waits
+for the threads an earlier attempt left (:func:`finish_leftover_commits`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable
@@ -24,8 +32,23 @@ POLL_S = 0.05
 """The longest pause between two ``keepalive`` calls of :meth:`Committer.drain`."""
 
 
+_RUNNING: list[threading.Thread] = []
+"""Committer threads started and not yet joined (any attempt of this process)."""
+
+
+def finish_leftover_commits() -> None:
+    """Wait for the commit threads an interrupted clean-up left running (their jobs are commits
+    of durable files and their retention: worth finishing, and each ends after its queue's
+    stop entry). Joined without a bound, as :meth:`Committer.close` joins."""
+    for thread in list(_RUNNING):
+        thread.join()
+        with contextlib.suppress(ValueError):
+            _RUNNING.remove(thread)
+
+
 class Committer:
     def __init__(self) -> None:
+        finish_leftover_commits()
         self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -34,6 +57,7 @@ class Committer:
         self.raise_if_failed()
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="ckpt-commit", daemon=True)
+            _RUNNING.append(self._thread)
             self._thread.start()
         self._jobs.put(job)
 
@@ -64,6 +88,8 @@ class Committer:
             return
         self._jobs.put(None)
         self._thread.join()
+        with contextlib.suppress(ValueError):
+            _RUNNING.remove(self._thread)
         self._thread = None
 
     def _run(self) -> None:

@@ -300,6 +300,10 @@ class CheckpointManager:
         if self._nvrx is not None:
             self._nvrx.abandon()
             self._nvrx = None
+        if self.config.engine == "torch_async":
+            from training.checkpoint.torch_async import drop_background_process
+
+            drop_background_process()  # every rank: the next attempt makes a new one alike
         if self._local is not None:
             self._local.abandon()
             self._local_pending = False

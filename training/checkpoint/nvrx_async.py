@@ -37,6 +37,17 @@ Process lifetime (CPU and GPU): NVRx's writer returns its results through a queu
 never binds to its rank. :func:`start_write_results_queue` starts that server at start-up
 instead, bound like the worker (:func:`die_with_parent`), and hands it to NVRx through
 the module global NVRx 0.4.1 reads (``filesystem_async._results_queue``).
+
+Stale completions and write results (issue #43): the worker, its queues and the write-results
+queue outlive an in-process restart, and NVRx 0.4.1 matches neither a completion nor a write
+result to its save (``core.py`` ``is_current_async_call_done`` takes any completion for the head
+request's; ``filesystem_async.py`` ``retrieve_write_results`` takes the oldest results). Here:
+every attempt numbers its requests from a base all ranks agree on, above any index this process
+used before (:func:`_agree_first_index`), and a completion counts only for the request of its
+own index (:class:`_MatchingCaller`); each save's write results carry a tag of their own and its
+finalize takes only those (:class:`_OwnResultsWriter`); a worker is kept for the next attempt
+only when it provably holds no request (:func:`_idle`), and whatever a previous attempt left in
+either queue is dropped before the next one uses them.
 Installed files of torch and NVRx are never edited.
 """
 
@@ -50,6 +61,7 @@ import os
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -58,7 +70,11 @@ from typing import Any
 
 import torch
 from nvidia_resiliency_ext.checkpointing.async_ckpt import filesystem_async
-from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncCallsQueue, AsyncRequest
+from nvidia_resiliency_ext.checkpointing.async_ckpt.core import (
+    AsyncCallsQueue,
+    AsyncRequest,
+    PersistentAsyncCaller,
+)
 from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import FileSystemWriterAsync
 from nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver import (
     save_state_dict_async_finalize,
@@ -280,6 +296,208 @@ def stop_shared_worker() -> None:
 atexit.register(stop_shared_worker)
 
 
+# --- matching completions and write results to their own save ---------------------------------
+
+_next_index = 0
+"""The lowest request index this process has not used yet (any queue, any attempt)."""
+
+
+def _agree_first_index() -> int:
+    """The first request index of a new attempt, the same on every rank: the highest of the
+    ranks' next unused index (collective, one all-reduce). Above every index this process used
+    before, so no completion of an earlier attempt matches a request of this one; the same on
+    every rank, so NVRx's finalize still finds all ranks at the same index
+    (``AsyncRequest.execute_finalize_fns``). A rank that is a fresh process (a spare) joins at
+    its peers' base."""
+    device = torch.cuda.current_device() if cuda_usable() else "cpu"
+    agreed = torch.tensor([_next_index], dtype=torch.int64, device=device)
+    torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MAX)
+    return int(agreed.item())
+
+
+class _MatchingCaller(PersistentAsyncCaller):
+    """NVRx's persistent caller whose completions count only for the request of their index.
+
+    NVRx's worker puts each request's index on ``comp_q`` when the request is done. A completion
+    below the head request's index is stale (a request of an earlier attempt, handed to the
+    worker but never tracked: the fault landed between NVRx's ``queue.put`` and
+    ``async_calls.append``) and is dropped; one above it means the head's own was lost, an error
+    rather than a save finalized before it is written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # The owning queue's head request index (re-pointed by each queue that schedules here).
+        self.head_index: Callable[[], int] = lambda: -1
+
+    def is_current_async_call_done(self, blocking: bool = False, no_dist: bool = False) -> bool:
+        # NVRx 0.4.1 ``PersistentAsyncCaller.is_current_async_call_done`` with the index check.
+        expected = self.head_index()
+        is_alive = False
+        if self.process:
+            while self.cur_item != expected:
+                if self.cur_item is not None and self.cur_item > expected:
+                    raise CheckpointError(
+                        f"the NVRx checkpoint worker reported the completion of request "
+                        f"{self.cur_item} while request {expected} was due: a request was lost "
+                        "between the trainer and its worker; the restart layer starts a new one"
+                    )
+                if self.cur_item is not None:
+                    log.info(
+                        "dropped the completion of request %s of an earlier attempt", self.cur_item
+                    )
+                try:
+                    self.cur_item = self.comp_q.get_nowait()
+                except Empty:
+                    self.cur_item = None
+                    if not blocking:
+                        is_alive = True
+                        break
+                    time.sleep(POLL_S)
+        is_done = not is_alive if no_dist else self.sync_all_async_calls(is_alive)
+        if is_done:
+            self.cur_item = None
+        return is_done
+
+
+class _IndexedCallsQueue(AsyncCallsQueue):
+    """NVRx's queue of requests with a :class:`_MatchingCaller` as its persistent caller, and
+    this process's used indices recorded before each hand-over (a fault can land right after
+    it)."""
+
+    def __init__(self) -> None:
+        super().__init__(persistent=True)
+
+    def _get_async_caller(self) -> PersistentAsyncCaller:
+        if self.persistent_caller is None:
+            self.persistent_caller = _MatchingCaller()
+        self.persistent_caller.head_index = self._head_index
+        return self.persistent_caller
+
+    def _head_index(self) -> int:
+        return self.async_calls[0].idx
+
+    def schedule_async_request(self, async_request: AsyncRequest) -> int:
+        global _next_index
+        index = self.call_idx + 1  # what NVRx numbers this request
+        _next_index = max(_next_index, index + 1)
+        # The tracked request carries its index too: NVRx 0.4.1 sends the worker a copy with
+        # the index but tracks the caller's request, whose ``call_idx`` stays 0, so its
+        # cross-rank check of the finalized index (``execute_finalize_fns``) compared 0 with 0.
+        return super().schedule_async_request(async_request._replace(call_idx=index))
+
+
+def _idle(caller: Any) -> bool:
+    """The worker of ``caller`` is alive and provably holds no request: every request put on its
+    queue was marked done (the worker does that only after putting the completion,
+    ``core.py`` ``async_loop``) and no preload token waits for a request (one would be taken by
+    the next request that preloads, which then never releases its trainer). CPython's own
+    ``JoinableQueue.join`` reads the same semaphore."""
+    process = getattr(caller, "process", None)
+    if process is None or not process.is_alive():
+        return False
+    return all(q._unfinished_tasks._semlock._is_zero() for q in (caller.queue, caller.preload_q))
+
+
+DRAIN_WAIT_S = 0.2
+"""How long a drain waits for one more entry: the worker's queue feeder thread may still be
+sending a completion that was put before the request was marked done."""
+
+
+def _drop_stale_completions(caller: Any) -> None:
+    """Empty the completion queue of an idle worker (every entry there is of an earlier
+    attempt; :class:`_MatchingCaller` would drop them as well)."""
+    caller.cur_item = None
+    with contextlib.suppress(Empty, OSError, ValueError, EOFError):
+        while True:
+            caller.comp_q.get(timeout=DRAIN_WAIT_S)
+
+
+def _drop_stale_results() -> None:
+    """Empty NVRx's process-wide write-results queue (with no request in flight, every entry
+    is of a save that will never be finalized) and forget results set aside."""
+    _SET_ASIDE.clear()
+    results = filesystem_async._results_queue
+    if results is None:
+        return
+    with contextlib.suppress(Empty, OSError, EOFError, ConnectionError):
+        while True:
+            results.get_nowait()
+
+
+@dataclass(frozen=True)
+class _TaggedResults:
+    """Handed to the writer in place of NVRx's results queue: every entry it puts carries the
+    save's tag (``write_buckets`` puts one entry per save)."""
+
+    queue: Any
+    tag: str
+
+    def put(self, results: Any) -> None:
+        self.queue.put((self.tag, results))
+
+
+_SET_ASIDE: dict[str, Any] = {}
+"""Results read from the queue for a tag other than the one being finalized: a later save of
+this attempt whose results were read first stays finalizable; stale ones are dropped with the
+queue's next drain."""
+
+
+class _OwnResultsWriter(FileSystemWriterAsync):
+    """NVRx's writer whose finalize takes this save's own write results, never the oldest ones
+    in the process-wide queue (NVRx 0.4.1 ``retrieve_write_results`` reads ``get_nowait()``
+    without asking whose they are)."""
+
+    def __init__(self, path: str, **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self.results_tag = f"{path}#{uuid.uuid4().hex}"
+
+    def results_sink(self) -> _TaggedResults | None:
+        """What the worker's write puts its results to (after ``prepare_write_data``)."""
+        if self.results_queue is None:
+            return None
+        return _TaggedResults(queue=self.results_queue, tag=self.results_tag)
+
+    def retrieve_write_results(self) -> list:
+        shared = self.results_queue
+        if shared is None:  # nothing written on this rank: NVRx's own answer
+            return super().retrieve_write_results()
+        own = _SET_ASIDE.pop(self.results_tag, None)
+        with contextlib.suppress(Empty):
+            while own is None:
+                entry = shared.get_nowait()
+                tag, results = entry if _is_tagged(entry) else (None, entry)
+                if tag == self.results_tag:
+                    own = (results,)
+                elif tag is not None:
+                    _SET_ASIDE[tag] = (results,)
+                else:
+                    log.warning("dropped write results that name no save")
+        if own is None:
+            raise CheckpointError(
+                f"no write results for {self.path}: its write never reported; "
+                "the checkpoint stays uncommitted"
+            )
+        self.results_queue = _OneEntry(own[0])
+        try:
+            return super().retrieve_write_results()  # NVRx's own checks of the results
+        finally:
+            self.results_queue = shared
+
+
+def _is_tagged(entry: Any) -> bool:
+    return isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str)
+
+
+@dataclass
+class _OneEntry:
+    """A queue holding one entry, in the shape ``retrieve_write_results`` reads."""
+
+    entry: Any
+
+    def get_nowait(self) -> Any:
+        return self.entry
+
+
 @dataclass(frozen=True, kw_only=True)
 class _CachedPlan:
     """The finished central plan of this rank and (coordinator) the global metadata."""
@@ -294,15 +512,14 @@ class AsyncCheckpointQueue:
     def __init__(self, *, keepalive: Callable[[], None] = lambda: None) -> None:
         """``keepalive``: called between the passes of every blocking wait (the restart layer's
         liveness report, ``StepHooks.keepalive``)."""
-        self._queue = AsyncCallsQueue(persistent=True)
+        self._queue = _IndexedCallsQueue()
         self._keepalive = keepalive
         # Per queue, so per CheckpointManager, so per attempt: a restart (new world size, new
         # shards) never reuses a plan or a staging layout made for another state.
         self._plan: _CachedPlan | None = None
         self._staging = HostStaging()
         self._binding = False  # the binding request of start_worker is not finalized yet
-        if _SHARED_CALLER is not None and _SHARED_CALLER.process is not None:
-            self._queue.persistent_caller = _SHARED_CALLER
+        self._queue.persistent_caller = _adopt_shared_caller()
 
     def start_worker(self) -> None:
         """Start the persistent worker without waiting for it: a fresh worker imports torch
@@ -313,6 +530,10 @@ class AsyncCheckpointQueue:
         global _SHARED_CALLER
         reap_stopping_workers()
         start_write_results_queue()
+        if not self._queue.async_calls:
+            # Nothing of this queue in flight: every request before this index is another
+            # attempt's (collective, like the binding below).
+            self._queue.call_idx = _agree_first_index() - 1
         # NVRx's worker waits on a queue whose pipe it holds both ends of: without this binding,
         # a SIGKILLed rank would leave it orphaned, holding its host memory, for good. Every rank
         # sends it, also to a worker kept from the previous attempt (binding again is harmless):
@@ -383,7 +604,7 @@ class AsyncCheckpointQueue:
         ``phases(name)`` marks the end of each phase (plan, stage, schedule) for the caller.
         """
         self.await_worker()  # normally done already (the steps' polls, CheckpointManager.poll)
-        writer = FileSystemWriterAsync(checkpoint_dir, thread_count=1)
+        writer = _OwnResultsWriter(checkpoint_dir, thread_count=1)
         if reuse_plan and self._plan is not None:
             writer, metadata, dist_wrapper = self._prepare_with_cached_plan(state_dict, writer)
         else:
@@ -406,12 +627,12 @@ class AsyncCheckpointQueue:
             # produced these tensors (the optimizer step) must be complete first. CUDA IPC's
             # event covers the stream current at pickling only, so wait for the whole device.
             torch.cuda.synchronize()
-            args = [torch.distributed.get_rank(), writer.write_buckets, writer.results_queue]
+            args = [torch.distributed.get_rank(), writer.write_buckets, writer.results_sink()]
         else:
             # CPU: the trainer copies into the persistent staging buffer (the snapshot itself);
             # the worker then needs no preload and the trainer does not wait for it.
             staged = self._staging.stage(buckets)
-            args = [torch.distributed.get_rank(), staged, writer.results_queue]
+            args = [torch.distributed.get_rank(), staged, writer.results_sink()]
             staging = self._staging.buffer
         phases("stage")
         # With nothing to write on this rank (tiny models on many ranks) the worker still runs
@@ -447,8 +668,8 @@ class AsyncCheckpointQueue:
         self._plan = _CachedPlan(plan=planner.plan, metadata=metadata)
 
     def _prepare_with_cached_plan(
-        self, state_dict: dict[str, Any], writer: FileSystemWriterAsync
-    ) -> tuple[FileSystemWriterAsync, Any, _DistWrapper]:
+        self, state_dict: dict[str, Any], writer: _OwnResultsWriter
+    ) -> tuple[_OwnResultsWriter, Any, _DistWrapper]:
         """NVRx's ``save_state_dict_async_plan`` with a validated cache (its "Passed cache
         reusable" branch, NVRx 0.4.1 ``state_dict_saver.py``), minus its validation: set up
         the planner and writer, reuse the central plan, resolve the write data. No collective:
@@ -523,30 +744,51 @@ class AsyncCheckpointQueue:
         _SHARED_CALLER = None
 
     def abandon(self, *, stop_timeout_s: float = 2.0) -> None:
-        """After a fault, without any collective (peers may be gone). An idle worker is kept for
-        the next attempt (it holds no tensor of this attempt: :func:`stage`, :func:`_write_then`);
-        one with a request in flight is stopped (:func:`stop_worker`; killed only if it will not
-        stop): that write is cut off, its checkpoint stays uncommitted and is never loaded."""
+        """After a fault, without any collective (peers may be gone). A worker that provably
+        holds no request (:func:`_idle`) is kept for the next attempt (it holds no tensor of this
+        attempt: :func:`stage`, :func:`_write_then`); any other is stopped
+        (:func:`stop_worker`; killed only if it will not stop): its write is cut off, its
+        checkpoint stays uncommitted and is never loaded. Either way the completions and write
+        results this attempt left are dropped: none of its saves will be finalized."""
         global _SHARED_CALLER
         caller = self._queue.persistent_caller
-        # A binding request still in flight counts: the next queue numbers its requests from
-        # 0 again and would take that request's completion for its own.
+        # A request NVRx tracks is in flight (the binding counts: its completion is stale for
+        # the next attempt too); one it does not track is caught by ``_idle``.
         in_flight = bool(self._queue.async_calls)
         self._queue.async_calls.clear()
         self._binding = False
         if caller is None:
+            _drop_stale_results()
             return
-        if not in_flight and caller.process is not None and caller.process.is_alive():
-            # With nothing in flight, any completion still queued is stale: the next queue
-            # would take it for its first request's (NVRx 0.4.1 ``core.py``,
-            # ``PersistentAsyncCaller.is_current_async_call_done`` reads ``comp_q``).
-            caller.cur_item = None
-            with contextlib.suppress(Empty, OSError, ValueError):
-                while True:
-                    caller.comp_q.get_nowait()
+        if not in_flight and _idle(caller):
+            _drop_stale_completions(caller)
+            _drop_stale_results()
             _SHARED_CALLER = caller
             return
         _SHARED_CALLER = None
         # The write in flight is discarded anyway (never committed): no long wait for 'DONE';
         # the stop signal still unwinds the worker cleanly (its IPC references released).
         stop_worker(caller, clean_timeout_s=0.5, signal_timeout_s=stop_timeout_s)
+        _drop_stale_results()  # after the stop: the worker puts results until it is gone
+
+
+def _adopt_shared_caller() -> _MatchingCaller | None:
+    """The worker kept from an earlier queue, if it may serve a new one, after the stops an
+    interrupted clean-up left are finished (:func:`reap_stopping_workers`: no old writer is
+    still writing when the new attempt sweeps torn checkpoints). Checked again here, not only in
+    :meth:`AsyncCheckpointQueue.abandon`: a fault can interrupt that, leaving the attempt's busy
+    worker shared. A worker that is not provably idle is stopped, and with no worker busy
+    anything queued is stale."""
+    global _SHARED_CALLER
+    reap_stopping_workers()
+    caller = _SHARED_CALLER
+    if caller is None or getattr(caller, "process", None) is None:
+        return None
+    if not _idle(caller):
+        _SHARED_CALLER = None
+        stop_worker(caller, clean_timeout_s=0.5, signal_timeout_s=2.0)
+        _drop_stale_results()
+        return None
+    _drop_stale_completions(caller)
+    _drop_stale_results()
+    return caller

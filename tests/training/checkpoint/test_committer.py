@@ -4,12 +4,14 @@ commit is held inside the commit point while the loop goes on."""
 
 from __future__ import annotations
 
+import queue
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from nvidia_resiliency_ext.inprocess.monitor_thread import RankShouldRestart
 
 from training.checkpoint.committer import Committer
 from training.checkpoint.layout import COMMIT, committed_steps, step_dir
@@ -105,3 +107,36 @@ def test_an_async_save_commits_on_rank_0s_committer_not_in_the_loop(
         if e["kind"] == "checkpoint_committed"
     ]
     assert committed == [10, 20]
+
+
+class _FaultAfterPut(queue.Queue):
+    """The committer's job queue where the fault lands in ``close`` right after its stop entry
+    is queued, before the join (NVRx's ``RankShouldRestart``, raised asynchronously)."""
+
+    def put(self, item: object, block: bool = True, timeout: float | None = None) -> None:
+        super().put(item, block, timeout)
+        if item is None:
+            raise RankShouldRestart
+
+
+def test_the_next_attempts_committer_waits_for_a_commit_an_interrupted_close_left(
+    tmp_path: Path,
+) -> None:
+    """The next attempt's manager makes its committer before it sweeps uncommitted step
+    directories (``CheckpointManager.start``): by then no commit of the earlier attempt may
+    still be running, or its record lands in a directory the sweep deletes."""
+    release = threading.Event()
+    record = tmp_path / "commit"
+
+    def slow_commit() -> None:
+        release.wait(timeout=30)
+        record.write_text("committed")
+
+    first = Committer()
+    first._jobs = _FaultAfterPut()
+    first.submit(slow_commit)
+    with pytest.raises(RankShouldRestart):
+        first.close()
+    threading.Timer(1.0, release.set).start()
+    Committer()  # the next attempt's
+    assert record.exists(), "the next attempt started while a commit was still running"
