@@ -208,8 +208,9 @@ def torch_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def fresh_python(tmp_path: Path, real_wheels: dict[str, Path]) -> Path:
-    """A new venv with a pip fetched from this machine's index (make setup uses the venv's own
-    pip, whichever its Python bundles)."""
+    """A new venv with the newest pip. make setup uses the pip the venv's Python bundles; this
+    test needs a newer one only for the stand-in, which serves metadata alone (pip 23.2, this
+    Python's bundled pip, still downloads some wheels and meets a 404 here, not on PyPI)."""
     venv = tmp_path / "venv"
     base = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
