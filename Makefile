@@ -7,7 +7,6 @@ SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3.12 || command -v python3)
 VENV   := .venv
 PY     := $(VENV)/bin/python
-PIP    := $(VENV)/bin/pip
 CDK    := node_modules/.bin/cdk
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 export CDK_DISABLE_CLI_TELEMETRY := true
@@ -32,13 +31,14 @@ help: ## List the targets
 # --- set-up ---------------------------------------------------------------------------------
 # What a user's machine needs, command by command: docs/requirements.md.
 # The stamp is rebuilt only when the project or the lock changes, so repeated runs are quick.
-# tools/pip_install.py owns the install command (tests/test_setup_install.py resolves the same):
-# the lock's CPU torch from PyTorch's CPU index beside PyPI, or from a wheel on disk offline.
+# tools/pip_install.py owns the install commands (tests/test_setup_install.py runs the same):
+# the lock's CPU torch alone from PyTorch's CPU index (or a wheel on disk offline), then the
+# rest from the ordinary index. The venv's own pip is used as it comes (no upgrade: offline that
+# would retry for minutes). The check runs with the Python that will install: the venv's, if any.
 $(VENV)/.stamp: pyproject.toml requirements.lock tools/pip_install.py
 	@test -n "$(PYTHON)" || { echo "error: no python3 found: install Python 3.11 or 3.12" >&2; exit 2; }
-	@$(PYTHON) tools/pip_install.py --check
+	@$$(test -x $(PY) && echo $(PY) || echo $(PYTHON)) tools/pip_install.py --check
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); echo "error: $(PYTHON) -m venv failed: on Debian/Ubuntu, apt-get install python3-venv (or python3.X-venv)" >&2; exit 2; }
-	$(PIP) install -q --disable-pip-version-check --upgrade pip
 	$(PY) tools/pip_install.py -q
 	@touch $@
 
@@ -54,8 +54,8 @@ node_modules/.stamp: package.json package-lock.json
 setup: $(VENV)/.stamp node_modules/.stamp ## Create .venv with pinned packages and install the pinned CDK CLI
 
 lock: ## Re-pin every Python package into requirements.lock (after changing pyproject.toml)
-	$(PIP) install -q -e '.[train,infra,dev]'
-	$(PIP) freeze --exclude-editable | grep -v '^-e ' > requirements.lock
+	$(PY) -m pip install -q -e '.[train,infra,dev]'
+	$(PY) -m pip freeze --exclude-editable | grep -v '^-e ' > requirements.lock
 
 # --- training -------------------------------------------------------------------------------
 $(DATA)/meta.json: | $(VENV)/.stamp

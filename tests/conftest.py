@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 import pytest
-from support import REQUIRE_ALL_ENV, node_reason, run_torchrun, write_learnable_text
+from support import REQUIRE_ALL_ENV, node_reason, run_torchrun, skip_or_fail, write_learnable_text
 
 _LEFT_OUT = pytest.StashKey[str]()
 
@@ -55,9 +55,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         reason = mark.kwargs.get("reason")
         if reason is None:
             continue
-        if os.environ.get(REQUIRE_ALL_ENV) == "1":
-            pytest.fail(f"{REQUIRE_ALL_ENV}=1 and {reason}", pytrace=False)
-        pytest.skip(reason)
+        skip_or_fail(reason)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

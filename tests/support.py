@@ -319,9 +319,29 @@ def missing_tools(*tools: str) -> str | None:
     return f"{', '.join(missing)} not installed ({installs})"
 
 
+def requires(reason: str | None) -> pytest.MarkDecorator:
+    """Mark a test that needs something from the machine, missing when `reason` (one line,
+    naming the fix) is set: skipped, or failed under ``TESTS_REQUIRE_ALL=1``."""
+    return pytest.mark.requires(reason=reason)
+
+
+def skip_or_fail(reason: str) -> None:
+    """Inside a test or fixture: what `requires` does, for a need found only at run time."""
+    if os.environ.get(REQUIRE_ALL_ENV) == "1":
+        pytest.fail(f"{REQUIRE_ALL_ENV}=1 and {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def cdk_cli_reason() -> str | None:
+    """None when the pinned CDK CLI is installed, else one line saying how to install it."""
+    if (REPO_ROOT / "node_modules" / ".bin" / "cdk").exists():
+        return None
+    return "the pinned CDK CLI is not installed (make setup: npm ci installs node_modules/)"
+
+
 def requires_tool(*tools: str) -> pytest.MarkDecorator:
     """Mark a test (or module, as ``pytestmark``) that runs `tools`."""
-    return pytest.mark.requires(reason=missing_tools(*tools))
+    return requires(missing_tools(*tools))
 
 
 def node_reason() -> str | None:
@@ -349,4 +369,4 @@ def root_reason(what: str) -> str | None:
 
 def requires_root(what: str) -> pytest.MarkDecorator:
     """Mark a test that needs root (network namespaces, mounts)."""
-    return pytest.mark.requires(reason=root_reason(what))
+    return requires(root_reason(what))

@@ -1,15 +1,17 @@
-"""The set-up's install command on a user's machine: it resolves to the CPU torch, from PyTorch's
-CPU index when that is reachable and from a wheel on disk when it is not.
+"""The set-up's install commands on a user's machine: the lock's CPU torch alone, from PyTorch's
+CPU index when that is reachable and from a wheel on disk when it is not, then everything else
+from the ordinary index alone.
 
-``make setup`` runs ``tools/pip_install.py`` (the one owner of the command; the first test pins
-that). Here the same script runs, with ``--dry-run --report``, in a fresh venv with a clean pip
-(no pip.conf, no ``PIP_*``, no cache) against a stand-in served on localhost for what the user's
-machine reaches: PyPI (every pin; torch only as PyPI carries it, ``2.13.0`` with its CUDA
-wheels) and PyTorch's CPU index (``torch 2.13.0+cpu`` and the packages it mirrors). The pages
-are PEP 503 simple pages with PEP 658 metadata files, built from the installed distributions'
-own METADATA and WHEEL tags, so pip's resolver reads every pin's real dependencies without a
-wheel: only pip and setuptools (the venv's pip, the editable build's backend) are real files.
-Emulated because it cannot be reached from here: the two indexes themselves.
+``make setup`` runs ``tools/pip_install.py`` (the one owner of the commands; the first test pins
+that). Here the same script runs in a fresh venv with a clean pip (no pip.conf, no ``PIP_*``, no
+cache) against a stand-in served on localhost for what the user's machine reaches: PyPI (every
+pin; torch only as PyPI carries it, the public version with its CUDA wheels) and PyTorch's CPU
+index (the lock's ``+cpu`` torch and the packages it mirrors). The pages are PEP 503 simple pages
+with PEP 658 metadata files, built from the installed distributions' own METADATA and WHEEL tags,
+so pip's resolver reads every pin's real dependencies without a wheel. Real files: pip and
+setuptools (the venv's pip, the editable build's backend) and a stand-in torch wheel holding the
+installed torch's metadata only, which step 1 really installs; step 2 runs with ``--dry-run
+--report``. Emulated because it cannot be reached from here: the two indexes themselves.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ import subprocess
 import sys
 import threading
 import urllib.parse
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import REPO_ROOT, requires_tool, subprocess_env
+from support import REPO_ROOT, requires_tool, skip_or_fail, subprocess_env
 
 SCRIPT = REPO_ROOT / "tools" / "pip_install.py"
 PIP_DOWNLOAD = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
@@ -61,13 +64,15 @@ def _filename(name: str, version: str, tags: list[str]) -> str:
 
 class StandIn:
     """PyPI at ``/pypi/<project>/``, PyTorch's CPU index at ``/cpu/<project>/``, files at
-    ``/files/``; records the wheels pip asked for."""
+    ``/files/``; records the pages and the wheels pip asked for. ``torch_wheel`` is served as
+    the CPU index's torch file."""
 
-    def __init__(self, real_wheels: dict[str, Path]) -> None:
+    def __init__(self, real_wheels: dict[str, Path], torch_wheel: Path) -> None:
         self.pages: dict[str, dict[str, list[str]]] = {"pypi": {}, "cpu": {}}
         self.metadata: dict[str, bytes] = {}
-        self.real = {path.name: path for path in real_wheels.values()}
+        self.real = {path.name: path for path in [*real_wheels.values(), torch_wheel]}
         self.fetched: list[str] = []
+        self.requested: list[str] = []
         mirrored: set[str] = set()
         pins = _pins()
         for dist in importlib.metadata.distributions():
@@ -78,7 +83,7 @@ class StandIn:
             tags = [line.split(": ")[1] for line in wheel.splitlines() if line.startswith("Tag:")]
             text = (dist.read_text("METADATA") or "").encode()
             if name == "torch":  # the lock's +cpu build: only PyTorch's CPU index has it
-                self._add("cpu", name, _filename(name, dist.version, tags), text)
+                self._add("cpu", name, torch_wheel.name, text)
                 public = dist.version.split("+")[0]
                 cuda = text.replace(
                     f"Version: {dist.version}".encode(), f"Version: {public}".encode()
@@ -124,6 +129,7 @@ class StandIn:
             def do_GET(self) -> None:
                 path = urllib.parse.unquote(self.path.split("?")[0])
                 parts = [part for part in path.split("/") if part]
+                stand_in.requested.append(path)
                 body: bytes | None = None
                 kind = "text/html"
                 if len(parts) == 2 and parts[0] in stand_in.pages:
@@ -173,13 +179,38 @@ def real_wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         timeout=300,
     )
     if got.returncode:
-        pytest.skip(f"pip download of pip and setuptools failed (no index reachable): {got.stderr}")
+        skip_or_fail(f"pip download of pip and setuptools failed (reach an index): {got.stderr}")
     return {path.name.split("-")[0]: path for path in out.glob("*.whl")}
+
+
+def _torch_dist() -> importlib.metadata.Distribution:
+    return importlib.metadata.distribution("torch")
+
+
+@pytest.fixture(scope="module")
+def torch_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A stand-in for the lock's ``torch-<pin>`` wheel: the installed torch's METADATA and WHEEL
+    tags, no code (a few KB instead of ~200 MB), so pip installs it like the real one."""
+    dist = _torch_dist()
+    pin = _script().torch_pin()
+    assert dist.version == pin, f"the venv's torch {dist.version} is not the lock's {pin}"
+    wheel_text = dist.read_text("WHEEL") or ""
+    tags = [line.split(": ")[1] for line in wheel_text.splitlines() if line.startswith("Tag:")]
+    path = tmp_path_factory.mktemp("torch-wheel") / _filename("torch", pin, tags)
+    info = f"torch-{pin}.dist-info"
+    files = {f"{info}/METADATA": dist.read_text("METADATA") or "", f"{info}/WHEEL": wheel_text}
+    record = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, text in {**files, f"{info}/RECORD": record}.items():
+            archive.writestr(name, text)
+    return path
 
 
 @pytest.fixture
 def fresh_python(tmp_path: Path, real_wheels: dict[str, Path]) -> Path:
-    """A new venv with the newest pip (as the Makefile's ``pip install --upgrade pip``)."""
+    """A new venv with the newest pip. make setup uses the pip the venv's Python bundles; this
+    test needs a newer one only for the stand-in, which serves metadata alone (pip 23.2, this
+    Python's bundled pip, still downloads some wheels and meets a 404 here, not on PyPI)."""
     venv = tmp_path / "venv"
     base = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
@@ -201,6 +232,12 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _installed_torch(python: Path) -> str | None:
+    code = "import importlib.metadata as m; print(m.version('torch'))"
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
 def _resolve(python: Path, report: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
         [python, SCRIPT, "--dry-run", "--report", str(report), "-q"],
@@ -214,15 +251,6 @@ def _resolve(python: Path, report: Path, env: dict[str, str]) -> subprocess.Comp
 def _installs(report: Path) -> dict[str, dict]:
     items = json.loads(report.read_text())["install"]
     return {_canonical(item["metadata"]["name"]): item for item in items}
-
-
-def _wheel_on_disk() -> Path | None:
-    dirs = [*os.environ.get("PIP_FIND_LINKS", "").split(), "/opt/wheels"]
-    for directory in dirs:
-        found = sorted(Path(directory).glob("torch-2.13.0+cpu-cp311-*x86_64.whl"))
-        if found:
-            return found[0]
-    return None
 
 
 def _script():
@@ -257,8 +285,9 @@ def test_a_machine_the_lock_cannot_serve_is_refused_in_one_line(
 
 
 @requires_tool("make")
-def test_make_setup_runs_the_install_script() -> None:
-    """One owner: the recipe that builds the venv installs through tools/pip_install.py."""
+def test_make_setup_runs_the_install_script_and_nothing_else_of_pip() -> None:
+    """One owner: the recipe that builds the venv installs through tools/pip_install.py only (no
+    unprobed ``pip install --upgrade pip``, which retries for minutes offline)."""
     recipe = subprocess.run(
         ["make", "-n", "-B", ".venv/.stamp"],
         cwd=REPO_ROOT,
@@ -267,46 +296,85 @@ def test_make_setup_runs_the_install_script() -> None:
         check=True,
     ).stdout.splitlines()
     assert ".venv/bin/python tools/pip_install.py -q" in recipe, recipe
-    assert not [line for line in recipe if "pip install" in line and "-c requirements" in line]
+    assert not [line for line in recipe if "pip install" in line], recipe
+
+
+@requires_tool("make")
+def test_with_a_venv_the_check_runs_with_the_venvs_python() -> None:
+    """The check asks the Python that will install (this worktree has .venv): a system Python
+    that cannot run (PYTHON=false) is not asked."""
+    assert (REPO_ROOT / ".venv/bin/python").exists()
+    recipe = subprocess.run(
+        ["make", "-n", "-B", ".venv/.stamp", "PYTHON=false"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    check = [line for line in recipe if line.endswith("tools/pip_install.py --check")]
+    assert len(check) == 1, recipe
+    ran = subprocess.run(["bash", "-c", check[0]], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+
+
+def test_the_torch_pin_is_read_from_the_lock(tmp_path: Path) -> None:
+    lock = tmp_path / "requirements.lock"
+    lock.write_text("filelock==3.0\nTorch==9.9.9+cpu\n")
+    assert _script().torch_pin(lock) == "9.9.9+cpu"
+    assert _script().torch_pin() == _pins()["torch"]
+    lock.write_text("filelock==3.0\n")
+    with pytest.raises(SystemExit, match="pins no torch"):
+        _script().torch_pin(lock)
+    assert _pins()["torch"] not in SCRIPT.read_text(), "the pin is written only in the lock"
+
+
+def _commands(stdout: str) -> list[str]:
+    return [line.removeprefix("+ ") for line in stdout.splitlines() if line.startswith("+ ")]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_users_machine_resolves_the_cpu_torch_from_pytorchs_index(
-    fresh_python: Path, real_wheels: dict[str, Path], tmp_path: Path
+def test_a_users_machine_installs_the_cpu_torch_alone_from_pytorchs_index(
+    fresh_python: Path, real_wheels: dict[str, Path], torch_wheel: Path, tmp_path: Path
 ) -> None:
-    stand_in = StandIn(real_wheels)
+    """Step 1 takes torch from the CPU index only; step 2 resolves every other pin from PyPI
+    alone (no extra index: no package can come from whichever index offers it)."""
+    stand_in = StandIn(real_wheels, torch_wheel)
     report = tmp_path / "report.json"
     with stand_in.serve() as url:
         env = _clean_env(PIP_INDEX_URL=f"{url}/pypi", TORCH_INDEX_URL=f"{url}/cpu")
         done = _resolve(fresh_python, report, env)
     assert done.returncode == 0, done.stdout + done.stderr
-    installs = _installs(report)
-    torch = installs["torch"]
-    assert torch["metadata"]["version"] == "2.13.0+cpu"
-    source = urllib.parse.unquote(torch["download_info"]["url"])
-    assert source == f"{url}/files/" + stand_in.pages["cpu"]["torch"][0]
-    assert CUDA_DEPENDENCY not in installs and not [n for n in installs if n.startswith("nvidia-c")]
     pins = _pins()
+    torch_step, project_step = _commands(done.stdout)
+    assert f"--index-url {url}/cpu" in torch_step and "--no-deps" in torch_step
+    assert torch_step.endswith(f"torch=={pins['torch']}")
+    assert "index-url" not in project_step and "-c " in project_step
+    assert _installed_torch(fresh_python) == pins["torch"]
+    assert f"/files/{torch_wheel.name}" in stand_in.requested
+    # The CPU index was asked for torch only (the probe and step 1), never during step 2.
+    assert {path for path in stand_in.requested if path.startswith("/cpu/")} == {"/cpu/torch/"}
+    installs = _installs(report)
+    assert "torch" not in installs  # installed by step 1, kept under the lock's pin
+    assert CUDA_DEPENDENCY not in installs and not [n for n in installs if n.startswith("nvidia-c")]
     wrong = {n: i["metadata"]["version"] for n, i in installs.items() if n in pins}
     assert {n: v for n, v in wrong.items() if pins[n] != v} == {}
-    assert set(pins) - {"pip", "setuptools"} <= set(installs), set(pins) - set(installs)
-    # Resolved from metadata alone: no wheel but the build backend's was downloaded.
-    assert all(name.startswith("setuptools-") for name in stand_in.fetched), stand_in.fetched
+    assert set(pins) - {"pip", "setuptools", "torch"} <= set(installs), set(pins) - set(installs)
+    # Resolved from metadata alone: no wheel but torch's and the build backend's was downloaded.
+    assert all(
+        name.startswith("setuptools-") or name == torch_wheel.name for name in stand_in.fetched
+    ), stand_in.fetched
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_offline_the_wheel_on_disk_is_used_and_the_index_is_left_out(
-    fresh_python: Path, real_wheels: dict[str, Path], tmp_path: Path
+    fresh_python: Path, real_wheels: dict[str, Path], torch_wheel: Path, tmp_path: Path
 ) -> None:
-    wheel = _wheel_on_disk()
-    if wheel is None:
-        pytest.skip("no torch-2.13.0+cpu wheel on disk (PIP_FIND_LINKS, /opt/wheels)")
     links = tmp_path / "links"
     links.mkdir()
-    (links / wheel.name).symlink_to(wheel)
-    stand_in = StandIn(real_wheels)
+    (links / torch_wheel.name).symlink_to(torch_wheel)
+    stand_in = StandIn(real_wheels, torch_wheel)
     report = tmp_path / "report.json"
     with stand_in.serve() as url:
         unreachable = f"http://127.0.0.1:{_closed_port()}/cpu"
@@ -315,26 +383,32 @@ def test_offline_the_wheel_on_disk_is_used_and_the_index_is_left_out(
         )
         done = _resolve(fresh_python, report, env)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"{unreachable} is out of reach" in done.stderr
-    assert "--extra-index-url" not in done.stdout
-    torch = _installs(report)["torch"]
-    assert torch["metadata"]["version"] == "2.13.0+cpu"
-    assert torch["download_info"]["url"].startswith("file://")
+    assert f"{unreachable} (TORCH_INDEX_URL) is out of reach" in done.stderr
+    torch_step, project_step = _commands(done.stdout)
+    assert "--no-index" in torch_step and unreachable not in done.stdout
+    assert "index-url" not in project_step
+    assert _installed_torch(fresh_python) == _pins()["torch"]
+    assert f"/files/{torch_wheel.name}" not in stand_in.requested  # from the links directory
+    installs = _installs(report)
+    assert "torch" not in installs and not [n for n in installs if n.startswith("nvidia-c")]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_without_the_cpu_index_or_a_wheel_pip_stops_with_the_fix(
-    fresh_python: Path, real_wheels: dict[str, Path], tmp_path: Path
+    fresh_python: Path, real_wheels: dict[str, Path], torch_wheel: Path, tmp_path: Path
 ) -> None:
-    """The issue's failure (PyPI alone has no +cpu torch), now with a line that says the fix."""
-    stand_in = StandIn(real_wheels)
+    """PyPI alone has no +cpu torch: step 1 stops, step 2 never runs, the last line says the
+    fix and names TORCH_INDEX_URL."""
+    stand_in = StandIn(real_wheels, torch_wheel)
     with stand_in.serve() as url:
         unreachable = f"http://127.0.0.1:{_closed_port()}/cpu"
         env = _clean_env(PIP_INDEX_URL=f"{url}/pypi", TORCH_INDEX_URL=unreachable)
         done = _resolve(fresh_python, tmp_path / "report.json", env)
     assert done.returncode != 0
-    # PyPI's 2.13.0 is the only torch: pip cannot meet the lock's pin (with -q it says only that).
-    assert "ResolutionImpossible" in done.stderr, done.stderr
-    assert f"pip failed with {unreachable} out of reach" in done.stderr.splitlines()[-1]
-    assert "set PIP_FIND_LINKS" in done.stderr.splitlines()[-1]
+    assert len(_commands(done.stdout)) == 1, done.stdout
+    assert f"No matching distribution found for torch=={_pins()['torch']}" in done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert f"{unreachable} is out of reach" in last and "set TORCH_INDEX_URL" in last, last
+    assert "set PIP_FIND_LINKS" in last
+    assert _installed_torch(fresh_python) is None

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 from cfn_emulator import emulated_cloudformation, no_credentials_env
 from infra_synth import CDK_JSON_CONTEXT, mask_asset_hashes, synth
+from support import cdk_cli_reason, requires
 
 from infra import deployed, first_deploy, replacements
 from infra.config import STACK_NAME, load_config
@@ -500,7 +501,7 @@ def _aws_cli_reads_the_emulator() -> str | None:
 
 
 NO_EMULATION = _aws_cli_reads_the_emulator()
-needs_aws_cli = pytest.mark.skipif(NO_EMULATION is not None, reason=str(NO_EMULATION))
+needs_aws_cli = requires(NO_EMULATION)
 
 
 @needs_aws_cli
@@ -620,7 +621,7 @@ def test_the_app_without_credentials_says_what_it_could_not_check(tmp_path: Path
 
 @pytest.mark.slow
 @needs_aws_cli
-@pytest.mark.skipif(not (REPO_ROOT / "node_modules/.bin/cdk").exists(), reason="make setup")
+@requires(cdk_cli_reason())
 def test_make_diff_through_the_cdk_cli_refuses_a_zone_move_with_nodes(
     first_template: dict[str, Any], images_template: dict[str, Any], tmp_path: Path
 ) -> None:

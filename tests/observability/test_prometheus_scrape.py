@@ -184,7 +184,8 @@ def _scrape(port: int) -> str:
 def test_the_exporter_serves_the_text_format_and_waits_for_a_final_scrape(
     tmp_path: Path,
 ) -> None:
-    pytest.importorskip("prometheus_client")
+    import prometheus_client  # noqa: F401  (pinned in the lock: missing fails, never skips)
+
     append_jsonl(tmp_path / METRICS_FILE, {"time": 1.0, "step": 1, "step_time_s": 0.5})
     port = free_port()
     exporter = _exporter(tmp_path, port, "--final-scrape-wait-s=30")
@@ -211,7 +212,8 @@ def test_the_exporter_serves_the_text_format_and_waits_for_a_final_scrape(
 
 
 def test_an_exporter_nobody_scraped_leaves_at_once(tmp_path: Path) -> None:
-    pytest.importorskip("prometheus_client")
+    import prometheus_client  # noqa: F401  (pinned in the lock: missing fails, never skips)
+
     port = free_port()
     exporter = _exporter(tmp_path, port, "--final-scrape-wait-s=30")
     try:
@@ -227,7 +229,8 @@ def test_an_exporter_nobody_scraped_leaves_at_once(tmp_path: Path) -> None:
 
 
 def test_a_taken_port_costs_a_message_not_the_run(tmp_path: Path) -> None:
-    pytest.importorskip("prometheus_client")
+    import prometheus_client  # noqa: F401  (pinned in the lock: missing fails, never skips)
+
     port = free_port()
     first = _exporter(tmp_path, port)
     try:

@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from support import requires_tool
+from support import requires_tool, skip_or_fail
 
 from training import exits
 from training.startup_check import (
@@ -327,7 +327,7 @@ def test_a_stuck_fsx_client_exits_node_unfit_naming_the_node(tmp_path: Path) -> 
     node. /fsx itself (FSX_MOUNT unset) is checked in tests/pods."""
     shm = Path("/dev/shm")
     if mount_at(str(shm), Path("/proc/self/mountinfo").read_text()) is None:
-        pytest.skip("/dev/shm is not a mount point here")
+        skip_or_fail("/dev/shm is not a mount point here (mount -t tmpfs tmpfs /dev/shm)")
     node = f"node-{uuid.uuid4().hex[:8]}"
     fifo = shm / FSX_PROBE_DIR / node
     fifo.parent.mkdir(exist_ok=True)

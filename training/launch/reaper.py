@@ -39,21 +39,45 @@ finds nothing, up to ``SWEEP_ROUNDS`` rounds this far apart."""
 TRACKER_GRACE_S = 3.0
 
 
+def _carries(environ: Path, token: str) -> bool:
+    try:
+        return f"{RUN_MARK_ENV}={token}".encode() in environ.read_bytes().split(b"\0")
+    except OSError:  # gone meanwhile, or not ours
+        return False
+
+
 def marked_pids(token: str, *, proc: Path = Path("/proc")) -> list[int]:
     """The live processes whose environment carries ``RUN_MARK_ENV=token`` (zombies have an
     empty environ, and processes of other users cannot be read: neither is listed)."""
-    needle = f"{RUN_MARK_ENV}={token}".encode()
-    found = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:  # gone meanwhile, or not ours
-            continue
-        if needle in environ.split(b"\0"):
-            found.append(int(entry.name))
-    return found
+    return [
+        int(entry.name)
+        for entry in proc.iterdir()
+        if entry.name.isdigit()
+        and int(entry.name) != os.getpid()
+        and _carries(entry / "environ", token)
+    ]
+
+
+def kill_if_marked(pid: int, token: str) -> bool:
+    """SIGKILL `pid` if it still carries the mark; whether it was signalled.
+
+    The PID may have been reused since the scan. A pidfd pins the process that holds the PID
+    when it is opened: if that process is still alive when the signal is sent through the pidfd,
+    it was alive at the check too, so the environment checked was its own; if it has ended, the
+    signal fails with ESRCH and reaches no one (pidfd_open(2), pidfd_send_signal(2))."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    try:
+        if not _carries(Path(f"/proc/{pid}/environ"), token):
+            return False
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(pidfd)
 
 
 def _is_resource_tracker(pid: int) -> bool:
@@ -63,8 +87,9 @@ def _is_resource_tracker(pid: int) -> bool:
         return False
 
 
-def sweep(token: str) -> int:
-    """SIGKILL every process marked with `token` until none is left; how many were killed.
+def sweep(token: str) -> tuple[int, list[int]]:
+    """SIGKILL every process marked with `token` until none is left, up to ``SWEEP_ROUNDS``
+    rounds; how many were killed, and the PIDs still marked after the last round.
 
     Python's multiprocessing resource trackers go last: once every process that used one is
     gone, a tracker unlinks the named semaphores they left in ``/dev/shm`` (``sem.mp-*``) and
@@ -81,14 +106,19 @@ def sweep(token: str) -> int:
             if time.monotonic() - trackers_since < TRACKER_GRACE_S:
                 time.sleep(SWEEP_PAUSE_S)
                 continue
-        for pid in workers or pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.add(pid)
-            except ProcessLookupError:
-                pass
+        killed.update(pid for pid in workers or pids if kill_if_marked(pid, token))
         time.sleep(SWEEP_PAUSE_S)
-    return len(killed)
+    else:
+        return len(killed), marked_pids(token)
+    return len(killed), []
+
+
+def left_message(pids: list[int]) -> str:
+    listed = " ".join(map(str, pids))
+    return (
+        f"local run ended: {len(pids)} process(es) it left are still running after "
+        f"{SWEEP_ROUNDS} rounds of SIGKILL: PID {listed} (kill -9 {listed})"
+    )
 
 
 def watch(token: str) -> None:
@@ -100,7 +130,9 @@ def watch(token: str) -> None:
     for line in sys.stdin:
         if line.startswith("rmtree "):
             remove.append(line.removeprefix("rmtree ").rstrip("\n"))
-    killed = sweep(token)
+    killed, left = sweep(token)
+    if left:
+        print(left_message(left), file=sys.stderr, flush=True)
     for path in remove:
         shutil.rmtree(path, ignore_errors=True)
     if killed:

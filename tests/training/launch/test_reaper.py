@@ -12,10 +12,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support import REPO_ROOT, subprocess_env
+
+from training.launch import reaper
 
 LAUNCHER = textwrap.dedent(
     """
@@ -104,3 +107,56 @@ def test_nothing_outlives_the_launcher(end: str, tmp_path: Path) -> None:
             launcher.kill()
             launcher.wait()
         subprocess.run(["rm", "-rf", str(shm)], check=False)
+
+
+@pytest.fixture
+def unrelated_sleeper() -> Iterator[subprocess.Popen]:
+    """A process that is not part of any run (no mark in its environment)."""
+    env = {k: v for k, v in subprocess_env().items() if k != reaper.RUN_MARK_ENV}
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=env)
+    try:
+        yield sleeper
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+@pytest.mark.timeout(60)
+def test_a_pid_reused_after_the_scan_is_not_killed(
+    unrelated_sleeper: subprocess.Popen, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the /proc scan and the signal a marked process may exit and its PID go to an
+    unrelated process: emulated by a scan that names the unrelated sleeper's PID once. The
+    watcher checks the mark again on a pidfd of that PID, which pins the process it checked."""
+    scans = iter([[unrelated_sleeper.pid]])
+    monkeypatch.setattr(reaper, "marked_pids", lambda token: next(scans, []))
+    monkeypatch.setattr(reaper, "SWEEP_PAUSE_S", 0.0)
+    assert reaper.sweep("token-of-another-run") == (0, [])
+    time.sleep(0.2)
+    assert unrelated_sleeper.poll() is None, "an unrelated process was killed"
+
+
+@pytest.mark.timeout(60)
+def test_processes_left_after_every_round_are_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process SIGKILL does not end in time (uninterruptible sleep on a hung mount, emulated
+    by a signal that is not delivered) is named, PID by PID, instead of given up silently."""
+    token = f"pytest-{tmp_path.name}"
+    env = subprocess_env(**{reaper.RUN_MARK_ENV: token})
+    marked = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=env)
+    try:
+        deadline = time.monotonic() + 20  # its environ is readable once it has exec'd
+        while reaper.marked_pids(token) != [marked.pid] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        monkeypatch.setattr(reaper, "SWEEP_ROUNDS", 3)
+        monkeypatch.setattr(reaper, "SWEEP_PAUSE_S", 0.0)
+        monkeypatch.setattr(reaper.signal, "pidfd_send_signal", lambda fd, sig: None)
+        assert reaper.sweep(token)[1] == [marked.pid]
+        assert reaper.left_message([marked.pid]) == (
+            f"local run ended: 1 process(es) it left are still running after "
+            f"{reaper.SWEEP_ROUNDS} rounds of SIGKILL: PID {marked.pid} (kill -9 {marked.pid})"
+        )
+    finally:
+        marked.kill()
+        marked.wait()

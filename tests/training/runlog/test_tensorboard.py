@@ -123,7 +123,8 @@ def _read_back(log_dir: Path) -> dict[str, dict[int, float]]:
 
 
 def test_convert_writes_every_kind_of_scalar(run_dir: Path) -> None:
-    pytest.importorskip("tensorboard")
+    import tensorboard  # noqa: F401  (pinned in the lock: missing fails, never skips)
+
     n = tb.convert(run_dir=run_dir)
     got = _read_back(run_dir / tb.TB_SUBDIR)
     # TensorBoard keeps the last occurrence of a repeated step: the attempt after the restart.
@@ -215,7 +216,8 @@ def test_tailer_waits_for_the_other_ranks(run_dir: Path) -> None:
 def test_start_tailer_runs_in_a_thread_on_rank_0(
     run_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("tensorboard")
+    import tensorboard  # noqa: F401  (pinned in the lock: missing fails, never skips)
+
     monkeypatch.setattr(tb, "_ACTIVE", {})
     assert tb.start_tailer(run_dir=run_dir, rank=1) is None
     tailer = tb.start_tailer(run_dir=run_dir, rank=0, poll_s=0.05)
@@ -261,7 +263,8 @@ def test_without_tensorboard_one_line_and_nothing_else(
 
 
 def test_cli(run_dir: Path, tmp_path: Path) -> None:
-    pytest.importorskip("tensorboard")
+    import tensorboard  # noqa: F401  (pinned in the lock: missing fails, never skips)
+
     ok = subprocess.run(
         [sys.executable, "-m", "training.runlog.tensorboard", str(run_dir)],
         capture_output=True,
