@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.runlog",
         "training.runlog.files",
         "training.runlog.phases",
+        "training.runlog.writer",
         "training.resilience",
         "training.resilience.faults",
         "training.checkpoint",

@@ -153,6 +153,7 @@ def test_one_rank_reports_with_nvrx_and_writes_the_event(one_rank_group, tmp_pat
             torch.ones(64, 64) @ torch.ones(64, 64)
         hooks.after_step(step)
     hooks.close()
+    events.flush()
     import json
 
     (record,) = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
