@@ -200,11 +200,14 @@ class Trainer:
             # Only the last micro-batch reduces gradients across ranks.
             self.model.set_requires_gradient_sync(index == accum - 1)
             chunk = self.config.parallel.loss_chunk_tokens
-            loss = self.model(inputs, targets, loss_chunk_tokens=chunk) / accum
-            loss.backward()
+            with self.hooks.timing("forward"):
+                loss = self.model(inputs, targets, loss_chunk_tokens=chunk) / accum
+            with self.hooks.timing("backward"):
+                loss.backward()
             loss_sum += loss.detach()
         if self.config.optim.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
+            with self.hooks.timing("communication"):  # the gradient norm's all-reduce
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
         self.before_update()  # a memory snapshot's copies on a GPU read the old state
         with self.hooks.timing("optimizer"):
             self.optimizer.step()
@@ -286,7 +289,10 @@ class Trainer:
                 started = time.perf_counter()
                 with self.hooks.timing("step"):
                     local_loss = self.train_step()
-                loss, stop_now = self.reduce_step_stats(local_loss, stop_requested=stop.requested)
+                with self.hooks.timing("communication"):
+                    loss, stop_now = self.reduce_step_stats(
+                        local_loss, stop_requested=stop.requested
+                    )
                 self.step = next_step
                 elapsed = time.perf_counter() - started
                 if self.step == start_step + 1:
