@@ -48,11 +48,16 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
+import random
+import statistics
+import subprocess
 import sys
 from typing import Any
 
 from bench.common import (
     RUNS_DIR,
+    ensure_corpus,
     machine,
     median,
     ratio,
@@ -65,15 +70,30 @@ from bench.common import (
     write_result,
 )
 from training.config import StragglerConfig
-from training.runlog.files import METRICS_FILE
+from training.runlog.files import EVENTS_FILE, METRICS_FILE, STRAGGLER_REPORT_EVENT
 
 MODES = ("none", "inprocess", "injob")
+"""``none``: plain torchrun with every default feature off (the floor, :data:`FEATURES_OFF`);
+``inprocess``, ``injob``: the restart layers with every feature at its default."""
 NPROCS = (2, 4)
 # Rounds and steps per rank count (make bench): a 4-rank run is ~2.5x a 2-rank one (4 ranks
 # importing torch and stepping on 2 cores).
-ROUNDS = {2: 2, 4: 2}
-STEPS = {2: 32, 4: 40}
+ROUNDS = {2: 6, 4: 4}
+STEPS = {2: 40, 4: 40}
 WARMUP = 8
+GOAL = 0.02
+"""The per-step overhead target of the restart layers with every default feature on."""
+FEATURES_OFF: tuple[str, ...] = (
+    "--straggler.enabled=false",  # on by default: section timings, a report every 20 steps
+    "--checkpoint.memory_interval=0",  # the recipe's pod-memory snapshots (restart layers only)
+    "--metrics-port=0",  # the launcher's Prometheus exporter process
+)
+"""The floor's settings: every per-step feature that is on by default, off. (Keepalive runs
+only inside a blocking checkpoint wait, which no run here has: no save.)"""
+BOOTSTRAP = 2000
+MIN_ROUNDS = 3
+"""Fewer rounds give no spread to judge by: no verdict."""
+CONFIDENCE = 0.90
 # The 4-rank diagnosis (``--diagnose``): the tiny model of the goodput runs, a checkpoint every
 # 25 steps, restart layer x checkpoint engine.
 DIAGNOSIS: tuple[tuple[str, str], ...] = (
@@ -104,11 +124,27 @@ def steady_state(run_dir, *, warmup: int) -> dict[str, Any]:
             if pairs
             else None
         ),
+        "sections_ms": step_sections(run_dir),
     }
 
 
-def _one(*, nproc: int, mode: str, steps: int, run_dir, overrides=()) -> dict[str, Any]:
-    quiet_wait_s = wait_until_quiet()
+def step_sections(run_dir) -> dict[str, float] | None:
+    """The step's own sections on rank 0 (forward, backward, communication, optimizer): the
+    median over the straggler reports of each report's median, in ms (runs with the detector
+    on; None without)."""
+    reports = [
+        e.get("sections_ms") or {}
+        for e in read_jsonl(run_dir / EVENTS_FILE)
+        if e.get("kind") == STRAGGLER_REPORT_EVENT
+    ]
+    names = sorted({name for r in reports for name in r})
+    if not names:
+        return None
+    return {name: median(r.get(name) for r in reports) for name in names}
+
+
+def _one(*, nproc: int, mode: str, steps: int, run_dir, overrides=(), quiet_s=60.0) -> dict:
+    quiet_wait_s = wait_until_quiet(timeout_s=quiet_s)
     done = run_local(
         run_dir=run_dir,
         nproc=nproc,
@@ -132,78 +168,186 @@ def _one(*, nproc: int, mode: str, steps: int, run_dir, overrides=()) -> dict[st
     return stats
 
 
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def spread(values: list[float], *, seed: int = 0) -> dict[str, Any]:
+    """Median of ``values`` (one per round), its interquartile range, and a percentile
+    bootstrap confidence interval of the median (:data:`CONFIDENCE`, rounds resampled)."""
+    if not values:
+        return {"median": None, "iqr": None, "ci": None, "n": 0}
+    rng = random.Random(seed)
+    medians = [statistics.median(rng.choices(values, k=len(values))) for _ in range(BOOTSTRAP)]
+    tail = (1.0 - CONFIDENCE) / 2.0
+    return {
+        "median": statistics.median(values),
+        "iqr": [_quantile(values, 0.25), _quantile(values, 0.75)],
+        "ci": [_quantile(medians, tail), _quantile(medians, 1.0 - tail)],
+        "confidence": CONFIDENCE,
+        "n": len(values),
+    }
+
+
+def verdict(overhead: dict[str, Any], *, goal: float = GOAL) -> str:
+    """PASS when the whole interval is under the goal, MISS when it is all above, else
+    UNRESOLVED: the rounds' spread cannot tell."""
+    if overhead["ci"] is None or overhead["n"] < MIN_ROUNDS:
+        return "n/a"
+    low, high = overhead["ci"]
+    if high <= goal:
+        return "PASS"
+    if low > goal:
+        return "MISS"
+    return "UNRESOLVED"
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def run(
-    *, quick: bool = False, rounds: int | None = None, nprocs: tuple[int, ...] = NPROCS
+    *,
+    quick: bool = False,
+    rounds: int | None = None,
+    steps: int | None = None,
+    nprocs: tuple[int, ...] = NPROCS,
 ) -> dict:
-    """Run every mode ``rounds`` times (default: :data:`ROUNDS`) at each rank count, print the
-    table, write the JSON."""
+    """Interleaved rounds: each round runs the floor and both layers back to back (order
+    rotating), and each layer's round ratio is taken against the same round's floor, so slow
+    drifts of the machine cancel. Reported per layer: the median of the round ratios with its
+    IQR and bootstrap CI, and the within-run split of the step interval (the step's own time,
+    its sections, the time between steps) which run-level noise does not touch."""
     by_nproc: dict[str, dict[str, Any]] = {}
     targets = []
+    load_before = load_average()
     for nproc in nprocs:
-        steps = 20 if quick else STEPS.get(nproc, 32)
-        rounds_here = rounds or (1 if quick else ROUNDS.get(nproc, 1))
+        steps_here = steps or (20 if quick else STEPS.get(nproc, 40))
+        rounds_here = rounds or (2 if quick else ROUNDS.get(nproc, 4))
+        port = 9400 + nproc  # the exporter's port in this benchmark (the default may be taken)
         per_mode: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
         for round_ in range(rounds_here):
             order = MODES[round_ % 3 :] + MODES[: round_ % 3]
             for mode in order:
                 run_dir = RUNS_DIR / "overhead" / f"{nproc}ranks_{mode}_{round_}"
-                per_mode[mode].append(_one(nproc=nproc, mode=mode, steps=steps, run_dir=run_dir))
+                overrides = FEATURES_OFF if mode == "none" else (f"--metrics-port={port}",)
+                per_mode[mode].append(
+                    _one(
+                        nproc=nproc,
+                        mode=mode,
+                        steps=steps_here,
+                        run_dir=run_dir,
+                        overrides=overrides,
+                        # Interleaving is the defence against the shared machine's load; a
+                        # long wait for idle CPUs would not end here.
+                        quiet_s=3.0,
+                    )
+                )
         modes: dict[str, dict[str, Any]] = {}
+        floor = per_mode["none"]
         for mode, runs in per_mode.items():
-            fastest = min(runs, key=lambda r: r["interval_s"])
+            round_ratios = [
+                r["interval_s"] / f["interval_s"] - 1.0
+                for r, f in zip(runs, floor, strict=True)
+                if r["interval_s"] and f["interval_s"]
+            ]
+            step_ratios = [
+                r["step_time_s"] / f["step_time_s"] - 1.0
+                for r, f in zip(runs, floor, strict=True)
+                if r["step_time_s"] and f["step_time_s"]
+            ]
+            outside = [r["outside_step_s"] for r in runs if r["outside_step_s"] is not None]
+            floor_outside = median(f["outside_step_s"] for f in floor)
+            floor_interval = median(f["interval_s"] for f in floor)
             modes[mode] = {
-                "step_time_s": fastest["step_time_s"],
-                "interval_s": fastest["interval_s"],
-                "outside_step_s": median(r["outside_step_s"] for r in runs),
-                "interval_median_s": median(r["interval_s"] for r in runs),
-                "steps": steps,
+                "interval_s": median(r["interval_s"] for r in runs),
+                "step_time_s": median(r["step_time_s"] for r in runs),
+                "outside_step_s": median(outside),
+                "overhead": spread(round_ratios),
+                "step_time_overhead": spread(step_ratios),
+                # Within-run: what the layer adds between steps, as a share of the floor's
+                # step interval (free of the run-level noise that the round ratios carry).
+                "between_steps_share": (
+                    None
+                    if not outside or floor_outside is None or not floor_interval
+                    else (median(outside) - floor_outside) / floor_interval
+                ),
+                "sections_ms": _median_sections(runs),
+                "steps": steps_here,
                 "rounds": rounds_here,
                 "runs": runs,
             }
-        base = modes["none"]["interval_s"]
-        for mode in MODES:
-            modes[mode]["ratio"] = ratio(modes[mode]["interval_s"], base)
-            # What the layer adds between steps, as a share of the plain step interval.
-            outside, outside_none = modes[mode]["outside_step_s"], modes["none"]["outside_step_s"]
-            modes[mode]["outside_step_share"] = (
-                None
-                if outside is None or outside_none is None
-                else ratio(outside - outside_none, base)
-            )
-            modes[mode]["step_time_ratio"] = ratio(
-                modes[mode]["step_time_s"], modes["none"]["step_time_s"]
-            )
         for mode in ("inprocess", "injob"):
-            targets.append(
-                target(
-                    f"{nproc} ranks: {mode} step interval / none - 1",
-                    None if modes[mode]["ratio"] is None else modes[mode]["ratio"] - 1.0,
-                    goal=0.03,
-                    higher_is_better=False,
-                )
+            overhead = modes[mode]["overhead"]
+            row = target(
+                f"{nproc} ranks: {mode} step interval / none - 1 (median of rounds)",
+                overhead["median"],
+                goal=GOAL,
+                higher_is_better=False,
             )
+            row["ci"] = overhead["ci"]
+            row["verdict"] = verdict(overhead)
+            targets.append(row)
         by_nproc[str(nproc)] = modes
+        # Written after each rank count too: a long run interrupted keeps what it measured.
+        write_result("overhead", _result(by_nproc, targets, load_before=load_before, quick=quick))
+    result = _result(by_nproc, targets, load_before=load_before, quick=quick)
+    print(report(result), flush=True)
+    write_result("overhead", result)
+    return result
+
+
+def _result(
+    by_nproc: dict[str, Any], targets: list[dict], *, load_before: list[float], quick: bool
+) -> dict[str, Any]:
+    nprocs = [int(n) for n in by_nproc]
     result: dict[str, Any] = {
         "machine": machine(),
+        "load_average_before": load_before,
+        "load_average_after": load_average(),
+        "uptime": _uptime(),
         "quick": quick,
+        "method": (
+            "interleaved rounds (floor, inprocess, injob; order rotating); per round, layer "
+            "median step interval / the same round's floor - 1; median over rounds, IQR, "
+            f"{CONFIDENCE:.0%} bootstrap CI of the median; PASS when the CI is under the goal"
+        ),
+        "features_off_in_floor": list(FEATURES_OFF),
         "steps": {str(n): by_nproc[str(n)]["none"]["steps"] for n in nprocs},
         "warmup_steps": WARMUP,
         "rounds": {str(n): by_nproc[str(n)]["none"]["rounds"] for n in nprocs},
         "nprocs": list(nprocs),
         "by_nproc": by_nproc,
-        "targets": targets,
+        "targets": list(targets),
     }
     if "2" in by_nproc:  # the keys the planner and run_all read (2 ranks, as before)
         result["modes"] = by_nproc["2"]
     for nproc, modes in by_nproc.items():
         for mode in ("inprocess", "injob"):
-            value = None if modes[mode]["ratio"] is None else modes[mode]["ratio"] - 1.0
+            value = modes[mode]["overhead"]["median"]
             result[f"overhead_{mode}_{nproc}ranks"] = value
             if nproc == "2":
                 result[f"overhead_{mode}"] = value
-    print(report(result), flush=True)
-    write_result("overhead", result)
     return result
+
+
+def _median_sections(runs: list[dict[str, Any]]) -> dict[str, float] | None:
+    sections = [r["sections_ms"] for r in runs if r.get("sections_ms")]
+    if not sections:
+        return None
+    names = sorted({n for s in sections for n in s})
+    return {n: median(s.get(n) for s in sections) for n in names}
+
+
+def _uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return ""
 
 
 def _role(proc, procs: dict) -> str:
@@ -389,35 +533,43 @@ def straggler(*, rounds: int = STRAGGLER_ROUNDS, steps: int = STRAGGLER_STEPS) -
 
 
 def report(result: dict[str, Any]) -> str:
-    lines = []
+    lines = [f"load: {result.get('uptime', '')}"]
     for nproc, modes in result["by_nproc"].items():
-        rows = [
-            (
-                mode,
-                m["step_time_s"],
-                m["step_time_ratio"],
-                m["interval_s"],
-                m["ratio"],
-                m["interval_median_s"],
-                None if m["outside_step_s"] is None else m["outside_step_s"] * 1e3,
-                m["outside_step_share"],
+        rows = []
+        for mode, m in modes.items():
+            o = m["overhead"]
+            sections = m.get("sections_ms") or {}
+            rows.append(
+                (
+                    mode,
+                    m["interval_s"],
+                    m["step_time_s"],
+                    None if m["outside_step_s"] is None else m["outside_step_s"] * 1e3,
+                    o["median"],
+                    None if o["iqr"] is None else f"{o['iqr'][0]:+.1%}..{o['iqr'][1]:+.1%}",
+                    None if o["ci"] is None else f"{o['ci'][0]:+.1%}..{o['ci'][1]:+.1%}",
+                    m["step_time_overhead"]["median"],
+                    m["between_steps_share"],
+                    " ".join(f"{k[:4]}={v:.1f}" for k, v in sections.items()) or None,
+                )
             )
-            for mode, m in modes.items()
-        ]
         lines += [
-            f"overhead: {nproc} ranks, debug model, {modes['none']['steps']} steps, no faults, "
-            f"medians after {result['warmup_steps']} warm-up steps, fastest of "
-            f"{modes['none']['rounds']} round(s)",
+            f"overhead: {nproc} ranks, debug model, {modes['none']['steps']} steps per run, no "
+            f"faults, medians after {result['warmup_steps']} warm-up steps, "
+            f"{modes['none']['rounds']} interleaved round(s); floor: none with "
+            + " ".join(result["features_off_in_floor"]),
             table(
                 [
                     "layer",
-                    "step_time s",
-                    "x none",
-                    "step interval s",
-                    "x none",
-                    "median of rounds",
-                    "between steps ms (mean)",
-                    "added x interval",
+                    "interval s",
+                    "step s",
+                    "between ms",
+                    "overhead (median)",
+                    "IQR",
+                    "CI",
+                    "step-time overhead",
+                    "between-steps share",
+                    "sections ms (rank 0)",
                 ],
                 rows,
             ),
@@ -433,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds", type=int, help="runs per mode (rotating order); default 2 at each rank count"
     )
     parser.add_argument("--nprocs", default="2,4", help="rank counts, comma-separated")
+    parser.add_argument("--steps", type=int, help="steps per run (default 40)")
     parser.add_argument(
         "--diagnose",
         action="store_true",
@@ -444,6 +597,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the straggler detector on vs off, 2 ranks (not in make bench)",
     )
     args = parser.parse_args(argv)
+    ensure_corpus()
     if args.straggler:
         straggler(rounds=max(1, args.rounds or STRAGGLER_ROUNDS))
         return 0
@@ -452,7 +606,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     nprocs = tuple(int(n) for n in args.nprocs.split(",") if n.strip())
     run(
-        quick=args.quick, rounds=None if args.rounds is None else max(1, args.rounds), nprocs=nprocs
+        quick=args.quick,
+        rounds=None if args.rounds is None else max(1, args.rounds),
+        steps=args.steps,
+        nprocs=nprocs,
     )
     return 0
 
