@@ -31,6 +31,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.runlog.files",
         "training.runlog.phases",
         "training.runlog.writer",
+        # cluster actions through the Kubernetes API (standard library; the client is imported
+        # inside): the straggler policy counts the spares, the pod supervisor cordons
+        "training.cluster",
         "training.resilience",
         "training.resilience.faults",
         "training.checkpoint",
@@ -129,8 +132,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ),
     ("infra.addons",),
     ("infra.stack", "infra"),
-    # cluster actions through the Kubernetes API (above the manifests that grant them)
-    ("training.cluster",),
     # launchers and command lines
     (
         "training.launch.local",

@@ -29,12 +29,13 @@ collective; the loop stops them there with a final checkpoint (``training.traine
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from training.cluster import in_cluster, ready_spares
 from training.config import StragglerConfig
 from training.hooks import NodeEviction, StepHooks
 from training.runlog.files import STRAGGLER_EVICTION_EVENT, STRAGGLER_REPORT_EVENT
@@ -74,6 +76,11 @@ LOCAL_SECTION = "optimizer"
 
 REPORT_EVENT = STRAGGLER_REPORT_EVENT
 EVICTION_EVENT = STRAGGLER_EVICTION_EVENT
+EVICTION_DEFERRED_EVENT = "straggler_eviction_deferred"
+"""A due eviction that waits: no Ready hot spare (``training.cluster.ready_spares``)."""
+UNKNOWN_SPARES = -1
+"""In a pod, the API could not count the spares (no permission, no answer): the eviction
+waits as with none (an eviction that cannot be replaced costs the whole job)."""
 
 
 def node_name() -> str:
@@ -256,7 +263,14 @@ class StragglerHooks(StepHooks):
         device: torch.device,
         events: EventLog,
         node: str | None = None,
+        spares: Callable[[], int | None] | str | None = "cluster",
     ) -> None:
+        """``spares``: counts the Ready hot spares before an eviction (rank 0 calls it); None
+        when nothing can replace a node's pod anyway (a local run: the eviction ends the
+        run as before); ``"cluster"``: the Kubernetes API in a pod, None elsewhere."""
+        if spares == "cluster":
+            spares = ready_spares if in_cluster() else None
+        self._spares = spares
         self.config = config
         self.rank = rank
         self.node = node or node_name()
@@ -277,14 +291,15 @@ class StragglerHooks(StepHooks):
         if step % self.config.report_every != 0 or self._eviction is not None:
             return
         by_rank, nodes, sections = self._timer.report()
-        # Rank 0 holds every rank's score and node; every rank needs them to decide.
-        payload: list[Any] = [(by_rank, nodes) if self.rank == 0 else None]
+        spares = None
+        if self.rank == 0:
+            spares = self._count_spares(self._scores(by_rank, nodes))
+        # Rank 0 holds every rank's score and node, and the spare count; every rank needs
+        # them to decide.
+        payload: list[Any] = [(by_rank, nodes, spares) if self.rank == 0 else None]
         dist.broadcast_object_list(payload, src=0)
-        by_rank, nodes = payload[0]
-        scores = [
-            RankScore(rank=r, node=nodes.get(r, "?"), score=float(by_rank.get(r, math.nan)))
-            for r in range(dist.get_world_size())
-        ]
+        by_rank, nodes, spares = payload[0]
+        scores = self._scores(by_rank, nodes)
         per_node = node_scores(scores)
         evict = self.policy.observe(per_node)
         if self.rank == 0:
@@ -314,6 +329,27 @@ class StragglerHooks(StepHooks):
         if evict is None or not self.config.evict:
             return
         ranks = [s.rank for s in scores if s.node == evict]
+        if spares is not None and spares < 1:
+            # No Ready spare: the evicted pod's replacement would stay Pending and the job
+            # would wait in the rendezvous until its join timeout, then fail. A slow node is
+            # better than none: train on, report, and ask again at the next report (the
+            # streak stays due, so the first report that finds a spare evicts).
+            if self.rank == 0:
+                self.events.emit(
+                    EVICTION_DEFERRED_EVENT,
+                    step=step,
+                    node=evict,
+                    ranks=ranks,
+                    score=round(per_node[evict], 4),
+                    ready_spares=None if spares == UNKNOWN_SPARES else spares,
+                    cause=(
+                        "the Ready hot spares could not be counted"
+                        if spares == UNKNOWN_SPARES
+                        else "no Ready hot spare to replace the node"
+                    )
+                    + f"; training on, asking again in {self.config.report_every} steps",
+                )
+            return
         cause = (
             f"straggler: node {evict} (ranks {ranks}) scored below {self.config.threshold} "
             f"in {self.config.reports} reports in a row (last {per_node[evict]:.2f}, "
@@ -333,6 +369,23 @@ class StragglerHooks(StepHooks):
 
     def eviction(self) -> NodeEviction | None:
         return self._eviction
+
+    @staticmethod
+    def _scores(by_rank: dict[int, float], nodes: dict[int, str]) -> list[RankScore]:
+        return [
+            RankScore(rank=r, node=nodes.get(r, "?"), score=float(by_rank.get(r, math.nan)))
+            for r in range(dist.get_world_size())
+        ]
+
+    def _count_spares(self, scores: list[RankScore]) -> int | None:
+        """Rank 0: the Ready spares, asked only when this report would evict (a copy of the
+        policy sees it first; the API is not called every report)."""
+        if self._spares is None or not self.config.evict:
+            return None
+        if copy.deepcopy(self.policy).observe(node_scores(scores)) is None:
+            return None
+        counted = self._spares()
+        return UNKNOWN_SPARES if counted is None else counted
 
     def close(self) -> None:
         self._timer.close()
