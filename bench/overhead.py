@@ -70,6 +70,7 @@ from bench.common import (
     write_result,
 )
 from training.config import StragglerConfig
+from training.recipes import recipe_config
 from training.runlog.files import EVENTS_FILE, METRICS_FILE, STRAGGLER_REPORT_EVENT
 
 MODES = ("none", "inprocess", "injob")
@@ -90,9 +91,12 @@ FEATURES_OFF: tuple[str, ...] = (
 )
 """The floor's settings: every per-step feature that is on by default, off. (Keepalive runs
 only inside a blocking checkpoint wait, which no run here has: no save.)"""
+SNAPSHOT_EVERY = recipe_config("debug_cpu").checkpoint.memory_interval
+"""The benchmark's recipe's pod-memory snapshot interval."""
 BOOTSTRAP = 2000
-MIN_ROUNDS = 3
-"""Fewer rounds give no spread to judge by: no verdict."""
+MIN_ROUNDS = 5
+"""Fewer rounds give no interval worth judging by (a bootstrap of 3 values is their range):
+no verdict."""
 CONFIDENCE = 0.90
 # The 4-rank diagnosis (``--diagnose``): the tiny model of the goodput runs, a checkpoint every
 # 25 steps, restart layer x checkpoint engine.
@@ -125,7 +129,64 @@ def steady_state(run_dir, *, warmup: int) -> dict[str, Any]:
             else None
         ),
         "sections_ms": step_sections(run_dir),
+        "between_ms": between_steps(run_dir, pairs),
     }
+
+
+def between_steps(run_dir, pairs: list[tuple[dict, dict]]) -> dict[str, float | None]:
+    """The time between two steps (not the step), split by what ran there, within one run
+    (free of the run-level noise): ``plain`` (the median gap after a step with nothing else:
+    hooks, pings, heartbeats, logging), and the extra of the gap after a pod-memory snapshot
+    (``snapshot``) and after a straggler report (``report``, less the snapshot taken at the
+    same step), in ms. A feature every N steps costs its extra / N per step."""
+    events = read_jsonl(run_dir / EVENTS_FILE)
+    snapshots = {e["step"] for e in events if e.get("kind") == "memory_snapshot"}
+    reports = {e["step"] for e in events if e.get("kind") == STRAGGLER_REPORT_EVENT}
+    gaps = {b["step"]: b["time"] - a["time"] - b["step_time_s"] for a, b in pairs}
+    plain = median(g for step, g in gaps.items() if step - 1 not in snapshots | reports)
+    if plain is None:
+        return {"plain": None, "snapshot": None, "report": None}
+    snapshot = median(
+        g - plain for step, g in gaps.items() if step - 1 in snapshots and step - 1 not in reports
+    )
+    report = median(
+        g - plain - (snapshot if step - 1 in snapshots and snapshot is not None else 0.0)
+        for step, g in gaps.items()
+        if step - 1 in reports
+    )
+    return {
+        "plain": plain * 1e3,
+        "snapshot": None if snapshot is None else snapshot * 1e3,
+        "report": None if report is None else report * 1e3,
+    }
+
+
+def attribution(runs: list[dict], floor: list[dict]) -> dict[str, float | None]:
+    """Each feature's per-step cost as a share of the floor's step interval (medians over
+    rounds): the layer's per-step hooks (its plain gap less the floor's), the pod-memory
+    snapshot (its extra / ``memory_interval``), the straggler report (its extra /
+    ``report_every``). Within-run figures: they resolve what the round ratios cannot."""
+    interval = median(f["interval_s"] for f in floor)
+    if not interval:
+        return {}
+
+    def part(key: str, runs_: list[dict]) -> float | None:
+        return median((r.get("between_ms") or {}).get(key) for r in runs_)
+
+    plain, floor_plain = part("plain", runs), part("plain", floor)
+    snapshot, report = part("snapshot", runs), part("report", runs)
+    every = {"snapshot": SNAPSHOT_EVERY, "report": StragglerConfig().report_every}
+    out = {
+        "per_step_hooks": (
+            None if plain is None or floor_plain is None else (plain - floor_plain) / 1e3 / interval
+        ),
+        "pod_memory_snapshot": (
+            None if snapshot is None else snapshot / every["snapshot"] / 1e3 / interval
+        ),
+        "straggler_report": None if report is None else report / every["report"] / 1e3 / interval,
+    }
+    out["sum"] = sum(v for v in out.values() if v is not None)
+    return out
 
 
 def step_sections(run_dir) -> dict[str, float] | None:
@@ -247,58 +308,111 @@ def run(
                         quiet_s=3.0,
                     )
                 )
-        modes: dict[str, dict[str, Any]] = {}
-        floor = per_mode["none"]
-        for mode, runs in per_mode.items():
-            round_ratios = [
-                r["interval_s"] / f["interval_s"] - 1.0
-                for r, f in zip(runs, floor, strict=True)
-                if r["interval_s"] and f["interval_s"]
-            ]
-            step_ratios = [
-                r["step_time_s"] / f["step_time_s"] - 1.0
-                for r, f in zip(runs, floor, strict=True)
-                if r["step_time_s"] and f["step_time_s"]
-            ]
-            outside = [r["outside_step_s"] for r in runs if r["outside_step_s"] is not None]
-            floor_outside = median(f["outside_step_s"] for f in floor)
-            floor_interval = median(f["interval_s"] for f in floor)
-            modes[mode] = {
-                "interval_s": median(r["interval_s"] for r in runs),
-                "step_time_s": median(r["step_time_s"] for r in runs),
-                "outside_step_s": median(outside),
-                "overhead": spread(round_ratios),
-                "step_time_overhead": spread(step_ratios),
-                # Within-run: what the layer adds between steps, as a share of the floor's
-                # step interval (free of the run-level noise that the round ratios carry).
-                "between_steps_share": (
-                    None
-                    if not outside or floor_outside is None or not floor_interval
-                    else (median(outside) - floor_outside) / floor_interval
-                ),
-                "sections_ms": _median_sections(runs),
-                "steps": steps_here,
-                "rounds": rounds_here,
-                "runs": runs,
-            }
-        for mode in ("inprocess", "injob"):
-            overhead = modes[mode]["overhead"]
-            row = target(
-                f"{nproc} ranks: {mode} step interval / none - 1 (median of rounds)",
-                overhead["median"],
-                goal=GOAL,
-                higher_is_better=False,
-            )
-            row["ci"] = overhead["ci"]
-            row["verdict"] = verdict(overhead)
-            targets.append(row)
-        by_nproc[str(nproc)] = modes
+        by_nproc[str(nproc)] = summarize(per_mode, steps=steps_here, rounds=rounds_here)
+        targets += nproc_targets(nproc, by_nproc[str(nproc)])
         # Written after each rank count too: a long run interrupted keeps what it measured.
         write_result("overhead", _result(by_nproc, targets, load_before=load_before, quick=quick))
     result = _result(by_nproc, targets, load_before=load_before, quick=quick)
     print(report(result), flush=True)
     write_result("overhead", result)
     return result
+
+
+def reanalyze(*, nprocs: tuple[int, ...] = NPROCS) -> dict[str, Any]:
+    """Rebuild the result from the run directories a measurement left (``RUNS_DIR/overhead``):
+    the figures' code changed, the runs did not."""
+    by_nproc: dict[str, dict[str, Any]] = {}
+    targets: list[dict] = []
+    for nproc in nprocs:
+        per_mode: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+        round_ = 0
+        while all(
+            (RUNS_DIR / "overhead" / f"{nproc}ranks_{mode}_{round_}" / METRICS_FILE).is_file()
+            for mode in MODES
+        ):
+            for mode in MODES:
+                run_dir = RUNS_DIR / "overhead" / f"{nproc}ranks_{mode}_{round_}"
+                stats = steady_state(run_dir, warmup=WARMUP)
+                stats.update(returncode=None, wall_s=None, quiet_wait_s=None)
+                per_mode[mode].append(stats)
+            round_ += 1
+        if not round_:
+            continue
+        steps = per_mode["none"][0]["steps"]
+        by_nproc[str(nproc)] = summarize(per_mode, steps=steps, rounds=round_)
+        targets += nproc_targets(nproc, by_nproc[str(nproc)])
+    result = _result(by_nproc, targets, load_before=[], quick=False)
+    result["reanalyzed"] = True
+    print(report(result), flush=True)
+    write_result("overhead", result)
+    return result
+
+
+def nproc_targets(nproc: int, modes: dict[str, Any]) -> list[dict]:
+    rows = []
+    for mode in ("inprocess", "injob"):
+        overhead = modes[mode]["overhead"]
+        row = target(
+            f"{nproc} ranks: {mode} step interval / none - 1 (median of rounds)",
+            overhead["median"],
+            goal=GOAL,
+            higher_is_better=False,
+        )
+        row["ci"] = overhead["ci"]
+        row["verdict"] = verdict(overhead)
+        rows.append(row)
+        share = modes[mode]["attribution"].get("sum")
+        rows.append(
+            target(
+                f"{nproc} ranks: {mode} features' within-run cost / none's step interval",
+                share,
+                goal=GOAL,
+                higher_is_better=False,
+            )
+        )
+    return rows
+
+
+def summarize(
+    per_mode: dict[str, list[dict[str, Any]]], *, steps: int, rounds: int
+) -> dict[str, Any]:
+    """Per mode: the round ratios' spread, the within-run split and its attribution."""
+    modes: dict[str, dict[str, Any]] = {}
+    floor = per_mode["none"]
+    for mode, runs in per_mode.items():
+        round_ratios = [
+            r["interval_s"] / f["interval_s"] - 1.0
+            for r, f in zip(runs, floor, strict=True)
+            if r["interval_s"] and f["interval_s"]
+        ]
+        step_ratios = [
+            r["step_time_s"] / f["step_time_s"] - 1.0
+            for r, f in zip(runs, floor, strict=True)
+            if r["step_time_s"] and f["step_time_s"]
+        ]
+        outside = [r["outside_step_s"] for r in runs if r["outside_step_s"] is not None]
+        floor_outside = median(f["outside_step_s"] for f in floor)
+        floor_interval = median(f["interval_s"] for f in floor)
+        modes[mode] = {
+            "interval_s": median(r["interval_s"] for r in runs),
+            "step_time_s": median(r["step_time_s"] for r in runs),
+            "outside_step_s": median(outside),
+            "overhead": spread(round_ratios),
+            "step_time_overhead": spread(step_ratios),
+            # Within-run: what the layer adds between steps, as a share of the floor's
+            # step interval (free of the run-level noise that the round ratios carry).
+            "between_steps_share": (
+                None
+                if not outside or floor_outside is None or not floor_interval
+                else (median(outside) - floor_outside) / floor_interval
+            ),
+            "sections_ms": _median_sections(runs),
+            "attribution": attribution(runs, floor),
+            "steps": steps,
+            "rounds": rounds,
+            "runs": runs,
+        }
+    return modes
 
 
 def _result(
@@ -551,6 +665,12 @@ def report(result: dict[str, Any]) -> str:
                     m["step_time_overhead"]["median"],
                     m["between_steps_share"],
                     " ".join(f"{k[:4]}={v:.1f}" for k, v in sections.items()) or None,
+                    " ".join(
+                        f"{k}={v:+.2%}"
+                        for k, v in (m.get("attribution") or {}).items()
+                        if v is not None and mode != "none"
+                    )
+                    or None,
                 )
             )
         lines += [
@@ -570,6 +690,7 @@ def report(result: dict[str, Any]) -> str:
                     "step-time overhead",
                     "between-steps share",
                     "sections ms (rank 0)",
+                    "within-run cost x floor interval",
                 ],
                 rows,
             ),
@@ -586,6 +707,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--nprocs", default="2,4", help="rank counts, comma-separated")
     parser.add_argument("--steps", type=int, help="steps per run (default 40)")
+    parser.add_argument(
+        "--reanalyze",
+        action="store_true",
+        help="rebuild overhead.json from the last measurement's run directories (no runs)",
+    )
     parser.add_argument(
         "--diagnose",
         action="store_true",
@@ -605,6 +731,9 @@ def main(argv: list[str] | None = None) -> int:
         diagnose()
         return 0
     nprocs = tuple(int(n) for n in args.nprocs.split(",") if n.strip())
+    if args.reanalyze:
+        reanalyze(nprocs=nprocs)
+        return 0
     run(
         quick=args.quick,
         rounds=None if args.rounds is None else max(1, args.rounds),
