@@ -1,25 +1,37 @@
-"""Overhead benchmark: steady-state step time with the resilience machinery on and off.
+"""Overhead benchmark: the per-step cost of the restart layers with every default feature on.
 
-Fault-free local runs of the same job (CPU ranks, gloo, the debug model, checkpoints only at the
-end), one per restart layer: ``none`` (plain torchrun), ``inprocess`` (NVRx Wrapper with its
-monitor threads and per-step pings, and the recipe's memory snapshots every 10 steps) and
-``injob`` (ft_launcher, rank monitors, a heartbeat and a section per step), at 2 and at 4
-ranks. Per run: the median over steady-state steps (the first ``WARMUP`` steps excluded) of
+Fault-free local runs of the same job (CPU ranks, gloo, the debug model, no checkpoint save), at
+2 and at 4 ranks, in three modes: the floor ``none`` (plain torchrun with every per-step feature
+that is on by default turned off: :data:`FEATURES_OFF`: straggler detection, the recipe's
+pod-memory snapshots, the launcher's exporter), and ``inprocess`` and ``injob`` with all of them
+at their defaults. Per run, over the steady-state steps (the first ``WARMUP`` excluded): the
+median step interval (end to end), the median ``step_time_s`` (the step's own work), the mean
+time between steps, and the step's own sections (forward, backward, communication, optimizer:
+rank 0's medians from the straggler reports).
 
-- ``step_time_s`` as the trainer logs it (the step's compute and all-reduce), and
-- the interval between consecutive steps' end times, which also covers the per-step hooks
-  (pings, heartbeats, sections) and logging: the overhead ratio is computed on this one;
-- within the run, the mean time between steps that is not the step (``outside_step_s``): the
-  hooks and what comes every N steps (in-process memory snapshots), which a median skips.
+Two estimators, reported side by side:
 
-The runs go one after the other, in rotating order over rounds. Whole runs of the same
-configuration differ by up to ~14% here (a run-level disturbance of the shared 2-core VM: within
-a run the steps are steady), while the machinery costs ~1%: each layer's figure is its fastest
-round (noise only adds time; timeit's estimator), the median over rounds kept beside it. Two
-rounds at each rank count (32 steps at 2 ranks, 40 at 4) fit ``make bench``'s 25 minutes. At 4
-ranks on 2 cores single steps vary by +-15% within a run, so a run needs more steps there, and
-one round had let a single disturbed run decide the figure (+3.5% once, +2.1% / -0.3% fastest /
-median over three rounds of the same code); ``--rounds`` sets both.
+- **Round ratios.** Interleaved rounds: each round runs the floor and both layers back to back
+  (order rotating); a layer's round ratio is its interval over the same round's floor's, so slow
+  drifts of the machine cancel. Reported: the median over rounds, its IQR and a bootstrap CI
+  (:data:`CONFIDENCE`); the verdict is PASS only when the whole CI is under :data:`GOAL`, MISS
+  when it is all above, UNRESOLVED between, none under :data:`MIN_ROUNDS` rounds. Whole runs of
+  one configuration differ by ~14% on a quiet shared 2-core VM and by ~30% under load, which
+  earlier single-round figures (+7.4% then -10.8% for the same code) could not see.
+- **Within-run attribution.** The gap between two steps, split by what ran there (nothing but
+  the per-step hooks; a pod-memory snapshot; a straggler report), each feature's extra divided
+  by its interval and by the floor's step interval. The same run's plain gaps are the
+  reference, so run-level noise cancels; what it cannot see is a cost inside the step or another
+  process's CPU (the exporter: ``bench.exporter``).
+
+``make bench`` runs :data:`ROUNDS` rounds of :data:`STEPS` steps (~10 min on a quiet VM).
+
+    python -m bench.overhead              # 2 and 4 ranks x 5 rounds x 3 modes
+    python -m bench.overhead --quick      # 20 steps, 2 rounds (no verdict)
+    python -m bench.overhead --nprocs 4 --rounds 8 --steps 40
+    python -m bench.overhead --reanalyze  # rebuild the result from the last runs' directories
+    python -m bench.overhead --diagnose   # 5 runs x 100 steps, ~4 min
+    python -m bench.overhead --straggler  # the straggler detector on vs off, ~3 min
 
 ``--diagnose`` (not part of ``make bench``) answers why the 4-rank in-job goodput steps looked
 slower than the baseline's: 4 ranks, the tiny model, a checkpoint every 25 steps, restart
@@ -40,7 +52,7 @@ so that the reports count), the fastest round of each, on / off - 1; beside it t
 between steps that is not the step, whose difference is the detector's own time per step.
 
 Writes bench/results/overhead.json (``overhead_inprocess``, ``overhead_injob`` at 2 ranks;
-``overhead_<layer>_<n>ranks``: ratio - 1), with ``--diagnose`` overhead_diagnosis.json, with
+``overhead_<layer>_<n>ranks``: the median round ratio - 1), with ``--diagnose`` overhead_diagnosis.json, with
 ``--straggler`` straggler_overhead.json (``overhead_straggler``: on / off - 1).
 """
 
@@ -79,8 +91,8 @@ MODES = ("none", "inprocess", "injob")
 NPROCS = (2, 4)
 # Rounds and steps per rank count (make bench): a 4-rank run is ~2.5x a 2-rank one (4 ranks
 # importing torch and stepping on 2 cores).
-ROUNDS = {2: 6, 4: 4}
-STEPS = {2: 40, 4: 40}
+ROUNDS = {2: 5, 4: 5}
+STEPS = {2: 32, 4: 32}
 WARMUP = 8
 GOAL = 0.02
 """The per-step overhead target of the restart layers with every default feature on."""
@@ -706,7 +718,7 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds", type=int, help="runs per mode (rotating order); default 2 at each rank count"
     )
     parser.add_argument("--nprocs", default="2,4", help="rank counts, comma-separated")
-    parser.add_argument("--steps", type=int, help="steps per run (default 40)")
+    parser.add_argument("--steps", type=int, help="steps per run (default 32)")
     parser.add_argument(
         "--reanalyze",
         action="store_true",
