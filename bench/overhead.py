@@ -38,12 +38,6 @@ slower than the baseline's: 4 ranks, the tiny model, a checkpoint every 25 steps
 layer x checkpoint engine (the old goodput baseline used synchronous checkpoints, the other
 modes NVRx async ones), reporting the median and the mean step interval.
 
-    python -m bench.overhead              # 2 and 4 ranks x 2 rounds, 3 layers, ~4 min
-    python -m bench.overhead --quick      # 20 steps each
-    python -m bench.overhead --nprocs 4   # one rank count
-    python -m bench.overhead --diagnose   # 5 runs x 100 steps, ~4 min
-    python -m bench.overhead --straggler  # the straggler detector on vs off, ~3 min
-
 ``--straggler`` (not part of ``make bench``) measures the straggler detector's cost as it runs
 by default (``straggler.enabled``, a report every ``straggler.report_every`` = 20 steps; the
 policy off): 2 ranks, plain torchrun, detector on and off in alternating order over rounds,
@@ -52,8 +46,9 @@ so that the reports count), the fastest round of each, on / off - 1; beside it t
 between steps that is not the step, whose difference is the detector's own time per step.
 
 Writes bench/results/overhead.json (``overhead_inprocess``, ``overhead_injob`` at 2 ranks;
-``overhead_<layer>_<n>ranks``: the median round ratio - 1), with ``--diagnose`` overhead_diagnosis.json, with
-``--straggler`` straggler_overhead.json (``overhead_straggler``: on / off - 1).
+``overhead_<layer>_<n>ranks``: the median round ratio - 1), with ``--diagnose``
+overhead_diagnosis.json, with ``--straggler`` straggler_overhead.json (``overhead_straggler``:
+on / off - 1).
 """
 
 from __future__ import annotations
