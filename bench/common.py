@@ -268,6 +268,21 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def targets_table(targets: Sequence[dict]) -> str:
+    """One row per target; with an interval column when a target carries one (``ci``)."""
+    if any(t.get("ci") for t in targets):
+        return table(
+            ["target", "measured", "interval", "goal", "verdict"],
+            [
+                (
+                    t["target"],
+                    t["value"],
+                    f"{t['ci'][0]:.4f}..{t['ci'][1]:.4f}" if t.get("ci") else None,
+                    t["goal"],
+                    t["verdict"],
+                )
+                for t in targets
+            ],
+        )
     return table(
         ["target", "measured", "goal", "verdict"],
         [(t["target"], t["value"], t["goal"], t["verdict"]) for t in targets],

@@ -247,6 +247,7 @@ def shared_objects(
         },
         *_rdzv_store(namespace=namespace, image=store_image or image),
         *node_cordon_objects(namespace=namespace),
+        *spare_reader_objects(namespace=namespace),
     ]
 
 
@@ -256,6 +257,40 @@ NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 """The user-info extra that the API server adds for a pod-bound ServiceAccount token: the pod's
 node (k8s.io/apiserver ``serviceaccount.NodeNameKey``; GA with ServiceAccountTokenPodNodeInfo
 in 1.32)."""
+
+
+SPARE_READER = "fsdp-trainer-spares"
+"""The Role and RoleBinding that let a trainer pod count the Ready hot spares."""
+
+
+def spare_reader_objects(*, namespace: str) -> list[dict]:
+    """``list`` on the pods of the Job's own namespace: before the straggler policy evicts a
+    node, rank 0 counts the Ready hot spares (`training.cluster.ready_spares`); with none, the
+    eviction waits (an evicted pod's replacement would stay Pending and park the job until the
+    rendezvous' join timeout). Read-only, one namespace."""
+    labels = _labels(TRAINER)
+    meta = {"name": SPARE_READER, "namespace": namespace, "labels": labels}
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": meta,
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": dict(meta),
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": SPARE_READER,
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": namespace}
+            ],
+        },
+    ]
 
 
 def node_cordon_objects(*, namespace: str) -> list[dict]:

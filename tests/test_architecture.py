@@ -32,6 +32,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.runlog",
         "training.runlog.files",
         "training.runlog.phases",
+        "training.runlog.writer",
+        # cluster actions through the Kubernetes API (standard library; the client is imported
+        # inside): the straggler policy counts the spares, the pod supervisor cordons
+        "training.cluster",
         "training.resilience",
         "training.resilience.faults",
         "training.checkpoint",
@@ -137,8 +141,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ),
     ("infra.addons", "infra.deployed"),
     ("infra.stack", "infra"),
-    # cluster actions through the Kubernetes API (above the manifests that grant them)
-    ("training.cluster",),
     # launchers and command lines
     (
         "training.launch.local",

@@ -1,6 +1,7 @@
 """Cluster actions a trainer pod takes on its own node, through the Kubernetes API.
 
-One action: :func:`cordon`, what ``kubectl cordon NODE`` does (kubernetes.io, "Safely Drain a
+Two calls: :func:`ready_spares` (how many hot spares could take an evicted node's place now)
+and :func:`cordon`, what ``kubectl cordon NODE`` does (kubernetes.io, "Safely Drain a
 Node" and the ``kubectl cordon`` reference): ``spec.unschedulable: true`` on the Node, so the
 scheduler places no new pod there (its ``NodeUnschedulable`` filter plugin,
 kubernetes.io "Scheduling Framework" / "Scheduler Configuration"). The pod supervisor
@@ -21,6 +22,7 @@ the replacement may then land on the same node. Torch-free; the client is import
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Protocol
 
@@ -30,10 +32,60 @@ API_TIMEOUT_S = 10.0
 """One request's connect + read timeout: a pod being evicted does not wait on a slow API."""
 
 
+SPARE_SELECTOR = (
+    "app.kubernetes.io/name=fsdp-train,app.kubernetes.io/component=spare,"
+    "app.kubernetes.io/part-of=eks-fsdp-resilient"
+)
+"""The hot spares' pods (``manifests/render.py``, ``spare_objects``: the ``fsdp-spares``
+Deployment's pod labels; tests/training/resilience/test_straggler_spares.py pins the two)."""
+NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+"""The pod's namespace, mounted with its ServiceAccount token (kubernetes.io, "Accessing the
+Kubernetes API from a Pod": "the namespace ... is placed in ... serviceaccount/namespace")."""
+
+
 class NodeApi(Protocol):
-    """The one call of ``kubernetes.client.CoreV1Api`` used here."""
+    """The calls of ``kubernetes.client.CoreV1Api`` used here."""
 
     def patch_node(self, name: str, body: Any, **kwargs: Any) -> Any: ...
+
+    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Any: ...
+
+
+def in_cluster() -> bool:
+    """True in a pod (the kubelet sets ``KUBERNETES_SERVICE_HOST`` in every container)."""
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+
+
+def _pod_ready(pod: Any) -> bool:
+    conditions = (getattr(pod, "status", None) and pod.status.conditions) or []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def ready_spares(*, api: NodeApi | None = None, namespace: str | None = None) -> int | None:
+    """Hot spare pods that are Ready now (each holds a joined GPU node with the image pulled;
+    the scheduler preempts one for a replacement trainer pod, kubernetes.io "Pod Priority and
+    Preemption"). None when it cannot be known (no API, no permission): a warning on stderr.
+    A spare being deleted (``deletionTimestamp``) is already going to someone else."""
+    try:
+        if namespace is None:
+            with open(NAMESPACE_FILE) as handle:
+                namespace = handle.read().strip()
+        pods = (api or in_cluster_node_api()).list_namespaced_pod(
+            namespace, label_selector=SPARE_SELECTOR, _request_timeout=API_TIMEOUT_S
+        )
+    except Exception as err:  # any failure: the caller decides without the count
+        print(
+            f"warning: spares: the ready hot spares could not be counted ({type(err).__name__}: "
+            f"{str(err)[:300]})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None
+    return sum(
+        1
+        for pod in pods.items
+        if _pod_ready(pod) and getattr(pod.metadata, "deletion_timestamp", None) is None
+    )
 
 
 def in_cluster_node_api() -> NodeApi:

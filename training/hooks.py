@@ -74,7 +74,9 @@ class StepHooks:
 
     def timing(self, name: str) -> AbstractContextManager[None]:
         """Around parts of a step whose time says how fast this rank is: ``step`` (the whole
-        step, peers' waits included) and ``optimizer`` (the optimizer's update: rank-local)."""
+        step, peers' waits included) and its sections ``forward``, ``backward`` (each entered
+        once per micro-batch), ``communication`` (the gradient norm's and the step stats'
+        all-reduces) and ``optimizer`` (the optimizer's update: rank-local)."""
         return nullcontext()
 
     def eviction(self) -> NodeEviction | None:

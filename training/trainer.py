@@ -143,6 +143,8 @@ class Trainer:
         self.tokens_per_step = self.layout.global_batch * config.data.seq_len
         self.flops_per_token = flops_per_token(config.model, seq_len=config.data.seq_len)
         self.peak_flops = peak_flops_for(env.device)
+        self._stats_host: torch.Tensor | None = None
+        """Pinned host copy of the step's stats (GPU only, see ``_stats_to_host``)."""
         self.before_update: Any = lambda: None
         """Called before the optimizer's in-place update (``fit`` sets the checkpoint
         manager's: the newest memory snapshot's copies finish first)."""
@@ -198,11 +200,14 @@ class Trainer:
             # Only the last micro-batch reduces gradients across ranks.
             self.model.set_requires_gradient_sync(index == accum - 1)
             chunk = self.config.parallel.loss_chunk_tokens
-            loss = self.model(inputs, targets, loss_chunk_tokens=chunk) / accum
-            loss.backward()
+            with self.hooks.timing("forward"):
+                loss = self.model(inputs, targets, loss_chunk_tokens=chunk) / accum
+            with self.hooks.timing("backward"):
+                loss.backward()
             loss_sum += loss.detach()
         if self.config.optim.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
+            with self.hooks.timing("communication"):  # the gradient norm's all-reduce
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
         self.before_update()  # a memory snapshot's copies on a GPU read the old state
         with self.hooks.timing("optimizer"):
             self.optimizer.step()
@@ -212,9 +217,23 @@ class Trainer:
     def reduce_step_stats(self, loss: torch.Tensor, *, stop_requested: bool) -> tuple[float, bool]:
         """One small all-reduce per step: the mean loss, and whether any rank got SIGTERM (so
         every rank stops at the same step)."""
-        stats = torch.stack([loss.float(), torch.tensor(float(stop_requested), device=loss.device)])
+        stats = torch.empty(2, dtype=torch.float32, device=loss.device)
+        stats[0] = loss  # device to device
+        stats[1].fill_(float(stop_requested))  # a fill kernel: no host-to-device copy
         dist.all_reduce(stats, op=dist.ReduceOp.SUM)  # gloo has no AVG
-        return float(stats[0].item()) / self.env.world_size, bool(stats[1].item() > 0)
+        loss_sum, stops = self._stats_to_host(stats)
+        return loss_sum / self.env.world_size, stops > 0
+
+    def _stats_to_host(self, stats: torch.Tensor) -> list[float]:
+        """The one synchronization of the step: a non-blocking copy into a pinned buffer, then
+        one wait for it on a GPU (was two ``.item()`` calls, each a sync with a pageable copy)."""
+        if stats.device.type != "cuda":
+            return stats.tolist()
+        if self._stats_host is None:  # pinned once; every step waits for its copy before reuse
+            self._stats_host = torch.empty(2, dtype=torch.float32, pin_memory=True)
+        self._stats_host.copy_(stats, non_blocking=True)  # after the all-reduce, same stream
+        torch.cuda.current_stream(stats.device).synchronize()
+        return self._stats_host.tolist()
 
     # -- the loop --------------------------------------------------------------------------------
     def fit(self, *, checkpoints: CheckpointManager) -> TrainResult:
@@ -230,8 +249,11 @@ class Trainer:
             on_signal=lambda: emit_phase(
                 self.events, phase=DETECTED, attempt=self.attempt + 1, mode=mode
             ),
-            on_forced_exit=lambda: emit_phase(
-                self.events, phase=SURVIVORS_STOPPED, attempt=self.attempt + 1, mode=mode
+            on_forced_exit=lambda: (
+                emit_phase(
+                    self.events, phase=SURVIVORS_STOPPED, attempt=self.attempt + 1, mode=mode
+                ),
+                self.events.flush(),  # os._exit follows: no atexit
             ),
         )
         logger = None
@@ -267,7 +289,10 @@ class Trainer:
                 started = time.perf_counter()
                 with self.hooks.timing("step"):
                     local_loss = self.train_step()
-                loss, stop_now = self.reduce_step_stats(local_loss, stop_requested=stop.requested)
+                with self.hooks.timing("communication"):
+                    loss, stop_now = self.reduce_step_stats(
+                        local_loss, stop_requested=stop.requested
+                    )
                 self.step = next_step
                 elapsed = time.perf_counter() - started
                 if self.step == start_step + 1:

@@ -224,6 +224,8 @@ def test_shared_objects_take_cdk_tokens_as_opaque_strings():
         "ClusterRoleBinding",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
+        "Role",
+        "RoleBinding",
     ]
     pv = objs[3]
     assert pv["spec"]["csi"] == {

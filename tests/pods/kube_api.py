@@ -1,5 +1,7 @@
 """The smallest fake of the Kubernetes API that a trainer pod calls: ``PATCH /api/v1/nodes/NAME``
-(the cordon, training/cluster.py), served over HTTPS on the emulated cluster's bridge.
+(the cordon, training/cluster.py) and ``GET /api/v1/namespaces/NS/pods?labelSelector=...`` (the
+Ready hot spares, ``training.cluster.ready_spares``), served over HTTPS on the emulated
+cluster's bridge.
 
 Emulated because no API server can run here (design notes). The pod side is real: the
 ``kubernetes`` client with its in-cluster configuration, reading what the kubelet gives a pod
@@ -17,6 +19,7 @@ import json
 import ssl
 import subprocess
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -55,8 +58,17 @@ def _certificate(directory: Path, *, ip: str) -> tuple[Path, Path]:
 
 
 @contextmanager
-def serve(root: Path, *, ip: str, on_cordon: Callable[[str], None]) -> Iterator[ApiEndpoint]:
-    """The fake API server on `ip` (an address of this machine the pods reach)."""
+def serve(
+    root: Path,
+    *,
+    ip: str,
+    on_cordon: Callable[[str], None],
+    spare_nodes: Callable[[], list[str]] = list,
+    spare_labels: dict[str, str] | None = None,
+) -> Iterator[ApiEndpoint]:
+    """The fake API server on `ip` (an address of this machine the pods reach). A pod list
+    answers one Ready pod per node in `spare_nodes()` when the request's label selector
+    (equality terms, kubernetes.io "Labels and Selectors") matches `spare_labels`, else none."""
     secrets = root / "serviceaccount"
     secrets.mkdir(parents=True, exist_ok=True)
     cert, key = _certificate(root, ip=ip)
@@ -85,6 +97,29 @@ def serve(root: Path, *, ip: str, on_cordon: Callable[[str], None]) -> Iterator[
                 "spec": {"unschedulable": True},
             }
             self._reply(200, node)
+
+        def do_GET(self) -> None:
+            scheme, _, token = self.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or token.strip() != TOKEN:
+                return self._reply(401, {"kind": "Status", "code": 401})
+            url = urllib.parse.urlsplit(self.path)
+            if not (url.path.startswith("/api/v1/namespaces/") and url.path.endswith("/pods")):
+                return self._reply(404, {"kind": "Status", "code": 404})
+            selector = urllib.parse.parse_qs(url.query).get("labelSelector", [""])[0]
+            terms = dict(term.split("=", 1) for term in selector.split(",") if term)
+            labels = spare_labels or {}
+            matches = all(labels.get(k) == v for k, v in terms.items())
+            items = [
+                {
+                    "metadata": {"name": f"fsdp-spares-{node}", "labels": labels},
+                    "spec": {"nodeName": node, "containers": [{"name": "spare"}]},
+                    "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+                }
+                for node in (spare_nodes() if matches else [])
+            ]
+            self._reply(
+                200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}
+            )
 
         def _reply(self, code: int, doc: dict) -> None:
             data = json.dumps(doc).encode()

@@ -189,7 +189,15 @@ def _run(
             plane = control_plane(pods, spares)
             # The API a pod may call (a cordon), on the bridge's own address.
             pods.api = stack.enter_context(
-                kube_api.serve(root, ip=f"{emulator.SUBNET}.1", on_cordon=plane.cordon)
+                kube_api.serve(
+                    root,
+                    ip=f"{emulator.SUBNET}.1",
+                    on_cordon=plane.cordon,
+                    spare_nodes=plane.spare_nodes,
+                    spare_labels=next(o for o in spares if o["kind"] == "Deployment")["spec"][
+                        "template"
+                    ]["metadata"]["labels"],
+                )
             )
         watcher = None
         if when_step is not None:

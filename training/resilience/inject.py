@@ -90,6 +90,7 @@ class FaultInjector(StepHooks):
             self.events.emit(
                 "fault", step=step or fault.step, fault=fault.kind, point=fault.point or None
             )
+            self.events.flush()  # the fault may end the process before the writer's next flush
 
     def clock_origin(self) -> float:
         """The wall time of the run's first step: recorded once per run by whichever rank gets

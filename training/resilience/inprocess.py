@@ -320,6 +320,7 @@ def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
             )
             # An exception, or NVRx's monitor interrupting a hang: the wrapper takes over.
             emit_phase(events, phase=DETECTED, attempt=iteration + 1, mode="inprocess")
+            events.flush()  # the wrapper may terminate this rank next (a failed health check)
             raise
         finally:
             if watchdog is not None:

@@ -2,8 +2,12 @@
 
 - ``metrics.jsonl``: rank 0, one line per optimizer step (loss, lr, step time, tokens/s, MFU).
 - ``events.jsonl``: any rank appends one short line per event (start, checkpoint staged and
-  committed, fault, restart begin/end, end). Lines are written with one ``write`` on an
-  ``O_APPEND`` descriptor, so concurrent ranks never interleave within a line.
+  committed, fault, restart begin/end, end).
+
+Both are written off the training thread by the process's one buffered writer
+(``training.runlog.writer``: whole lines, O_APPEND, flushed every half second and on every exit
+path that runs code), so concurrent ranks never interleave within a line and no step waits on
+the shared file system.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from typing import Any
 
 import torch
 
-from training.runlog.files import EVENTS_FILE, METRICS_FILE, append_jsonl
+from training.runlog import writer
+from training.runlog.files import EVENTS_FILE, METRICS_FILE
 
 # Peak dense bf16 tensor-core FLOP/s per GPU (vendor datasheets, SXM parts, without sparsity).
 PEAK_BF16_FLOPS: dict[str, float] = {
@@ -47,7 +52,11 @@ class EventLog:
 
     def emit(self, kind: str, *, step: int | None = None, **extra: Any) -> None:
         record = {"time": time.time(), "rank": self.rank, "kind": kind, "step": step, **extra}
-        append_jsonl(self.path, record)
+        writer.appender().append(self.path, record)
+
+    def flush(self) -> None:
+        """Write this process's queued lines now (before a fault, a restart, ``os._exit``)."""
+        writer.flush()
 
 
 class StepLogger:
@@ -101,7 +110,7 @@ class StepLogger:
             "mfu": mfu,
             "attempt": self.attempt,
         }
-        append_jsonl(self.path, record)
+        writer.appender().append(self.path, record)
         if self._bar is not None:
             self._bar.update(1)
             self._bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:,.0f}")
@@ -115,5 +124,6 @@ class StepLogger:
         return record
 
     def close(self) -> None:
+        writer.flush()
         if self._bar is not None:
             self._bar.close()

@@ -17,6 +17,7 @@ from training.checkpoint.committer import Committer
 from training.checkpoint.layout import COMMIT, committed_steps, step_dir
 from training.checkpoint.manager import CheckpointManager
 from training.config import CheckpointConfig
+from training.runlog import writer
 from training.runlog.files import EVENTS_FILE, read_jsonl
 from training.runlog.metrics import EventLog
 
@@ -101,6 +102,7 @@ def test_an_async_save_commits_on_rank_0s_committer_not_in_the_loop(
         release.set()
         manager.close()
     assert commit_threads and all(t != main for t in commit_threads)
+    writer.flush()  # this process's queued event lines
     committed = [
         e["step"]
         for e in read_jsonl(tmp_path / EVENTS_FILE)[0]

@@ -19,6 +19,7 @@ from training.checkpoint.layout import step_dir
 from training.checkpoint.manager import CheckpointManager
 from training.checkpoint.memory import MemorySnapshots
 from training.config import POD_MEMORY_DIR, CheckpointConfig, JobConfig, ResilienceConfig
+from training.runlog import writer
 from training.runlog.files import read_jsonl
 from training.runlog.metrics import EventLog
 
@@ -149,6 +150,7 @@ def _manager(root: Path, snapshots: MemorySnapshots | None) -> CheckpointManager
 
 
 def _loads(root: Path) -> list[tuple[int, str]]:
+    writer.flush()  # this process's queued event lines
     events, _ = read_jsonl(root.parent / "events.jsonl")
     return [(e["step"], e["source"]) for e in events if e["kind"] == "checkpoint_load"]
 

@@ -153,17 +153,19 @@ def test_one_rank_reports_with_nvrx_and_writes_the_event(one_rank_group, tmp_pat
             torch.ones(64, 64) @ torch.ones(64, 64)
         hooks.after_step(step)
     hooks.close()
+    events.flush()
     import json
 
     (record,) = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert record["kind"] == "straggler_report" and record["step"] == 2
     assert record["scores"] == [{"rank": 0, "node": "node-a", "score": 1.0}]
     assert record["nodes"] == {"node-a": 1.0}
-    assert record["source"] == "section:optimizer"
+    assert record["source"] == "sections:optimizer"
+    assert set(record["sections"]) == {"optimizer"} and set(record["sections_ms"]) == {"optimizer"}
     assert hooks.eviction() is None
 
 
-def test_a_gpu_without_nvrx_cupti_falls_back_to_the_event_timed_optimizer_section(
+def test_a_gpu_without_nvrx_cupti_falls_back_to_the_event_timed_step_sections(
     one_rank_group,
 ) -> None:
     """NVRx 0.4.1's CUPTI extension links libcupti.so.12, absent here as it may be in the CUDA 13
@@ -171,10 +173,11 @@ def test_a_gpu_without_nvrx_cupti_falls_back_to_the_event_timed_optimizer_sectio
     CUPTI path itself needs a GPU and is not run here.)"""
     from nvidia_resiliency_ext.straggler import Detector
 
-    from training.resilience.straggler import _CpuSections, _timer_for
+    from training.resilience.straggler import _SectionTimer, _timer_for
 
     timer = _timer_for(torch.device("cuda"), node="node-a")
-    assert isinstance(timer, _CpuSections) and timer._cuda
+    assert isinstance(timer, _SectionTimer) and timer._cuda
+    assert timer.scored == ("forward", "optimizer")
     assert not Detector.initialized
 
 

@@ -13,6 +13,7 @@ def test_emit_phase_writes_one_event_line(tmp_path: Path) -> None:
     events = EventLog(run_dir=tmp_path, rank=1)
     emit_phase(events, phase=PROCESS_GROUP_UP, attempt=2, mode="injob")
     emit_phase(events, phase=PHASES[-1], attempt=2)
+    events.flush()
     rows = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert [r["kind"] for r in rows] == [RESTART_PHASE, RESTART_PHASE]
     assert rows[0]["phase"] == "process_group_up" and rows[0]["attempt"] == 2
@@ -48,6 +49,7 @@ def test_phases_written_by_emit_phase_reach_the_summary(tmp_path: Path) -> None:
         (t0 + 12.0, "first_step", rank0),
     ]:
         emit_phase(ev, phase=phase, attempt=1, mode="inprocess", at=at)
+    rank0.flush()
     (r,) = summarize(run_dir=tmp_path).restarts
     assert [(m.phase, m.offset_s, m.duration_s) for m in r.phases] == [
         ("detected", 0.5, 0.5),
