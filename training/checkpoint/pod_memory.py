@@ -31,7 +31,9 @@ says why its data gets no CRC32 pass).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import shutil
 import threading
 import time
 import zlib
@@ -88,7 +90,14 @@ class PodMemorySnapshots:
         self._publisher: threading.Thread | None = None
         self._copying: Any = None
         self._stream: Any = None
+        self._failure: OSError | None = None
         self.last_take_s = 0.0
+        self.checksum = False
+        """Whether each snapshot's CRC32 is taken when it is published: only when it will
+        cross the network (the peer copy checks it on arrival and before a restore); an own
+        snapshot is restored without one (:meth:`check`), so a CRC pass nobody checks would
+        cost a read of the shard per interval."""
+        self._lock = _hold_run_lock(self.root)
 
     # -- taking --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -99,10 +108,13 @@ class PodMemorySnapshots:
         background publish is (:meth:`wait`)."""
         # The previous snapshot is published before its slot's neighbour is chosen.
         self.wait(keepalive=keepalive)
+        if self._failure is not None:  # the previous publish failed (no room for its meta)
+            failure, self._failure = self._failure, None
+            raise failure
         meta = sf.meta_for(
             state, owner=self.owner, rank=self.rank, world_size=self.world_size, step=step
         )
-        slot = sf.next_slot(self.root, kind="own", rank=self.rank)
+        slot = sf.next_slot(self.root, kind="own", rank=self.rank, step=step)
         leaves, _ = sf.walk(state)
         device = next(
             (v.device for _, _, v in leaves if isinstance(v, torch.Tensor) and v.is_cuda), None
@@ -124,7 +136,7 @@ class PodMemorySnapshots:
             self._copying = ready
         self._publisher = threading.Thread(
             target=self._publish,
-            args=(target, meta, ready),
+            args=(target, meta, ready, self.checksum),
             name=f"pod-memory-publish-{step}",
             daemon=True,
         )
@@ -141,14 +153,18 @@ class PodMemorySnapshots:
         self._files[slot] = sf.SlotFile(directory, nbytes=nbytes, pin=pin)
         return self._files[slot]
 
-    @staticmethod
-    def _publish(target: sf.SlotFile, meta: sf.SnapshotMeta, ready: Any) -> None:
+    def _publish(
+        self, target: sf.SlotFile, meta: sf.SnapshotMeta, ready: Any, checksum: bool
+    ) -> None:
         if ready is not None:
             try:
                 ready.synchronize()
             except RuntimeError:  # the device failed: the copies may not have finished
                 return
-        sf.publish(target.directory, sf.with_checksum(meta, target.data))
+        try:
+            sf.publish(target.directory, sf.with_checksum(meta, target.data) if checksum else meta)
+        except OSError as err:  # no room for the meta: raised by the next take
+            self._failure = err
 
     def wait(self, *, keepalive: Callable[[], None] = lambda: None) -> None:
         """Until the newest snapshot is published (complete), calling ``keepalive`` every
@@ -165,6 +181,51 @@ class PodMemorySnapshots:
         if self._copying is not None:
             torch.cuda.current_stream().wait_event(self._copying)
             self._copying = None
+
+    def discard_newer(self, step: int) -> list[int]:
+        """After a restore of ``step`` (from any tier): remove this rank's snapshots of later
+        steps, which belong to the timeline that died, before the replay writes its own
+        snapshots of those steps; the steps removed. Local, no collective: every rank does
+        this for its own files before its first step, whose collectives no rank passes alone,
+        so no snapshot of the new timeline exists beside one of the old."""
+        self.wait()
+        self._failure = None
+        return sf.discard_newer(self.root, kind="own", rank=self.rank, step=step)
+
+    def disable(self) -> None:
+        """A snapshot failed (no room in the tmpfs): drop this rank's snapshots and their
+        mappings, giving their pages back to the pod (the tier has nothing whole to offer
+        from here on; restarts read storage)."""
+        self.close(remove=False)
+        sf.remove_rank(self.root, kind="own", rank=self.rank)
+
+    def prune(self) -> list[str]:
+        """Remove what this pod's memory holds that no restore of this run can use: snapshots
+        of another world size (an elastic restart: they are refused, and every shard grows),
+        and other runs' directories no live process holds (:func:`prune_other_runs`). Safe
+        before the restore: nothing removed here is ever offered. Returns what was removed."""
+        removed = prune_other_runs(self.root.parent, keep=self.root)
+        for kind in sf.KINDS:
+            for rank in sf.held_ranks(self.root, kind=kind):
+                for directory, meta in sf.list_snapshots(self.root, kind=kind, rank=rank):
+                    if meta.world_size != self.world_size or meta.owner != self.owner:
+                        sf.remove(directory)
+                        removed.append(str(directory))
+        return removed
+
+    def prune_other_nodes(self, *, local_world_size: int) -> list[str]:
+        """After the restore: remove the own snapshots of ranks that no longer run on this
+        node (the rendezvous placed them on another; ranks are ``node * L .. node * L + L - 1``
+        on node ``node``, torchrun's order). Not before: the peer tier may need them. No
+        live rank writes them, so ranks of one pod may do this at once."""
+        node = self.rank // max(local_world_size, 1)
+        here = range(node * local_world_size, (node + 1) * local_world_size)
+        removed = []
+        for rank in sf.held_ranks(self.root, kind="own"):
+            if rank not in here:
+                sf.remove_rank(self.root, kind="own", rank=rank)
+                removed.append(f"own/rank-{rank:05d}")
+        return removed
 
     # -- restoring -----------------------------------------------------------------------------
     def held(self) -> list[tuple[Path, sf.SnapshotMeta]]:
@@ -218,7 +279,71 @@ class PodMemorySnapshots:
             sf.remove_rank(self.root, kind="own", rank=self.rank)
             with contextlib.suppress(OSError):
                 self.root.rmdir()  # the last rank out removes it (a peer's kind may remain)
+            if not self.root.exists():
+                _lock_path(self.root).unlink(missing_ok=True)
             self._LIVE.pop((str(self.root), self.owner, self.rank, self.world_size), None)
+
+
+STALE_RUN_S = 600.0
+"""Another run's directory is pruned once no process holds its lock and nothing in it changed
+for this long: an in-job restart leaves its run's lock unheld for the seconds between the
+ranks' death and their replacements' start, and must find its snapshots whole."""
+
+
+def _lock_path(run_dir: Path) -> Path:
+    return run_dir.parent / f".{run_dir.name}.lock"
+
+
+def _hold_run_lock(run_dir: Path) -> int | None:
+    """A shared ``flock`` on the run's lock file, held for the life of the process (the kernel
+    drops it when the process dies, SIGKILL included): while one is held, no other run prunes
+    this run's directory."""
+    try:
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(_lock_path(run_dir), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return None  # a read-only or missing parent: the first snapshot says so
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def _newest_change(directory: Path) -> float:
+    newest = directory.stat().st_mtime
+    for path in directory.rglob("*"):
+        with contextlib.suppress(OSError):
+            newest = max(newest, path.stat().st_mtime)
+    return newest
+
+
+def prune_other_runs(
+    pod_memory_dir: Path, *, keep: Path, stale_after_s: float = STALE_RUN_S
+) -> list[str]:
+    """Remove the ``run-*`` directories under ``pod_memory_dir`` but ``keep`` that belong to
+    runs no live process holds (their lock free: killed, ended, or a previous job) and that
+    did not change for ``stale_after_s``; the directories removed. In a pod the emptyDir holds
+    one job's runs; on a shared machine (the local launcher, benchmarks, tests) it holds other
+    live runs too, which their lock keeps."""
+    removed = []
+    for directory in sorted(Path(pod_memory_dir).glob("run-*")):
+        if directory == keep or not directory.is_dir():
+            continue
+        try:
+            fd = os.open(_lock_path(directory), os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live run's
+            if time.time() - _newest_change(directory) < stale_after_s:
+                continue
+            shutil.rmtree(directory, ignore_errors=True)
+            _lock_path(directory).unlink(missing_ok=True)
+            removed.append(str(directory))
+        finally:
+            os.close(fd)
+    return removed
 
 
 class PodMemoryTier:

@@ -91,11 +91,11 @@ def test_a_snapshot_round_trips_through_its_files(root: Path) -> None:
 
 
 def test_slots_are_written_in_turn_and_the_newest_comes_first(root: Path) -> None:
-    assert sf.next_slot(root, kind="own", rank=0) == 0
+    assert sf.next_slot(root, kind="own", rank=0, step=5) == 0
     _write_own(root, _state(1.0, step=5), step=5, slot=0)
-    assert sf.next_slot(root, kind="own", rank=0) == 1
+    assert sf.next_slot(root, kind="own", rank=0, step=10) == 1
     _write_own(root, _state(2.0, step=10), step=10, slot=1)
-    assert sf.next_slot(root, kind="own", rank=0) == 0  # the older one is overwritten
+    assert sf.next_slot(root, kind="own", rank=0, step=15) == 0  # the older one is overwritten
     assert [m.step for _, m in sf.list_snapshots(root, kind="own")] == [10, 5]
 
 
@@ -246,4 +246,4 @@ def test_a_writer_killed_mid_copy_never_leaves_a_snapshot_offered(root: Path, st
     offered = sf.list_snapshots(root, kind="own", rank=0)
     assert [m.step for _, m in offered] == [10]
     assert sf.verify(*offered[0]) is None
-    assert sf.next_slot(root, kind="own", rank=0) == 1  # the torn slot is written next
+    assert sf.next_slot(root, kind="own", rank=0, step=20) == 1  # the torn slot is written next
