@@ -276,6 +276,65 @@ class CheckpointConfig:
         _require(self.keep_every >= 0, s, "keep_every", "must be >= 0 (0 = off)")
 
 
+def _refuse_idle_tiers(*, checkpoint: CheckpointConfig, restart: str, steps: int) -> None:
+    """Refuse a configuration under which a checkpoint tier that is on never takes anything
+    (each case: one message naming the field and the fix). The trainer's rules
+    (training/trainer.py): a step saved to storage takes no local checkpoint; a memory
+    snapshot is taken at every ``memory_interval`` step, save steps included; nothing is taken
+    at the last step, whose final checkpoint goes to storage; snapshots exist only in a restart
+    mode that keeps the pod (``POD_MEMORY_MODES``)."""
+    c, s = checkpoint, "checkpoint"
+    if c.memory_interval and restart in POD_MEMORY_MODES:
+        _require(
+            c.memory_interval < steps,
+            s,
+            "memory_interval",
+            f"a snapshot every {c.memory_interval} steps never comes in a run of "
+            f"train.steps={steps} (none is taken at the last step): set it below {steps}, "
+            "or 0 for no snapshots",
+        )
+    if c.peer_copy:
+        _require(
+            restart in POD_MEMORY_MODES,
+            s,
+            "peer_copy",
+            f"copies the pod-memory snapshots, which resilience.restart={restart} never takes "
+            f"(only {', '.join(POD_MEMORY_MODES)} do): set --restart to one of them, or "
+            "checkpoint.peer_copy=false",
+        )
+        _require(
+            bool(c.pod_memory_dir),
+            s,
+            "peer_copy",
+            "copies the pod-memory snapshots, which checkpoint.pod_memory_dir='' keeps in "
+            f"process memory instead: set checkpoint.pod_memory_dir={POD_MEMORY_DIR}, or "
+            "checkpoint.peer_copy=false",
+        )
+    if c.local_interval:
+        _require(
+            c.local_interval < steps,
+            s,
+            "local_interval",
+            f"a local checkpoint every {c.local_interval} steps never comes in a run of "
+            f"train.steps={steps}: set it below {steps}, or 0 for none",
+        )
+        if c.interval:
+            fix = (
+                f"set it to a value that is not a multiple of {c.interval} "
+                f"(e.g. {c.interval // 2}), or 0 for none"
+                if c.interval > 1
+                else "checkpoint.interval=1 saves every step to storage: set it to 0"
+            )
+            _require(
+                c.local_interval % c.interval != 0,
+                s,
+                "local_interval",
+                f"every local checkpoint step (a multiple of {c.local_interval}) is a shared "
+                f"save step (checkpoint.interval={c.interval}), which takes no local "
+                f"checkpoint, so none is ever taken: {fix}",
+            )
+
+
 @dataclass(frozen=True, kw_only=True)
 class ResilienceConfig:
     """The restart layers and every timeout the launchers and the ranks use.
@@ -425,6 +484,9 @@ class JobConfig:
             "model",
             "max_seq_len",
             f"must be >= data.seq_len={self.data.seq_len}, got {self.model.max_seq_len}",
+        )
+        _refuse_idle_tiers(
+            checkpoint=self.checkpoint, restart=self.resilience.restart, steps=self.train.steps
         )
         if self.faults:
             # Parse now so that a bad spec fails before any process starts.

@@ -250,3 +250,46 @@ def test_a_snapshot_of_cuda_tensors_is_the_state_at_its_step() -> None:
     restored = {"w": torch.zeros(1 << 20, device="cuda"), "step": 0}
     snapshots.restore(restored, step=3)
     assert torch.equal(restored["w"].cpu(), expected) and restored["step"] == 3
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_a_save_step_takes_a_snapshot_too(tmp_path: Path, corpus: Path, one_rank_group) -> None:
+    """The issue's run: ``--checkpoint.interval=10`` with the recipe's ``memory_interval`` of
+    10. Every memory step was a save step, and a save step took no snapshot, so the pod-memory
+    tier (and the peer copy riding on it) took nothing at all and a lost node restored from
+    storage. A snapshot is now taken at save steps too: a restart shortly after a committed
+    save restores it from memory (one host copy per interval) instead of reading the whole
+    checkpoint back from storage. One real rank of the real trainer and manager."""
+    import uuid
+
+    from support import TINY_MODEL
+
+    from training.overrides import build_config
+    from training.run import run_training
+
+    shm = Path("/dev/shm") / f"test-save-step-{uuid.uuid4().hex[:12]}"
+    config, _ = build_config(
+        [
+            *TINY_MODEL,
+            "--run-dir",
+            str(tmp_path / "run"),
+            f"--data.path={corpus}",
+            "--restart=injob",
+            "--train.steps=20",
+            "--checkpoint.interval=10",
+            "--checkpoint.engine=sync",
+            f"--checkpoint.pod_memory_dir={shm}",
+        ]
+    )
+    assert config.checkpoint.memory_interval == 10  # the recipe's
+    try:
+        run_training(config, rank=0, world_size=1)
+    finally:
+        import shutil
+
+        shutil.rmtree(shm, ignore_errors=True)
+    events, _ = read_jsonl(tmp_path / "run" / "events.jsonl")
+    snapshots = [e["step"] for e in events if e["kind"] == "memory_snapshot"]
+    saves = [e["step"] for e in events if e["kind"] == "checkpoint_committed"]
+    assert snapshots == [10] and saves == [10, 20], (snapshots, saves)
