@@ -17,7 +17,10 @@ restores them. :meth:`PodMemorySnapshots.close` removes them when the run ends (
 stopped with a final checkpoint), so a finished run leaves nothing in ``/dev/shm``.
 
 Writing: on the CPU the copy is synchronous, in the training thread, straight into the mapped
-file; the CRC32 and the ``meta`` that completes the slot follow on a background thread. On a
+file; the ``meta`` that completes the slot (and the CRC32, only when a peer copy carries it:
+``checksum``) follow on a background thread. No room in the tmpfs is an ``OSError`` from
+:meth:`PodMemorySnapshots.take` (``snapshot_files.reserve``), which the manager turns into
+pod memory off on that rank, with a warning and an event. On a
 GPU the mapping is registered with CUDA (``cudaHostRegister``), the copies run on a side stream
 beside the next step's forward and backward, the optimizer's update waits for them on the
 device (:meth:`before_update`), and the background thread waits for their event before the

@@ -12,14 +12,18 @@ a rank's own snapshots, ``peer`` for copies held for another node's rank) with t
 ``meta``
     A pickled, frozen :class:`SnapshotMeta`: owner (run identity), rank, world size, step,
     structure key, the layout of every tensor leaf, the pickled non-tensor leaves, the data's
-    size and CRC32 (ISA-L's, the checkpoint layout's; same values as ``zlib.crc32``).
+    size and CRC32 (ISA-L's, the checkpoint layout's; same values as ``zlib.crc32``; taken only
+    for a snapshot that crosses the network, :data:`NO_CHECKSUM` otherwise).
 
 Protocol: ``meta`` is unlinked before ``data`` is rewritten and is written last (temporary
 file, then ``rename(2)``: atomic), once every byte of ``data`` is in place; on a GPU, once
 the device-to-host copies' CUDA event is complete. A snapshot is complete exactly when its
 ``meta`` exists, so a writer killed in the middle of a copy leaves a slot without ``meta``,
 which is never offered. Each rank keeps :data:`SLOTS` slots and writes them in turn
-(:func:`next_slot`), so the previous snapshot stays whole while the next is written.
+(:func:`next_slot`), so the previous snapshot stays whole while the next is written; a slot
+holding the same step or a later one (a dead timeline's, :func:`discard_newer`) is rewritten
+first. Every page of a slot is allocated before it is mapped (:func:`reserve`): a full tmpfs
+is an ``OSError`` (ENOSPC), never a SIGBUS at a write through the mapping.
 
 A snapshot is offered only to the same owner, rank and world size, and restored only into a
 state of the same structure (:meth:`SnapshotMeta.refusal`). The CRC32 catches a copy damaged
