@@ -44,6 +44,7 @@ from training.checkpoint.memory import (
 from training.checkpoint.pod_memory import (
     PodMemorySnapshots,
     PodMemoryTier,
+    remove_run_dir_if_empty,
     run_identity,
     run_root,
 )
@@ -323,6 +324,8 @@ class CheckpointManager:
             self._pod_memory.close(remove=True)  # nor into this pod: /dev/shm is left empty
         if self._peer is not None:
             self._peer.close()
+        if self._pod_memory is not None:
+            remove_run_dir_if_empty(self._pod_memory.root)
 
     # -- saving --------------------------------------------------------------------------------
     def latest_step(self) -> int | None:

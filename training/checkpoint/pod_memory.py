@@ -100,7 +100,9 @@ class PodMemorySnapshots:
         cross the network (the peer copy checks it on arrival and before a restore); an own
         snapshot is restored without one (:meth:`check`), so a CRC pass nobody checks would
         cost a read of the shard per interval."""
-        self._lock = _hold_run_lock(self.root)
+        self._lock: int | None = None
+        """A shared lock on the run's directory, taken at the start (:meth:`prune`) or the
+        first snapshot, held for the life of the process: no other run prunes it meanwhile."""
 
     # -- taking --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -111,6 +113,8 @@ class PodMemorySnapshots:
         background publish is (:meth:`wait`)."""
         # The previous snapshot is published before its slot's neighbour is chosen.
         self.wait(keepalive=keepalive)
+        if self._lock is None:
+            self._lock = _hold_run_lock(self.root)
         if self._failure is not None:  # the previous publish failed (no room for its meta)
             failure, self._failure = self._failure, None
             raise failure
@@ -207,6 +211,8 @@ class PodMemorySnapshots:
         of another world size (an elastic restart: they are refused, and every shard grows),
         and other runs' directories no live process holds (:func:`prune_other_runs`). Safe
         before the restore: nothing removed here is ever offered. Returns what was removed."""
+        if self._lock is None:
+            self._lock = _hold_run_lock(self.root)
         removed = prune_other_runs(self.root.parent, keep=self.root)
         for kind in sf.KINDS:
             for rank in sf.held_ranks(self.root, kind=kind):
@@ -214,6 +220,8 @@ class PodMemorySnapshots:
                     if meta.world_size != self.world_size or meta.owner != self.owner:
                         sf.remove(directory)
                         removed.append(str(directory))
+                        with contextlib.suppress(OSError):
+                            directory.parent.rmdir()  # the rank's, once no slot is left
         return removed
 
     def prune_other_nodes(self, *, local_world_size: int) -> list[str]:
@@ -280,10 +288,10 @@ class PodMemorySnapshots:
         self._files.clear()
         if remove:
             sf.remove_rank(self.root, kind="own", rank=self.rank)
-            with contextlib.suppress(OSError):
-                self.root.rmdir()  # the last rank out removes it (a peer's kind may remain)
-            if not self.root.exists():
-                _lock_path(self.root).unlink(missing_ok=True)
+            if self._lock is not None:
+                os.close(self._lock)  # the run is over (its other ranks hold their own)
+                self._lock = None
+            remove_run_dir_if_empty(self.root)
             self._LIVE.pop((str(self.root), self.owner, self.rank, self.world_size), None)
 
 
@@ -293,8 +301,22 @@ for this long: an in-job restart leaves its run's lock unheld for the seconds be
 ranks' death and their replacements' start, and must find its snapshots whole."""
 
 
+LOCK = ".lock"
+
+
 def _lock_path(run_dir: Path) -> Path:
-    return run_dir.parent / f".{run_dir.name}.lock"
+    return run_dir / LOCK
+
+
+def remove_run_dir_if_empty(run_dir: Path) -> None:
+    """The last rank out removes the run's directory: once only its lock is left in it."""
+    for kind in sf.KINDS:
+        with contextlib.suppress(OSError):
+            (run_dir / kind).rmdir()  # only when empty
+    with contextlib.suppress(OSError):
+        if {p.name for p in run_dir.iterdir()} <= {LOCK}:
+            _lock_path(run_dir).unlink(missing_ok=True)
+            run_dir.rmdir()
 
 
 def _hold_run_lock(run_dir: Path) -> int | None:
@@ -302,7 +324,7 @@ def _hold_run_lock(run_dir: Path) -> int | None:
     drops it when the process dies, SIGKILL included): while one is held, no other run prunes
     this run's directory."""
     try:
-        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        run_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(_lock_path(run_dir), os.O_RDWR | os.O_CREAT, 0o600)
     except OSError:
         return None  # a read-only or missing parent: the first snapshot says so
@@ -311,10 +333,12 @@ def _hold_run_lock(run_dir: Path) -> int | None:
 
 
 def _newest_change(directory: Path) -> float:
-    newest = directory.stat().st_mtime
+    """The newest modification under ``directory``, its lock aside (a pruner creates it)."""
+    newest = 0.0
     for path in directory.rglob("*"):
-        with contextlib.suppress(OSError):
-            newest = max(newest, path.stat().st_mtime)
+        if path.name != LOCK:
+            with contextlib.suppress(OSError):
+                newest = max(newest, path.stat().st_mtime)
     return newest
 
 
@@ -330,6 +354,8 @@ def prune_other_runs(
     for directory in sorted(Path(pod_memory_dir).glob("run-*")):
         if directory == keep or not directory.is_dir():
             continue
+        if time.time() - _newest_change(directory) < stale_after_s:
+            continue
         try:
             fd = os.open(_lock_path(directory), os.O_RDWR | os.O_CREAT, 0o600)
         except OSError:
@@ -339,10 +365,7 @@ def prune_other_runs(
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 continue  # a live run's
-            if time.time() - _newest_change(directory) < stale_after_s:
-                continue
             shutil.rmtree(directory, ignore_errors=True)
-            _lock_path(directory).unlink(missing_ok=True)
             removed.append(str(directory))
         finally:
             os.close(fd)

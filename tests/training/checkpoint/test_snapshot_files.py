@@ -403,8 +403,7 @@ def test_start_up_prunes_what_no_restore_of_this_run_can_use(root: Path) -> None
     for run in (dead, live):
         _write_own(run, state, step=3, slot=0)
     held = pm._hold_run_lock(live)  # a live process of the other run
-    os.utime(dead, (time.time() - 3600,) * 2)
-    for path in dead.rglob("*"):
+    for path in [*dead.rglob("*"), *live.rglob("*")]:  # neither changed for an hour
         os.utime(path, (time.time() - 3600,) * 2)
     snapshots = pm.PodMemorySnapshots(root=mine, owner="run-a", rank=0, world_size=1)
     _write_own(mine, state, step=3, slot=0, owner="run-a")
@@ -419,11 +418,16 @@ def test_start_up_prunes_what_no_restore_of_this_run_can_use(root: Path) -> None
     assert live.exists() and (mine / "own" / "rank-00000" / "slot-0" / sf.META).exists()
     assert str(stale) in removed and sf.read_meta(stale) is None
     # A run whose lock is free but which changed a moment ago (between an in-job restart's
-    # ranks) stays too.
+    # ranks) stays too; once it is stale, it goes.
     fcntl.flock(held, fcntl.LOCK_UN)
     os.close(held)
+    for path in live.rglob("*"):
+        os.utime(path)
     assert str(live) not in snapshots.prune() and live.exists()
     assert pm.prune_other_runs(root, keep=mine, stale_after_s=0) == [str(live)]
+    snapshots.close(remove=True)
+    pm.remove_run_dir_if_empty(mine)
+    assert sorted(p.name for p in root.iterdir()) == []
 
 
 def test_after_a_restore_own_snapshots_of_ranks_on_other_nodes_go(root: Path) -> None:
