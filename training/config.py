@@ -302,22 +302,21 @@ def _refuse_idle_tiers(*, checkpoint: CheckpointConfig, restart: str) -> None:
             f"process memory instead: set checkpoint.pod_memory_dir={POD_MEMORY_DIR}, or "
             "checkpoint.peer_copy=false",
         )
-    if c.local_interval:
-        if c.interval:
-            fix = (
-                f"set it to a value that is not a multiple of {c.interval} "
-                f"(e.g. {c.interval // 2}), or 0 for none"
-                if c.interval > 1
-                else "checkpoint.interval=1 saves every step to storage: set it to 0"
-            )
-            _require(
-                c.local_interval % c.interval != 0,
-                s,
-                "local_interval",
-                f"every local checkpoint step (a multiple of {c.local_interval}) is a shared "
-                f"save step (checkpoint.interval={c.interval}), which takes no local "
-                f"checkpoint, so none is ever taken: {fix}",
-            )
+    if c.local_interval and c.interval:
+        fix = (
+            f"set it to a value that is not a multiple of {c.interval} "
+            f"(e.g. {c.interval // 2}), or 0 for none"
+            if c.interval > 1
+            else "checkpoint.interval=1 saves every step to storage: set it to 0"
+        )
+        _require(
+            c.local_interval % c.interval != 0,
+            s,
+            "local_interval",
+            f"every local checkpoint step (a multiple of {c.local_interval}) is a shared "
+            f"save step (checkpoint.interval={c.interval}), which takes no local "
+            f"checkpoint, so none is ever taken: {fix}",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
