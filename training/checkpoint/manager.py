@@ -478,7 +478,7 @@ class CheckpointManager:
         if self._pod_memory is not None:
             try:
                 self._pod_memory.take(trainer.state_dict(), step=step, keepalive=self.keepalive)
-            except (OSError, RuntimeError) as err:
+            except OSError as err:  # no room, or no mapping (PodMemorySnapshots.take)
                 self._pod_memory_failed(err, step=step)
                 if self._peer is not None:
                     self._peer.exchange()  # collective: sends nothing, receives the source's

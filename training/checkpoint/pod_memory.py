@@ -34,6 +34,7 @@ says why its data gets no CRC32 pass).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import shutil
@@ -157,7 +158,12 @@ class PodMemorySnapshots:
         if current is not None:
             current.close()
         directory = sf.slot_dir(self.root, kind="own", rank=self.rank, slot=slot)
-        self._files[slot] = sf.SlotFile(directory, nbytes=nbytes, pin=pin)
+        self._files.pop(slot, None)
+        try:
+            self._files[slot] = sf.SlotFile(directory, nbytes=nbytes, pin=pin)
+        except RuntimeError as err:  # the mapping or its CUDA registration failed
+            problem = f"cannot map or pin the snapshot in {directory}: {err}"
+            raise OSError(errno.ENOMEM, problem) from err
         return self._files[slot]
 
     def _publish(
