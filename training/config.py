@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from training.exits import ConfigError
-from training.modes import RestartMode
+from training.modes import MODES, RestartMode, spec
 
 CheckpointEngine = Literal["nvrx", "torch_async", "sync"]
 
@@ -274,6 +274,50 @@ class CheckpointConfig:
         _require(self.keep_every >= 0, s, "keep_every", "must be >= 0 (0 = off)")
 
 
+def _refuse_idle_tiers(*, checkpoint: CheckpointConfig, restart: str) -> None:
+    """Refuse a configuration under which a checkpoint tier that is on never takes anything
+    (each case: one message naming the field and the fix). The trainer's rules
+    (training/trainer.py): a step saved to storage takes no local checkpoint; a memory
+    snapshot is taken at every ``memory_interval`` step, save steps included; snapshots exist
+    only in a restart mode that keeps the pod (``training.modes``). A run shorter than an
+    interval is not refused: the same recipe runs for 5 steps as a smoke test (the launchers'
+    ``--train.steps=5``) and for thousands in production."""
+    c, s = checkpoint, "checkpoint"
+    if c.peer_copy:
+        _require(
+            spec(restart).keeps_pod,
+            s,
+            "peer_copy",
+            f"copies the pod-memory snapshots, which resilience.restart={restart} never takes "
+            f"(only {', '.join(m for m, row in MODES.items() if row.keeps_pod)} do): set "
+            "--restart to one of them, or "
+            "checkpoint.peer_copy=false",
+        )
+        _require(
+            bool(c.pod_memory_dir),
+            s,
+            "peer_copy",
+            "copies the pod-memory snapshots, which checkpoint.pod_memory_dir='' keeps in "
+            f"process memory instead: set checkpoint.pod_memory_dir={POD_MEMORY_DIR}, or "
+            "checkpoint.peer_copy=false",
+        )
+    if c.local_interval and c.interval:
+        fix = (
+            f"set it to a value that is not a multiple of {c.interval} "
+            f"(e.g. {c.interval // 2}), or 0 for none"
+            if c.interval > 1
+            else "checkpoint.interval=1 saves every step to storage: set it to 0"
+        )
+        _require(
+            c.local_interval % c.interval != 0,
+            s,
+            "local_interval",
+            f"every local checkpoint step (a multiple of {c.local_interval}) is a shared "
+            f"save step (checkpoint.interval={c.interval}), which takes no local "
+            f"checkpoint, so none is ever taken: {fix}",
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class ResilienceConfig:
     """The restart layers and every timeout the launchers and the ranks use.
@@ -424,6 +468,7 @@ class JobConfig:
             "max_seq_len",
             f"must be >= data.seq_len={self.data.seq_len}, got {self.model.max_seq_len}",
         )
+        _refuse_idle_tiers(checkpoint=self.checkpoint, restart=self.resilience.restart)
         if self.faults:
             # Parse now so that a bad spec fails before any process starts.
             from training.resilience.faults import parse_faults

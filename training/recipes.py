@@ -115,8 +115,8 @@ def _p5_recipe(
                 interval=interval,
                 local_dir="/scratch/checkpoints",
                 local_interval=local_interval,
-                # In-process restarts (nested, the overlays' default) restore from host memory,
-                # between the local checkpoints (a step with a save takes no snapshot).
+                # Restarts that keep the pod (nested, the overlays' default) restore from the
+                # pod's memory, every half local interval (save steps included).
                 memory_interval=max(1, local_interval // 2),
             ),
             resilience=_GPU_RESILIENCE,

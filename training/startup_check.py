@@ -29,6 +29,7 @@ On ``cpu``: only that torch imports and ``NPROC_PER_NODE`` is a positive integer
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import errno
 import json
@@ -307,15 +308,29 @@ def check_pod_memory(
     *, report: Report, directory: Path, needed: int, memory_max: str | None
 ) -> None:
     """The pod's memory must hold this node's memory snapshots: the tmpfs under ``directory``
-    (its size limit, ``statvfs``) and the container's memory limit (cgroup v2 ``memory.max``;
-    a memory-backed emptyDir's pages count against it: Kubernetes docs, "Volumes", emptyDir).
-    A shortfall is every node's: the Job fails (``report.problems``)."""
+    (its size limit, and its free space: ``statvfs``) and the container's memory limit
+    (cgroup v2 ``memory.max``; a memory-backed emptyDir's pages count against it: Kubernetes
+    docs, "Volumes", emptyDir). A tmpfs too small is every node's: the Job fails
+    (``report.problems``). One big enough whose free space is short (files outside the
+    snapshots' directory: another process's shared memory) is this pod's: a replacement pod
+    gets a fresh emptyDir (``report.node_problems``). Files already under ``directory`` count
+    as free: this run's slots from a previous container are reused in place, and other runs'
+    are pruned at start (``pod_memory.PodMemorySnapshots.prune``). Without the room a
+    snapshot would find no space (ENOSPC, ``snapshot_files.reserve``): pod memory then goes
+    off on that rank and restarts read storage."""
     probe = directory
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     stat = os.statvfs(probe)
     size = stat.f_blocks * stat.f_frsize
-    report.facts["pod_memory"] = {"dir": str(directory), "needed": needed, "tmpfs_size": size}
+    reusable = _bytes_under(directory)
+    free = stat.f_bavail * stat.f_frsize + reusable
+    report.facts["pod_memory"] = {
+        "dir": str(directory),
+        "needed": needed,
+        "tmpfs_size": size,
+        "tmpfs_free": free,
+    }
     fix = (
         "raise NodeType.shm in manifests/sizes.py, or set --checkpoint.memory_interval=0 "
         "(no memory snapshots: restarts load from storage)"
@@ -325,6 +340,12 @@ def check_pod_memory(
             f"checkpoint.pod_memory_dir: {probe} holds {size / 2**30:.1f} GiB, the memory "
             f"snapshots need {needed / 2**30:.1f} GiB per node; {fix}"
         )
+    elif free < needed:
+        report.node_problems.append(
+            f"checkpoint.pod_memory_dir: {probe} has {_size(free)} free of {_size(size)} "
+            f"({_size(size - free)} in other files), the memory snapshots need "
+            f"{_size(needed)} per node; a replacement pod starts with an empty one (or {fix})"
+        )
     limit = (memory_max or "max").strip()
     if limit != "max" and int(limit) < needed:
         report.problems.append(
@@ -332,6 +353,20 @@ def check_pod_memory(
             f" GiB, cgroup memory.max) is below the snapshots' {needed / 2**30:.1f} GiB, which "
             f"count against it; {fix}"
         )
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def _bytes_under(directory: Path) -> int:
+    """Bytes allocated to the files under ``directory`` (0 when it does not exist)."""
+    total = 0
+    for path in Path(directory).rglob("*"):
+        with contextlib.suppress(OSError):
+            if path.is_file():
+                total += path.stat().st_blocks * 512
+    return total
 
 
 def check(

@@ -352,10 +352,11 @@ class Trainer:
                 elif local_due and self.step < c.train.steps:
                     with self.hooks.section("checkpoint_save"):
                         checkpoints.save_local(self, step=self.step)
-                elif memory_due and self.step < c.train.steps:
-                    # For in-process restarts (memory.py); a step saved above is on storage.
-                    # A copy in host memory, not I/O: no section (whose pinger thread and
-                    # reports cost more than the copy of a small model), between two steps.
+                if memory_due and self.step < c.train.steps:
+                    # Also at a save step: a restart then restores it from memory instead of
+                    # reading it back from storage (docs/restore-tiers.md). A copy in host
+                    # memory, not I/O: no section (whose pinger thread and reports cost more
+                    # than the copy of a small model), between two steps.
                     checkpoints.snapshot(self, step=self.step)
                 slowest_iteration_s = max(
                     slowest_iteration_s, time.perf_counter() - iteration_started

@@ -164,3 +164,105 @@ def test_unknown_field_lists_the_section_fields() -> None:
 def test_configs_are_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         BASE.train.steps = 5  # type: ignore[misc]
+
+
+# --- a tier that would never take anything is refused at start-up --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "field", "words"),
+    [
+        # The issue's case on a restart mode that takes no snapshot at all.
+        (
+            ["--checkpoint.interval=10", "--checkpoint.peer_copy=true"],
+            "checkpoint.peer_copy",
+            "resilience.restart=none never takes (only inprocess, nested, injob do): set "
+            "--restart to one of them",
+        ),
+        (
+            ["--restart=injob", "--checkpoint.peer_copy=true", "--checkpoint.pod_memory_dir="],
+            "checkpoint.peer_copy",
+            "set checkpoint.pod_memory_dir=/dev/shm/fsdp-snapshots, or checkpoint.peer_copy=false",
+        ),
+        (
+            ["--checkpoint.local_dir=/scratch", "--checkpoint.local_interval=100"],
+            "checkpoint.local_interval",
+            "every local checkpoint step (a multiple of 100) is a shared save step "
+            "(checkpoint.interval=50), which takes no local checkpoint, so none is ever taken: "
+            "set it to a value that is not a multiple of 50 (e.g. 25), or 0 for none",
+        ),
+        (
+            [
+                "--checkpoint.local_dir=/s",
+                "--checkpoint.local_interval=2",
+                "--checkpoint.interval=1",
+            ],
+            "checkpoint.local_interval",
+            "checkpoint.interval=1 saves every step to storage: set it to 0",
+        ),
+    ],
+)
+def test_a_tier_that_never_takes_anything_is_refused_by_the_cli(
+    args: list[str], field: str, words: str
+) -> None:
+    """The CLI's own parser (``python -m training train``: ``overrides.build_config``)."""
+    from training.overrides import build_config
+
+    with pytest.raises(ConfigError) as caught:
+        build_config(["--recipe=debug_cpu", *args])
+    assert caught.value.field_path == field
+    assert words in str(caught.value), str(caught.value)
+
+
+def test_the_issues_configuration_is_refused_with_one_message_and_a_usage_exit() -> None:
+    """The real command line, as a user runs it: one line naming the field and the fix, the
+    usage exit code, nothing started."""
+    import subprocess
+    import sys
+
+    from training import exits
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "training",
+            "train",
+            "--recipe=debug_cpu",
+            "--checkpoint.interval=10",
+            "--checkpoint.peer_copy=true",
+            "--print-config",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == exits.USAGE, out.stderr
+    [line] = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert line.startswith("error: config error: checkpoint.peer_copy: copies the pod-memory")
+    assert out.stdout == ""
+
+
+def test_configurations_whose_tiers_all_take_something_pass() -> None:
+    """Snapshots are taken at save steps too, so a memory interval that divides the save
+    interval is not idle (the issue's ``interval=10`` with the recipe's ``memory_interval`` of
+    10), and every shipped recipe passes."""
+    from training.overrides import build_config
+    from training.recipes import RECIPES
+
+    config, _ = build_config(
+        [
+            "--recipe=debug_cpu",
+            "--restart=injob",
+            "--checkpoint.interval=10",
+            "--checkpoint.peer_copy=true",
+        ]
+    )
+    assert config.checkpoint.memory_interval == 10 and config.checkpoint.peer_copy
+    for name in RECIPES:
+        build_config([f"--recipe={name}"])
+    # restart=none takes no snapshot and builds no memory tier: a recipe's interval is inert;
+    # and a smoke run shorter than the intervals is a short run, not an idle configuration.
+    build_config(["--recipe=debug_cpu", "--train.steps=5"])
+    build_config(["--recipe=p5_smoke", "--restart=nested", "--train.steps=5"])

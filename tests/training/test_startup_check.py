@@ -18,11 +18,12 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import uuid
 from pathlib import Path
 
 import pytest
-from support import requires_tool, skip_or_fail
+from support import requires_root, requires_tool, skip_or_fail
 
 from training import exits
 from training.startup_check import (
@@ -392,3 +393,62 @@ def test_pod_memory_too_small_for_the_snapshots_names_the_field_and_the_fix(
     assert len(short.problems) == 2 and short.code == exits.ENVIRONMENT
     assert all(p.startswith("checkpoint.pod_memory_dir:") for p in short.problems)
     assert all("NodeType.shm in manifests/sizes.py" in p for p in short.problems)
+
+
+@requires_root("mounting a tmpfs in a private mount namespace")
+@requires_tool("unshare")
+def test_pod_memory_compares_the_snapshots_with_the_free_space_of_the_tmpfs() -> None:
+    """A 16 MiB tmpfs (mounted in a private mount namespace) of which 12 MiB are taken by
+    another file: 8 MiB of snapshots fit its size, not its 4 MiB free, which the check names
+    as this pod's problem (a replacement pod starts with an empty emptyDir). This run's own
+    files from a previous container count as free: they are reused in place."""
+    script = textwrap.dedent(
+        """
+        import json, sys
+        from pathlib import Path
+        from training.startup_check import Report, check_pod_memory
+        shm = Path(sys.argv[1])
+        (shm / "other").write_bytes(b"x" * (12 << 20))
+        short = Report()
+        check_pod_memory(report=short, directory=shm / "snapshots", needed=8 << 20,
+                         memory_max="max")
+        (shm / "snapshots").mkdir()
+        (shm / "snapshots" / "previous").write_bytes(b"x" * (3 << 20))
+        reused = Report()
+        check_pod_memory(report=reused, directory=shm / "snapshots", needed=3 << 20,
+                         memory_max="max")
+        print(json.dumps([short.problems, short.node_problems, reused.node_problems]))
+        """
+    )
+    mount_point = Path(f"/tmp/startup-tmpfs-{os.getpid()}")
+    mount_point.mkdir()
+    try:
+        out = subprocess.run(
+            [
+                "unshare",
+                "-m",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                'mount -t tmpfs -o size=16m tmpfs "$1" && exec "$2" -c "$3" "$1"',
+                "sh",
+                str(mount_point),
+                sys.executable,
+                script,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+    finally:
+        mount_point.rmdir()
+    assert out.returncode == 0, out.stderr
+    problems, node_problems, reused = json.loads(out.stdout.splitlines()[-1])
+    assert problems == [] and reused == []
+    [problem] = node_problems
+    assert problem.startswith("checkpoint.pod_memory_dir: ")
+    assert "has 4.0 MiB free of 16.0 MiB (12.0 MiB in other files)" in problem, problem
+    assert "need 8.0 MiB per node; a replacement pod starts with an empty one" in problem

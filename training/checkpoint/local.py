@@ -441,6 +441,22 @@ class LocalCheckpoints:
                 return step
             self._manager.latest_iteration = -1  # NVRx caches its answer: ask again
 
+    def discard_newer(self, step: int) -> list[int]:
+        """After a restore of ``step`` (from any tier): remove the local files this rank holds
+        (its own and the replicas it keeps) of later steps, a dead timeline's: NVRx's
+        ``find_latest`` would otherwise offer them to a later restart once every rank's
+        shard of such a step is found again. Local, no collective."""
+        removed = set()
+        for ckpt_id in self._manager._my_ckpt_ids():
+            if ckpt_id[0] <= step:
+                continue
+            path = self._manager._local_ckpt_path_from_id(ckpt_id)
+            path.with_name(path.name + SIDECAR).unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
+            removed.add(ckpt_id[0])
+        self._manager.latest_iteration = -1  # NVRx caches its answer
+        return sorted(removed)
+
     def _verify_held_files(self, step: int) -> list[Path]:
         """Read this rank's files of ``step`` against their CRC32s; rename the damaged ones
         aside (NVRx then no longer finds them) and return them."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -42,6 +43,7 @@ from training.checkpoint.memory import (
 from training.checkpoint.pod_memory import (
     PodMemorySnapshots,
     PodMemoryTier,
+    remove_run_dir_if_empty,
     run_identity,
     run_root,
 )
@@ -156,6 +158,7 @@ class CheckpointManager:
             )
             if copies is not None:
                 tiers.append(peer.PeerTier(copies))
+            pod_memory.checksum = copies is not None  # a CRC32 only for a copy that travels
         elif plan.tier == "memory":
             memory = SNAPSHOTS
         return cls(
@@ -239,6 +242,11 @@ class CheckpointManager:
         self._peer = next((t.copies for t in self.tiers if isinstance(t, peer.PeerTier)), None)
         """The restore tiers, cheapest first (``tiers.TIERS``)."""
         self._candidates: list[tuple[int, RestoreTier]] | None = None
+        self._closing = False
+        self._pod_memory_off = False
+        """A pod-memory snapshot failed in this attempt: none is taken any more (the peer
+        exchange, a collective, still runs: it sends nothing)."""
+        self._local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
         self._committed: list[int] = []
         # The structure the cached save plan was made for (nvrx), and torch's cache key.
         self._plan_key: tuple | None = None
@@ -253,6 +261,10 @@ class CheckpointManager:
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             self._remove_torn()
+        if self._pod_memory is not None:
+            # Before the restore, which may need room for a peer's copy: what no restore of
+            # this run can use (another world size's snapshots, dead runs' directories).
+            self._pod_memory.prune()
         dist.barrier()
 
     def _start_worker(self) -> None:
@@ -276,6 +288,7 @@ class CheckpointManager:
 
     def close(self) -> None:
         """Commit what is pending and stop the background worker (collective)."""
+        self._closing = True  # the run is over: an abandon from here on cleans up as well
         self.wait()
         self._committer.close()
         if self._nvrx is not None:
@@ -283,12 +296,7 @@ class CheckpointManager:
             self._nvrx = None
         if self._local is not None:
             self._local.close()
-        if self._memory is not None:
-            self._memory.clear()  # the run is over: nothing restarts into this process
-        if self._pod_memory is not None:
-            self._pod_memory.close(remove=True)  # nor into this pod: /dev/shm is left empty
-        if self._peer is not None:
-            self._peer.close()
+        self._release_snapshots()
 
     def abandon(self) -> None:
         """After a fault: drop pending saves (they stay uncommitted) without collectives. A
@@ -307,6 +315,22 @@ class CheckpointManager:
         if self._local is not None:
             self._local.abandon()
             self._local_pending = False
+        if self._closing:
+            # A fault (an in-process restart) during close(), after the run's end: the final
+            # checkpoint is committed (the trainer waited for it), so the memory snapshots
+            # go as close() would have removed them, instead of filling /dev/shm until the
+            # pod ends. Local files only: no collective.
+            self._release_snapshots()
+
+    def _release_snapshots(self) -> None:
+        if self._memory is not None:
+            self._memory.clear()  # the run is over: nothing restarts into this process
+        if self._pod_memory is not None:
+            self._pod_memory.close(remove=True)  # nor into this pod: /dev/shm is left empty
+        if self._peer is not None:
+            self._peer.close()
+        if self._pod_memory is not None:
+            remove_run_dir_if_empty(self._pod_memory.root)
 
     # -- saving --------------------------------------------------------------------------------
     def latest_step(self) -> int | None:
@@ -456,8 +480,18 @@ class CheckpointManager:
         started = time.perf_counter()
         if self._peer is not None:
             self._peer.settle()  # collective: the previous copies are in before a slot is reused
+        if self._pod_memory_off:
+            if self._peer is not None:
+                self._peer.exchange(step=step)  # collective: sends nothing, receives the source's
+            return
         if self._pod_memory is not None:
-            self._pod_memory.take(trainer.state_dict(), step=step, keepalive=self.keepalive)
+            try:
+                self._pod_memory.take(trainer.state_dict(), step=step, keepalive=self.keepalive)
+            except OSError as err:  # no room, or no mapping (PodMemorySnapshots.take)
+                self._pod_memory_failed(err, step=step)
+                if self._peer is not None:
+                    self._peer.exchange(step=step)  # collective: sends nothing, receives
+                return
             tier = "pod_memory"
         else:
             self._memory.take(
@@ -473,6 +507,22 @@ class CheckpointManager:
         )
         if self._peer is not None:
             self._peer.exchange(step=step)  # collective: every rank snapshots at the same steps
+
+    def _pod_memory_failed(self, err: Exception, *, step: int) -> None:
+        """A pod-memory snapshot failed (no room in the tmpfs: ENOSPC from the reservation,
+        or the CUDA registration of its mapping): this rank takes no more for the rest of the
+        attempt, its snapshots go (their pages back to the pod), and restarts read storage.
+        A warning and a ``memory_snapshot_off`` event say why; training goes on."""
+        assert self._pod_memory is not None
+        self._pod_memory.disable()
+        self._pod_memory_off = True
+        message = (
+            f"pod-memory snapshots off on rank {self.rank} from step {step}: {err}; restarts "
+            "restore from storage (free /dev/shm, or raise the pod's shm size)"
+        )
+        warnings.warn(message, stacklevel=3)
+        print(f"WARNING: {message}", flush=True)
+        self.events.emit("memory_snapshot_off", step=step, tier="pod_memory", reason=str(err))
 
     def before_update(self) -> None:
         """Call before the optimizer changes the state in place: on a GPU the compute stream
@@ -602,6 +652,7 @@ class CheckpointManager:
         checkpoint was rejected. Every load emits ``checkpoint_load`` with its ``source`` (the
         tier), ``seconds`` and ``bytes`` (this rank's state restored)."""
         if not self.config.resume:
+            self._discard_newer(0)
             return None
         candidates = self._restore_candidates()
         newest_committed = max(self._committed, default=None)
@@ -631,13 +682,33 @@ class CheckpointManager:
                 source=tier.name,
             )
             self._latest_committed = step if tier is self._storage else newest_committed
+            self._discard_newer(step)
             return step
+        self._discard_newer(0)  # a fresh start: every snapshot left is another timeline's
         if self._committed:
             raise CheckpointError(
                 f"every committed checkpoint under {self.root} is damaged; "
                 "move them aside to start fresh (checkpoint.resume=false ignores them)"
             )
         return None
+
+    def _discard_newer(self, step: int) -> None:
+        """Once ``step`` is restored (0: nothing was): every tier forgets what this rank holds
+        of later steps, the timeline that died, so that no restart can offer it again and no
+        snapshot of a replayed step sits beside one of the old timeline (on a GPU the two
+        differ, and ranks could restore a mix). Each rank removes its own files and the peer
+        copies it holds, before its first step: local, no collective. Storage keeps its
+        committed checkpoints: one newer than ``step`` is there only when it was rejected as
+        damaged, and every restore rejects it again (its next save replaces it)."""
+        if self._memory is not None:
+            self._memory.discard_newer(step)
+        if self._pod_memory is not None:
+            self._pod_memory.discard_newer(step)
+            self._pod_memory.prune_other_nodes(local_world_size=self._local_world_size)
+        if self._peer is not None:
+            self._peer.discard_newer(step)
+        if self._local is not None:
+            self._local.discard_newer(step)
 
 
 def needs_cpu_collectives(config: CheckpointConfig) -> bool:

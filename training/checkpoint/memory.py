@@ -80,7 +80,12 @@ class MemorySnapshots:
     def take(
         self, state: dict[str, Any], *, owner: str, step: int, rank: int, world_size: int
     ) -> None:
-        """Copy ``state`` (a trainer's ``state_dict()``) into the next slot."""
+        """Copy ``state`` (a trainer's ``state_dict()``) into the next slot: one that holds
+        this step or a later one if any (a replayed step replaces what an abandoned timeline
+        left: never two snapshots of one step), else the two in turn."""
+        later = [i for i, s in enumerate(self._slots) if s.step is not None and s.step >= step]
+        if later:
+            self._next = min(later, key=lambda i: self._slots[i].step != step)
         slot = self._slots[self._next]
         slot.step = None  # torn until the copy below is complete
         leaves, key = _walk(state)
@@ -163,6 +168,16 @@ class MemorySnapshots:
     def buffers(self, step: int) -> list[torch.Tensor]:
         slot = self._slot(step)
         return [b for b in (slot.buffers if slot is not None else []) if b is not None]
+
+    def discard_newer(self, step: int) -> list[int]:
+        """After a restore of ``step`` (from any tier): forget the snapshots of later steps,
+        the timeline that died; the steps forgotten."""
+        removed = []
+        for slot in self._slots:
+            if slot.step is not None and slot.step > step:
+                removed.append(slot.step)
+                slot.step = None
+        return removed
 
     def clear(self) -> None:
         self._slots = [_Slot(), _Slot()]

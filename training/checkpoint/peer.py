@@ -379,7 +379,7 @@ class PeerCopies:
         meta = _meta_or_none(blob)
         if meta is None or meta.nbytes != nbytes or meta.rank != self.source:
             return None
-        slot = files.next_slot(self.root, kind="peer", rank=meta.rank)
+        slot = files.next_slot(self.root, kind="peer", rank=meta.rank, step=meta.step)
         target = self._slots.get(slot)
         if target is not None and target.nbytes == nbytes and target.current():
             target.reopen()
@@ -432,6 +432,16 @@ class PeerCopies:
             with contextlib.suppress(ValueError):
                 if int(directory.name.split("-", 1)[1]) not in kept:
                     files.remove_rank(self.root, kind="peer", rank=int(directory.name[5:]))
+
+    def discard_newer(self, step: int) -> list[int]:
+        """After a restore of ``step``: remove the copies this rank holds (its source's) of
+        later steps, a dead timeline's (``PodMemorySnapshots.discard_newer`` says why no
+        collective is needed), and the copies this pod no longer holds for (:meth:`_prune`);
+        the steps removed."""
+        self._prune()
+        if self.source is None:
+            return []
+        return files.discard_newer(self.root, kind="peer", rank=self.source, step=step)
 
     def close(self) -> None:
         """The run ended: wait for the exchange in flight, then remove the copies this rank
@@ -586,10 +596,13 @@ class PeerCopies:
         meta = _meta_or_none(blob)
         if meta is None or meta.nbytes != nbytes:
             return None
-        slot = files.next_slot(self.root, kind="own", rank=self.rank)
-        target = files.SlotFile(
-            files.slot_dir(self.root, kind="own", rank=self.rank, slot=slot), nbytes=nbytes
-        )
+        slot = files.next_slot(self.root, kind="own", rank=self.rank, step=meta.step)
+        try:
+            target = files.SlotFile(
+                files.slot_dir(self.root, kind="own", rank=self.rank, slot=slot), nbytes=nbytes
+            )
+        except OSError:  # no room: the shard is dropped, the step refused on every rank
+            return None
         out.append(target)
         return target.data
 

@@ -17,7 +17,10 @@ restores them. :meth:`PodMemorySnapshots.close` removes them when the run ends (
 stopped with a final checkpoint), so a finished run leaves nothing in ``/dev/shm``.
 
 Writing: on the CPU the copy is synchronous, in the training thread, straight into the mapped
-file; the CRC32 and the ``meta`` that completes the slot follow on a background thread. On a
+file; the ``meta`` that completes the slot (and the CRC32, only when a peer copy carries it:
+``checksum``) follow on a background thread. No room in the tmpfs is an ``OSError`` from
+:meth:`PodMemorySnapshots.take` (``snapshot_files.reserve``), which the manager turns into
+pod memory off on that rank, with a warning and an event. On a
 GPU the mapping is registered with CUDA (``cudaHostRegister``), the copies run on a side stream
 beside the next step's forward and backward, the optimizer's update waits for them on the
 device (:meth:`before_update`), and the background thread waits for their event before the
@@ -31,7 +34,10 @@ says why its data gets no CRC32 pass).
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import os
+import shutil
 import time
 import zlib
 from collections.abc import Callable
@@ -88,7 +94,16 @@ class PodMemorySnapshots:
         self._publisher: Any = None  # the publish thread of the newest snapshot
         self._copying: Any = None
         self._stream: Any = None
+        self._failure: OSError | None = None
         self.last_take_s = 0.0
+        self.checksum = False
+        """Whether each snapshot's CRC32 is taken when it is published: only when it will
+        cross the network (the peer copy checks it on arrival and before a restore); an own
+        snapshot is restored without one (:meth:`check`), so a CRC pass nobody checks would
+        cost a read of the shard per interval."""
+        self._lock: int | None = None
+        """A shared lock on the run's directory, taken at the start (:meth:`prune`) or the
+        first snapshot, held for the life of the process: no other run prunes it meanwhile."""
 
     # -- taking --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -99,10 +114,15 @@ class PodMemorySnapshots:
         background publish is (:meth:`wait`)."""
         # The previous snapshot is published before its slot's neighbour is chosen.
         self.wait(keepalive=keepalive)
+        if self._lock is None:
+            self._lock = _hold_run_lock(self.root)
+        if self._failure is not None:  # the previous publish failed (no room for its meta)
+            failure, self._failure = self._failure, None
+            raise failure
         meta = sf.meta_for(
             state, owner=self.owner, rank=self.rank, world_size=self.world_size, step=step
         )
-        slot = sf.next_slot(self.root, kind="own", rank=self.rank)
+        slot = sf.next_slot(self.root, kind="own", rank=self.rank, step=step)
         leaves, _ = sf.walk(state)
         device = next(
             (v.device for _, _, v in leaves if isinstance(v, torch.Tensor) and v.is_cuda), None
@@ -135,7 +155,7 @@ class PodMemorySnapshots:
         (``device_threads``)."""
         self._publisher = device_threads.start(
             self._publish,
-            args=(target, meta, ready),
+            args=(target, meta, ready, self.checksum),
             name=f"pod-memory-publish-{meta.step}",
             device=device if ready is not None else None,
         )
@@ -179,19 +199,33 @@ class PodMemorySnapshots:
         if current is not None:
             current.close()
         directory = sf.slot_dir(self.root, kind="own", rank=self.rank, slot=slot)
-        self._files[slot] = sf.SlotFile(
-            directory, nbytes=nbytes, pin=device is not None, device=device, keep_meta=keep_meta
-        )
+        self._files.pop(slot, None)
+        try:
+            self._files[slot] = sf.SlotFile(
+                directory,
+                nbytes=nbytes,
+                pin=device is not None,
+                device=device,
+                keep_meta=keep_meta,
+            )
+        except RuntimeError as err:  # the mapping failed (a CUDA registration fails later:
+            # SlotFile.wait_pinned warns and the copies go unpinned)
+            problem = f"cannot map the snapshot in {directory}: {err}"
+            raise OSError(errno.ENOMEM, problem) from err
         return self._files[slot]
 
-    @staticmethod
-    def _publish(target: sf.SlotFile, meta: sf.SnapshotMeta, ready: Any) -> None:
+    def _publish(
+        self, target: sf.SlotFile, meta: sf.SnapshotMeta, ready: Any, checksum: bool
+    ) -> None:
         if ready is not None:
             try:
                 ready.synchronize()
             except RuntimeError:  # the device failed: the copies may not have finished
                 return
-        sf.publish(target.directory, sf.with_checksum(meta, target.data))
+        try:
+            sf.publish(target.directory, sf.with_checksum(meta, target.data) if checksum else meta)
+        except OSError as err:  # no room for the meta: raised by the next take
+            self._failure = err
 
     def wait(self, *, keepalive: Callable[[], None] = lambda: None) -> None:
         """Until the newest snapshot is published (complete), calling ``keepalive`` every
@@ -208,6 +242,55 @@ class PodMemorySnapshots:
         if self._copying is not None:
             torch.cuda.current_stream().wait_event(self._copying)
             self._copying = None
+
+    def discard_newer(self, step: int) -> list[int]:
+        """After a restore of ``step`` (from any tier): remove this rank's snapshots of later
+        steps, which belong to the timeline that died, before the replay writes its own
+        snapshots of those steps; the steps removed. Local, no collective: every rank does
+        this for its own files before its first step, whose collectives no rank passes alone,
+        so no snapshot of the new timeline exists beside one of the old."""
+        self.wait()
+        self._failure = None
+        return sf.discard_newer(self.root, kind="own", rank=self.rank, step=step)
+
+    def disable(self) -> None:
+        """A snapshot failed (no room in the tmpfs): drop this rank's snapshots and their
+        mappings, giving their pages back to the pod (the tier has nothing whole to offer
+        from here on; restarts read storage)."""
+        self.close(remove=False)
+        sf.remove_rank(self.root, kind="own", rank=self.rank)
+
+    def prune(self) -> list[str]:
+        """Remove what this pod's memory holds that no restore of this run can use: snapshots
+        of another world size (an elastic restart: they are refused, and every shard grows),
+        and other runs' directories no live process holds (:func:`prune_other_runs`). Safe
+        before the restore: nothing removed here is ever offered. Returns what was removed."""
+        if self._lock is None:
+            self._lock = _hold_run_lock(self.root)
+        removed = prune_other_runs(self.root.parent, keep=self.root)
+        for kind in sf.KINDS:
+            for rank in sf.held_ranks(self.root, kind=kind):
+                for directory, meta in sf.list_snapshots(self.root, kind=kind, rank=rank):
+                    if meta.world_size != self.world_size or meta.owner != self.owner:
+                        sf.remove(directory)
+                        removed.append(str(directory))
+                        with contextlib.suppress(OSError):
+                            directory.parent.rmdir()  # the rank's, once no slot is left
+        return removed
+
+    def prune_other_nodes(self, *, local_world_size: int) -> list[str]:
+        """After the restore: remove the own snapshots of ranks that no longer run on this
+        node (the rendezvous placed them on another; ranks are ``node * L .. node * L + L - 1``
+        on node ``node``, torchrun's order). Not before: the peer tier may need them. No
+        live rank writes them, so ranks of one pod may do this at once."""
+        node = self.rank // max(local_world_size, 1)
+        here = range(node * local_world_size, (node + 1) * local_world_size)
+        removed = []
+        for rank in sf.held_ranks(self.root, kind="own"):
+            if rank not in here:
+                sf.remove_rank(self.root, kind="own", rank=rank)
+                removed.append(f"own/rank-{rank:05d}")
+        return removed
 
     # -- restoring -----------------------------------------------------------------------------
     def held(self) -> list[tuple[Path, sf.SnapshotMeta]]:
@@ -259,9 +342,88 @@ class PodMemorySnapshots:
         self._files.clear()
         if remove:
             sf.remove_rank(self.root, kind="own", rank=self.rank)
-            with contextlib.suppress(OSError):
-                self.root.rmdir()  # the last rank out removes it (a peer's kind may remain)
+            if self._lock is not None:
+                os.close(self._lock)  # the run is over (its other ranks hold their own)
+                self._lock = None
+            remove_run_dir_if_empty(self.root)
             self._LIVE.pop((str(self.root), self.owner, self.rank, self.world_size), None)
+
+
+STALE_RUN_S = 600.0
+"""Another run's directory is pruned once no process holds its lock and nothing in it changed
+for this long: an in-job restart leaves its run's lock unheld for the seconds between the
+ranks' death and their replacements' start, and must find its snapshots whole."""
+
+
+LOCK = ".lock"
+
+
+def _lock_path(run_dir: Path) -> Path:
+    return run_dir / LOCK
+
+
+def remove_run_dir_if_empty(run_dir: Path) -> None:
+    """The last rank out removes the run's directory: once only its lock is left in it."""
+    for kind in sf.KINDS:
+        with contextlib.suppress(OSError):
+            (run_dir / kind).rmdir()  # only when empty
+    with contextlib.suppress(OSError):
+        if {p.name for p in run_dir.iterdir()} <= {LOCK}:
+            _lock_path(run_dir).unlink(missing_ok=True)
+            run_dir.rmdir()
+
+
+def _hold_run_lock(run_dir: Path) -> int | None:
+    """A shared ``flock`` on the run's lock file, held for the life of the process (the kernel
+    drops it when the process dies, SIGKILL included): while one is held, no other run prunes
+    this run's directory."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(_lock_path(run_dir), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return None  # a read-only or missing parent: the first snapshot says so
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def _newest_change(directory: Path) -> float:
+    """The newest modification under ``directory``, its lock aside (a pruner creates it)."""
+    newest = 0.0
+    for path in directory.rglob("*"):
+        if path.name != LOCK:
+            with contextlib.suppress(OSError):
+                newest = max(newest, path.stat().st_mtime)
+    return newest
+
+
+def prune_other_runs(
+    pod_memory_dir: Path, *, keep: Path, stale_after_s: float = STALE_RUN_S
+) -> list[str]:
+    """Remove the ``run-*`` directories under ``pod_memory_dir`` but ``keep`` that belong to
+    runs no live process holds (their lock free: killed, ended, or a previous job) and that
+    did not change for ``stale_after_s``; the directories removed. In a pod the emptyDir holds
+    one job's runs; on a shared machine (the local launcher, benchmarks, tests) it holds other
+    live runs too, which their lock keeps."""
+    removed = []
+    for directory in sorted(Path(pod_memory_dir).glob("run-*")):
+        if directory == keep or not directory.is_dir():
+            continue
+        if time.time() - _newest_change(directory) < stale_after_s:
+            continue
+        try:
+            fd = os.open(_lock_path(directory), os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live run's
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(str(directory))
+        finally:
+            os.close(fd)
+    return removed
 
 
 class PodMemoryTier:

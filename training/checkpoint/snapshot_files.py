@@ -12,14 +12,18 @@ a rank's own snapshots, ``peer`` for copies held for another node's rank) with t
 ``meta``
     A pickled, frozen :class:`SnapshotMeta`: owner (run identity), rank, world size, step,
     structure key, the layout of every tensor leaf, the pickled non-tensor leaves, the data's
-    size and CRC32 (ISA-L's, the checkpoint layout's; same values as ``zlib.crc32``).
+    size and CRC32 (ISA-L's, the checkpoint layout's; same values as ``zlib.crc32``; taken only
+    for a snapshot that crosses the network, :data:`NO_CHECKSUM` otherwise).
 
 Protocol: ``meta`` is unlinked before ``data`` is rewritten and is written last (temporary
 file, then ``rename(2)``: atomic), once every byte of ``data`` is in place; on a GPU, once
 the device-to-host copies' CUDA event is complete. A snapshot is complete exactly when its
 ``meta`` exists, so a writer killed in the middle of a copy leaves a slot without ``meta``,
 which is never offered. Each rank keeps :data:`SLOTS` slots and writes them in turn
-(:func:`next_slot`), so the previous snapshot stays whole while the next is written.
+(:func:`next_slot`), so the previous snapshot stays whole while the next is written; a slot
+holding the same step or a later one (a dead timeline's, :func:`discard_newer`) is rewritten
+first. Every page of a slot is allocated before it is mapped (:func:`reserve`): a full tmpfs
+is an ``OSError`` (ENOSPC), never a SIGBUS at a write through the mapping.
 
 A snapshot is offered only to the same owner, rank and world size, and restored only into a
 state of the same structure (:meth:`SnapshotMeta.refusal`). The CRC32 catches a copy damaged
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import errno
 import os
 import pickle
 import shutil
@@ -53,6 +58,8 @@ ALIGN = 64
 """Byte alignment of every tensor leaf in ``data`` (a cache line; enough for any dtype)."""
 SLOTS = 2
 """Snapshots kept per rank and kind, written in turn."""
+NO_CHECKSUM = -1
+"""A meta's ``crc32`` when no checksum was taken: matches no data (a CRC32 is >= 0)."""
 DATA = "data"
 META = "meta"
 Kind = Literal["own", "peer"]
@@ -156,7 +163,8 @@ class SnapshotMeta:
     nbytes: int
     """The size of ``data`` (:func:`plan`)."""
     crc32: int
-    """CRC32 of the ``nbytes`` bytes of ``data``."""
+    """CRC32 of the ``nbytes`` bytes of ``data``; :data:`NO_CHECKSUM` when none was taken (an
+    own snapshot that never crosses the network: ``pod_memory.PodMemorySnapshots``)."""
     format: int = FORMAT
 
     def to_bytes(self) -> bytes:
@@ -190,7 +198,8 @@ class SnapshotMeta:
 def meta_for(
     state: dict[str, Any], *, owner: str, rank: int, world_size: int, step: int
 ) -> SnapshotMeta:
-    """The meta of a snapshot of ``state``, its checksum still 0 (:func:`with_checksum`)."""
+    """The meta of a snapshot of ``state``, without a checksum (:data:`NO_CHECKSUM`; see
+    :func:`with_checksum`)."""
     leaves, key = walk(state)
     tensors, nbytes = plan(key)
     values = [v for _, _, v in leaves if not isinstance(v, torch.Tensor)]
@@ -203,7 +212,7 @@ def meta_for(
         tensors=tensors,
         values=pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL),
         nbytes=nbytes,
-        crc32=0,
+        crc32=NO_CHECKSUM,
     )
 
 
@@ -339,16 +348,42 @@ def list_snapshots(
     return sorted(found, key=lambda item: item[1].step, reverse=True)
 
 
-def next_slot(root: Path, *, kind: Kind, rank: int) -> int:
-    """The slot the next snapshot goes to: one without a complete snapshot, else the one with
-    the older step (the newest stays whole while the next is written)."""
+def next_slot(root: Path, *, kind: Kind, rank: int, step: int) -> int:
+    """The slot a snapshot of ``step`` goes to: one without a complete snapshot, else one that
+    holds ``step`` or a later one (a rank never holds two snapshots of one step, and a
+    replayed step replaces what an abandoned timeline left), else the one with the older step
+    (the newest stays whole while the next is written)."""
     steps = []
     for slot in range(SLOTS):
         meta = read_meta(slot_dir(root, kind=kind, rank=rank, slot=slot))
         if meta is None:
             return slot
         steps.append(meta.step)
+    later = [slot for slot in range(SLOTS) if steps[slot] >= step]
+    if later:  # the one of this very step first: never two snapshots of one step
+        return min(later, key=lambda slot: (steps[slot] != step, -steps[slot]))
     return min(range(SLOTS), key=lambda slot: steps[slot])
+
+
+def discard_newer(root: Path, *, kind: Kind, rank: int, step: int) -> list[int]:
+    """Remove ``rank``'s snapshots of ``kind`` newer than ``step`` (a restore of ``step`` made
+    them a dead timeline's); the steps removed."""
+    removed = []
+    for directory, meta in list_snapshots(root, kind=kind, rank=rank):
+        if meta.step > step:
+            remove(directory)
+            removed.append(meta.step)
+    return removed
+
+
+def held_ranks(root: Path, *, kind: Kind) -> list[int]:
+    """The ranks with a directory of ``kind`` under ``root`` (complete snapshots or not)."""
+    base = Path(root) / kind
+    ranks = []
+    for directory in sorted(base.glob("rank-*")) if base.is_dir() else []:
+        with contextlib.suppress(ValueError):
+            ranks.append(int(directory.name.split("-", 1)[1]))
+    return ranks
 
 
 def map_data(directory: Path, meta: SnapshotMeta) -> torch.Tensor:
@@ -361,6 +396,8 @@ def map_data(directory: Path, meta: SnapshotMeta) -> torch.Tensor:
 
 def verify(directory: Path, meta: SnapshotMeta) -> str | None:
     """None when ``directory``'s data matches ``meta``'s CRC32; else what is wrong."""
+    if meta.crc32 == NO_CHECKSUM:
+        return "no checksum was taken of its data"
     try:
         data = map_data(directory, meta)
     except (OSError, RuntimeError) as err:
@@ -393,11 +430,14 @@ class SlotFile:
     ``open`` unlinks the slot's ``meta`` first (:func:`unpublish`), so nothing offers the slot
     until :func:`publish`; with ``keep_meta`` (a mapping made ahead of its first write,
     ``PodMemorySnapshots.prepare``) a complete snapshot in the slot stays offered, unless the
-    file must change size. With ``pin`` (a GPU run), the mapping is registered with CUDA
-    (``cudaHostRegister``) so device-to-host copies into it are asynchronous: on a background
-    thread bound to ``device`` (:mod:`device_threads`), because registration populates and
-    pins every page (seconds for a shard of GBs) and must not stall the training thread;
-    :meth:`wait_pinned` waits for it before the first copy, :meth:`close` unregisters it."""
+    file must change size. Every page of the file is allocated before it is mapped
+    (:func:`reserve`): a tmpfs without room then raises ``OSError`` (ENOSPC) here, where a
+    sparse file's first write through the mapping would kill the process with SIGBUS. With
+    ``pin`` (a GPU run), the mapping is registered with CUDA (``cudaHostRegister``) so
+    device-to-host copies into it are asynchronous: on a background thread bound to ``device``
+    (:mod:`device_threads`), because registration populates and pins every page (seconds for a
+    shard of GBs) and must not stall the training thread; :meth:`wait_pinned` waits for it
+    before the first copy, :meth:`close` unregisters it."""
 
     def __init__(
         self,
@@ -416,9 +456,22 @@ class SlotFile:
         path = self.directory / DATA
         size = max(_aligned(nbytes), ALIGN)
         with open(path, "a+b") as handle:  # created if missing, never truncated to 0 first
-            if os.fstat(handle.fileno()).st_size != size:
+            current = os.fstat(handle.fileno()).st_size
+            if current != size:
                 unpublish(self.directory)  # its data changes: it describes other bytes now
-                os.ftruncate(handle.fileno(), size)
+                if current > size:
+                    os.ftruncate(handle.fileno(), size)
+            try:
+                reserve(handle.fileno(), size)
+            except OSError as err:
+                # Nothing half-reserved stays: the pages a partial allocation took go back.
+                unpublish(self.directory)
+                path.unlink(missing_ok=True)
+                raise OSError(
+                    err.errno,
+                    f"no room for a {size / 2**20:.1f} MiB snapshot in {self.directory} "
+                    f"({os.strerror(err.errno or 0)})",
+                ) from err
             self._inode = os.fstat(handle.fileno()).st_ino
         self._mapped = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
         self.data = self._mapped[:nbytes]
@@ -476,6 +529,23 @@ class SlotFile:
             _cuda_unregister(self._mapped)
             self.pinned = False
         self.data = self._mapped = None  # type: ignore[assignment]
+
+
+def reserve(fd: int, size: int) -> None:
+    """Allocate every page of the file's first ``size`` bytes now (``posix_fallocate(3)``;
+    tmpfs supports it, shmem_fallocate in the kernel): a full file system raises ENOSPC here
+    instead of a SIGBUS at a later write through a shared mapping (mmap(2): "SIGBUS ...
+    access to a portion of the buffer that does not correspond to the file"; a tmpfs page
+    that cannot be allocated on a fault). Allocating pages already allocated is a no-op, so
+    a reused slot pays only for its missing pages. A file system without fallocate (EOPNOTSUPP,
+    EINVAL; not tmpfs) gets the size only, as before."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as err:
+        if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        if os.fstat(fd).st_size < size:
+            os.ftruncate(fd, size)
 
 
 def _cuda_register(tensor: torch.Tensor) -> None:

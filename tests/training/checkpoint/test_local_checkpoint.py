@@ -149,3 +149,24 @@ def test_replicas_are_exchanged_in_buckets_not_tensor_by_tensor(tmp_path: Path) 
         assert report["broadcasts"]["bucketed"] <= 6, report
         assert report["restore_equal"], "a shard restored from a peer equals what it sent"
     assert json.loads((tmp_path / "replication_rank0.json").read_text())["restore_sends"] == 2
+
+
+def test_a_restore_removes_the_local_files_of_later_steps(one_rank_group, tmp_path: Path) -> None:
+    """After a restore of step 4 (from any tier), the local files of steps 6 and 9, a dead
+    timeline's, go with their sidecars: NVRx's ``find_latest`` would offer them to a later
+    restart. The real NVRx manager on CPU tensors (its writer's ``_save``, as the forked writer
+    runs it); the GPU save path needs CUDA."""
+    tier = LocalCheckpoints(
+        root=tmp_path, session_id="run", world_size=1, local_world_size=1, require_cuda=False
+    )
+    manager = tier._manager
+    for step in (3, 6, 9):
+        manager._save({"w": torch.arange(10.0) + step}, manager._ckpt_id(step))
+    manager.latest_iteration = -1
+    assert manager.find_latest() == 9
+    assert tier.discard_newer(4) == [6, 9]
+    assert manager.find_latest() == 3
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == [
+        "iter_0000003_0_local.pt",
+        "iter_0000003_0_local.pt.crc32.json",
+    ]

@@ -252,3 +252,109 @@ def test_a_snapshot_of_cuda_tensors_is_the_state_at_its_step() -> None:
     restored = {"w": torch.zeros(1 << 20, device="cuda"), "step": 0}
     snapshots.restore(restored, step=3)
     assert torch.equal(restored["w"].cpu(), expected) and restored["step"] == 3
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_a_save_step_takes_a_snapshot_too(tmp_path: Path, corpus: Path, one_rank_group) -> None:
+    """The issue's run: ``--checkpoint.interval=10`` with the recipe's ``memory_interval`` of
+    10. Every memory step was a save step, and a save step took no snapshot, so the pod-memory
+    tier (and the peer copy riding on it) took nothing at all and a lost node restored from
+    storage. A snapshot is now taken at save steps too: a restart shortly after a committed
+    save restores it from memory (one host copy per interval) instead of reading the whole
+    checkpoint back from storage. One real rank of the real trainer and manager."""
+    import uuid
+
+    from support import TINY_MODEL
+
+    from training.overrides import build_config
+    from training.run import run_training
+
+    shm = Path("/dev/shm") / f"test-save-step-{uuid.uuid4().hex[:12]}"
+    config, _ = build_config(
+        [
+            *TINY_MODEL,
+            "--run-dir",
+            str(tmp_path / "run"),
+            f"--data.path={corpus}",
+            "--restart=injob",
+            "--train.steps=20",
+            "--checkpoint.interval=10",
+            "--checkpoint.engine=sync",
+            f"--checkpoint.pod_memory_dir={shm}",
+        ]
+    )
+    assert config.checkpoint.memory_interval == 10  # the recipe's
+    try:
+        run_training(config, rank=0, world_size=1)
+    finally:
+        import shutil
+
+        shutil.rmtree(shm, ignore_errors=True)
+    events, _ = read_jsonl(tmp_path / "run" / "events.jsonl")
+    snapshots = [e["step"] for e in events if e["kind"] == "memory_snapshot"]
+    saves = [e["step"] for e in events if e["kind"] == "checkpoint_committed"]
+    assert snapshots == [10] and saves == [10, 20], (snapshots, saves)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(60)
+def test_a_fault_during_close_after_the_runs_end_leaves_nothing_in_pod_memory(
+    tmp_path: Path, one_rank_group, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run.py: ``checkpoints.close()`` after the last step; an in-process restart landing in it
+    (here: its wait raises, as NVRx's Wrapper interrupts a rank) sends the manager to
+    ``release_leftovers`` -> ``abandon``, which left the pod-memory and peer files in /dev/shm
+    until the pod ended. The final checkpoint is committed by then (the trainer waited for it),
+    so the abandon of a closing manager removes them as close would have."""
+    import uuid
+
+    shm = Path("/dev/shm") / f"test-close-{uuid.uuid4().hex[:12]}"
+    config = JobConfig(
+        run_dir=str(tmp_path),
+        checkpoint=CheckpointConfig(
+            engine="sync", interval=0, memory_interval=1, pod_memory_dir=str(shm)
+        ),
+        resilience=ResilienceConfig(restart="injob"),
+    )
+    manager = CheckpointManager.for_job(
+        config=config, rank=0, world_size=1, events=EventLog(run_dir=tmp_path, rank=0)
+    )
+    try:
+        manager.start()
+        manager.snapshot(_Trainer(1.0, step=3), step=3)
+        manager._pod_memory.wait()
+        assert [p for p in shm.rglob("*") if p.is_file() and p.name != "meta"]
+
+        def interrupted() -> None:
+            raise RuntimeError("in-process restart")
+
+        monkeypatch.setattr(manager, "wait", interrupted)
+        with pytest.raises(RuntimeError, match="in-process restart"):
+            manager.close()
+        manager.abandon()  # run.release_leftovers
+        left = [str(p.relative_to(shm)) for p in shm.rglob("*") if p.is_file()]
+        assert left == [], left
+    finally:
+        import shutil
+
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+def test_an_own_snapshot_gets_a_crc32_only_when_a_peer_copy_carries_it(tmp_path: Path) -> None:
+    """The CRC32 of an own snapshot is checked only where it crosses the network (the peer copy:
+    on arrival and before a restore); without a peer copy nothing reads it, so none is taken
+    (it was taken every interval: a read of the shard per interval for nothing)."""
+    from training.checkpoint import snapshot_files as sf
+    from training.checkpoint.pod_memory import PodMemorySnapshots
+
+    state = _state(1.0, step=4)
+    for checksum in (False, True):
+        root = tmp_path / str(checksum)
+        snapshots = PodMemorySnapshots(root=root, owner="run", rank=0, world_size=1)
+        snapshots.checksum = checksum
+        snapshots.take(state, step=4)
+        [(directory, meta)] = snapshots.held()
+        assert (meta.crc32 != sf.NO_CHECKSUM) is checksum
+        assert (sf.verify(directory, meta) is None) is checksum
+        snapshots.close(remove=True)

@@ -133,7 +133,7 @@ def _take(root: Path, *, rank: int, step: int) -> None:
     """Rank ``rank``'s own pod-memory snapshot of step ``step`` (snapshot_files' protocol)."""
     state = _state(rank, step)
     meta = sf.meta_for(state, owner=OWNER, rank=rank, world_size=WORLD, step=step)
-    slot = sf.next_slot(root, kind="own", rank=rank)
+    slot = sf.next_slot(root, kind="own", rank=rank, step=step)
     target = sf.SlotFile(sf.slot_dir(root, kind="own", rank=rank, slot=slot), nbytes=meta.nbytes)
     sf.pack(state, target.data, meta)
     sf.publish(target.directory, sf.with_checksum(meta, target.data))
