@@ -78,6 +78,7 @@ def test_on_one_node_the_copy_is_off_and_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     from training.config import CheckpointConfig
+    from training.runlog import writer
     from training.runlog.metrics import EventLog
 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
@@ -95,6 +96,7 @@ def test_on_one_node_the_copy_is_off_and_says_why(
     assert (
         "peer copy of pod-memory snapshots off: the job runs on one node" in capsys.readouterr().out
     )
+    writer.flush()  # events are written off the caller's thread (training/runlog/writer.py)
     (event,) = [json.loads(line) for line in events.path.read_text().splitlines()]
     assert event["kind"] == "peer_copy_off" and "one node" in event["reason"]
 

@@ -371,6 +371,8 @@ def test_a_full_tmpfs_turns_pod_memory_off_and_the_run_goes_on_from_storage() ->
         m.abandon()
         trainer, m = Trainer(), manager()
         print("restored", m.load_latest(trainer), float(trainer.w[0]))
+        from training.runlog import writer
+        writer.flush()  # events are written off the caller's thread
         events = [json.loads(l) for l in (run / "events.jsonl").read_text().splitlines()]
         print("events", [(e["kind"], e["step"]) for e in events
                          if e["kind"] in ("memory_snapshot", "memory_snapshot_off")])

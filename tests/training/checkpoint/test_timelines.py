@@ -132,11 +132,12 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
         at(trainer, step, timeline=1)
         if rank == 1 and step == 20:
             # Killed in the middle of the publish: the slot is written, its meta never is.
+            m._peer.settle()  # collective, as in CheckpointManager.snapshot
             m._pod_memory.take(trainer.state_dict(), step=step)
             m._pod_memory.wait()
             [torn] = [d for d, meta in m._pod_memory.held() if meta.step == 20]
             sf.unpublish(torn)
-            m._peer.exchange()
+            m._peer.exchange(step=step)
         else:
             m.snapshot(trainer, step=step)
     dist.barrier()
