@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import summary
 from training.durable import write_json_atomic
 from training.runlog import files as runlog_files
 from training.tables import text_table
@@ -290,8 +291,12 @@ def targets_table(targets: Sequence[dict]) -> str:
 
 
 def write_result(name: str, payload: dict[str, Any]) -> Path:
-    """Write bench/results/<name>.json atomically (the planner reads some of its keys)."""
+    """Write bench/results/<name>.json atomically (the planner reads some of its keys), then
+    bench/README.md from every result on file (``bench.summary``: a test compares the two).
+    Results redirected elsewhere (``BENCH_RESULTS_DIR``: the smoke tests) leave the page alone."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{name}.json"
     write_json_atomic(path, payload)
+    if RESULTS_DIR.resolve() == summary.RESULTS_DIR.resolve():
+        summary.write_page()
     return path

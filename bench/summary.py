@@ -101,16 +101,22 @@ def markdown(results_dir: Path = RESULTS_DIR) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+def write_page(results_dir: Path = RESULTS_DIR, page: Path = PAGE) -> Path:
+    """Write the page from the results in ``results_dir`` (``bench.common.write_result`` calls
+    it after every result it writes, so a benchmark run leaves the page current)."""
+    page.write_text(markdown(results_dir))
+    return page
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.summary", description=__doc__)
     parser.add_argument("--markdown", action="store_true", required=True, help="the page")
     parser.add_argument("--write", action="store_true", help=f"write it to {PAGE.name}")
     args = parser.parse_args(argv)
-    page = markdown()
     if args.write:
-        PAGE.write_text(page)
+        write_page()
     else:
-        sys.stdout.write(page)
+        sys.stdout.write(markdown())
     return 0
 
 

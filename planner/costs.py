@@ -64,8 +64,7 @@ MODES: tuple[str, ...] = tuple(PRODUCT_MODES)
 NOT_SHIPPED: tuple[str, ...] = ("reserve", "replica")
 """Modes users would buy next, modelled to show what would close the gap; not in the product."""
 MODE_LABELS: dict[str, str] = {
-    **{mode: spec.summary for mode, spec in PRODUCT_MODES.items()},
-    "reserve": "NOT SHIPPED: in-process with NVRx reserve ranks on the hot spares",
+    **{mode: spec.summary for mode, spec in tiers.ROWS.items()},
     "replica": "NOT SHIPPED: replica-group recovery (torchft-like, no global NCCL re-init)",
 }
 GB = 1e9
@@ -308,6 +307,15 @@ DEFAULTS: dict[str, Param] = {
         help="GPU <-> host memory copy per GPU, either way (half of PCIe 5.0 x16 nominal: an "
         "estimate); checkpoint stalls and restores from memory",
     ),
+    "shm_copy_gbps": Param(
+        value=hardware.P5_HOST_MEMORY_BYTES_PER_S / GB / hardware.P5_GPUS / 2,
+        unit="GB/s",
+        source="p5",
+        estimate=True,
+        help="per GPU, copying its shard out of the pod's /dev/shm on a restore: a node's "
+        "nominal host memory bandwidth shared by its 8 ranks, each byte read and written once "
+        "(the page-cache read, or CUDA's staging of a pageable copy)",
+    ),
     "efa_gbps": Param(
         value=hardware.P5_EFA_BYTES_PER_S / GB,
         unit="GB/s",
@@ -464,8 +472,15 @@ def terms(*, model: CostModel, job: Job) -> dict[str, Term]:
     shard_node = job.ckpt_bytes / job.nodes
     h2d = p["d2h_gbps"] * GB
     efa = p["efa_gbps"] * GB
+    shm = p["shm_copy_gbps"] * GB
+    # Process memory: a pinned host buffer straight to the GPU (checkpoint/memory.py). Pod
+    # memory: the same shard first copied out of the /dev/shm file (snapshot_files.load: a
+    # read into a CPU tensor, or a pageable copy that CUDA stages through pinned memory), with
+    # no CRC pass (pod_memory.PodMemorySnapshots.check says why).
     out["restore_memory_s"] = Term("restore_memory_s", shard_gpu / h2d, s["d2h_gbps"])
-    out["restore_pod_memory_s"] = Term("restore_pod_memory_s", shard_gpu / h2d, s["d2h_gbps"])
+    out["restore_pod_memory_s"] = Term(
+        "restore_pod_memory_s", shard_gpu / shm + shard_gpu / h2d, s["shm_copy_gbps"]
+    )
     # The replacement reads its node's shard from one peer: one node's EFA at each end.
     out["restore_peer_s"] = Term(
         "restore_peer_s", shard_node / efa + shard_gpu / h2d, s["efa_gbps"]
@@ -495,10 +510,13 @@ def checkpoint_stall_s(*, model: CostModel, job: Job) -> float:
 
 
 def _detection(t: dict[str, Term], *, mode: str, outcome: Outcome) -> Term:
+    """Who sees the fault: the Job's own timeouts (no restart layer), ft_launcher's rank
+    monitor (new processes), or the in-process Wrapper (the processes survive)."""
+    spec = tiers.row(mode)
     hang = outcome.needs_node or outcome.hangs
-    if mode == "none":
+    if not spec.keeps_pod:
         return t["detect_hang_none_s" if hang else "detect_exit_none_s"]
-    if mode == "injob":
+    if not spec.keeps_processes:
         return t["detect_hang_injob_s" if hang else "detect_exit_injob_s"]
     if outcome.needs_node:
         return t["detect_lost_rank_inprocess_s"]
@@ -576,8 +594,7 @@ def recovery(
     ``replica`` (not shipped) is charged elsewhere (:func:`replica_loss_s`): its recovery does
     not stop the whole job.
     """
-    if mode not in (*MODES, "reserve"):
-        raise ValueError(f"unknown mode {mode!r}: use one of {', '.join((*MODES, 'reserve'))}")
+    spec = tiers.row(mode)  # a clear error for an unknown mode
     if model.name == "measured-cpu":
         return [Term("measured restart", _measured_restart(model, mode, outcome), "bench")]
     if source not in RESTORE_TERMS:
@@ -596,16 +613,18 @@ def recovery(
         t["nccl_init_s"],
         t["ckpt_load_s"],
     ]
-    if mode == "reserve" and outcome.needs_node and outcome.spare:
-        # NVRx reserve ranks: the spare's processes already run; the Wrapper swaps them in.
-        return in_place
-    if mode == "none" or (mode in ("inprocess", "reserve") and outcome.needs_node):
+    if tiers.whole_job_restart(mode=mode, outcome=outcome):
         return _job_restart(t, outcome, detect)
-    if mode == "injob" or (mode == "nested" and outcome.needs_node):
+    if outcome.needs_node and not spec.keeps_nodes:
+        # Reserve ranks (whole_job_restart said so): the spare's processes already run; the
+        # Wrapper swaps them in.
+        return in_place
+    if outcome.needs_node or not spec.keeps_processes:
+        # New worker processes in the kept pods (and a new node first, for a lost one).
         node = [_node(t, outcome)] if outcome.needs_node else []
         tail = [t["rendezvous_s"], t["nccl_init_s"], t["ckpt_load_s"]]
         return [detect, t["worker_stop_s"], *node, t["worker_start_s"], *tail]
-    # inprocess / nested / reserve, fault recoverable in place: no new processes or store clients.
+    # The processes survive a fault recoverable in place: no new processes or store clients.
     return in_place
 
 
@@ -642,10 +661,9 @@ def recovery_s(
 
 def _measured_restart(model: CostModel, mode: str, outcome: Outcome) -> float:
     m = model.measured
-    if mode == "none":
+    spec = tiers.row(mode)
+    if not spec.keeps_pod or (outcome.needs_node and not spec.keeps_nodes):
         return m["cold_s"]
-    if mode == "injob":
-        return m["injob_s"]
-    if mode in ("inprocess", "reserve"):
-        return m["cold_s"] if outcome.needs_node else m["inprocess_s"]
-    return m["injob_s"] if outcome.needs_node else m["inprocess_s"]
+    if spec.keeps_processes and not outcome.needs_node:
+        return m["inprocess_s"]
+    return m["injob_s"]

@@ -19,8 +19,9 @@ from planner import costs, ettr, failures, spares, tiers
 from planner.costs import CostModel, Job, Term
 from planner.fsx import FsxPlan, fsx_options, given_fsx
 
-ALL_MODES: tuple[str, ...] = (*costs.MODES, "reserve")
-"""Modes with a closed form and a Monte Carlo (``replica`` is first-order, see costs)."""
+ALL_MODES: tuple[str, ...] = tuple(tiers.ROWS)
+"""Modes with a closed form and a Monte Carlo: the product's and the planner's own rows
+(``replica`` is first-order, see costs)."""
 SPARE_SWEEP: tuple[int, ...] = (0, 1, 2, 4, 8, 16, 32, 64)
 
 
@@ -565,7 +566,7 @@ def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
                         # they cost more than they save, the plan goes without them.
                         e = off
                         used[mode] = tiers.OFF
-                    if mode in costs.MODES and mode != "none":
+                    if mode in costs.MODES and tiers.row(mode).keeps_pod:
                         # The comparison: the storage-only model at its own best FSx.
                         off = min(
                             (

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner.costs import MODE_LABELS
+from planner import tiers
+from planner.costs import MODE_LABELS, MODES
 from planner.plan import ALL_MODES, Inputs, SizePlan
 
 # Recovery terms grouped for the breakdown (term name prefix -> group).
@@ -39,7 +40,7 @@ def plot_plan(*, inputs: Inputs, plans: list[SizePlan], out: Path) -> Path:
         for mi, mode in enumerate(ALL_MODES):
             rows = [next(r for r in p.rates if r.rate_name == rate).modes[mode] for p in plans]
             ys = [m.ettr for m in rows]
-            style = "--" if mode == "reserve" else "-"
+            style = "-" if mode in MODES else "--"  # dashed: not shipped
             if rate != first:
                 ax.plot(xs, ys, ":", color=colors(mi), lw=0.8, alpha=0.6)
                 continue
@@ -48,7 +49,9 @@ def plot_plan(*, inputs: Inputs, plans: list[SizePlan], out: Path) -> Path:
             ax.fill_between(xs, ys, lows, color=colors(mi), alpha=0.12, lw=0)
             if all(m.mc for m in rows):
                 ax.plot(xs, [m.mc.p5 for m in rows], "v", ms=4, color=colors(mi))
-            if mode == "nested" and inputs.tiers.enabled:
+            spec = tiers.row(mode)
+            # The shipped mode with both restart layers: its ETTR with every restore from FSx.
+            if mode in MODES and spec.keeps_processes and spec.keeps_nodes and inputs.tiers.enabled:
                 ax.plot(
                     xs,
                     [m.tiers_off_ettr for m in rows],

@@ -191,7 +191,7 @@ def _tiers_lines(inputs: Inputs, r: RateResult) -> list[str]:
     pairs = ", ".join(
         f"{m} {_pct(r.modes[m].ettr)} vs {_pct(r.modes[m].tiers_off_ettr)}"
         for m in MODES
-        if m != "none"
+        if tiers.row(m).keeps_pod
     )
     return [
         f"  tiers     restores: {restore_mix(best.recoveries)}",

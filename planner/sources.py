@@ -76,7 +76,8 @@ SOURCES: dict[str, str] = {
     ),
     "p5": (
         "facts/hardware.py: AWS 'Amazon EC2 P5 Instances', p5.48xlarge 3,200 Gbps EFA per node "
-        "(400 GB/s each way), 2 TiB host memory"
+        "(400 GB/s each way), 2 TiB host memory; two AMD EPYC 7R13 sockets of eight DDR4-3200 "
+        "channels (409.6 GB/s nominal)"
     ),
     "node-loss-emulation": (
         "bench/results/node_loss.json (bench/node_loss.py): pods emulated on a CPU machine "

@@ -1,13 +1,17 @@
 """Restore tiers: what each failure restores from, what it recomputes and what it reads.
 
 The product keeps the newest state in several places (training/modes.py names them, cheapest
-first, and says which one a restart of each mode keeps: ``kept_snapshot_tier``):
+first). Which snapshot tier a run writes, and so restores from, is the product's own decision,
+``training.modes.snapshot_plan`` (the checkpoint manager takes it too), evaluated here on the
+product's checkpoint settings (:data:`PLANNED`), so the planner cannot restore from another
+tier than the product:
 
-- ``memory``: each rank's snapshot in its own process memory, every ``checkpoint.memory_interval``
-  steps (training/checkpoint/memory.py); survives a restart that keeps the processes (NVRx's
-  in-process Wrapper: modes ``inprocess``, ``nested``).
-- ``pod_memory``: the same snapshot in the pod's /dev/shm; survives new worker processes in the
-  same pod (ft_launcher's in-job restart: a dead or hung rank, an OOM, every fault in ``injob``).
+- ``pod_memory``: each rank's snapshot in the pod's /dev/shm every ``checkpoint.memory_interval``
+  steps (training/checkpoint/pod_memory.py; ``checkpoint.pod_memory_dir``, on by default);
+  survives every restart that keeps the pod: new worker processes (``injob``, a dead rank in
+  ``nested``) and in-process restarts (``inprocess``, ``nested``) alike.
+- ``memory``: the snapshot in each rank's own process memory (training/checkpoint/memory.py),
+  only with ``pod_memory_dir`` empty; survives a restart that keeps the processes.
 - ``peer``: each node's newest snapshot also in the next node's memory; a replacement pod
   restores its node's shard from that peer over EFA instead of from FSx. Needs two nodes or
   more, and is gone when a second loss takes the holder before the replacement has restored.
@@ -31,7 +35,8 @@ import math
 from dataclasses import dataclass
 
 from planner.failures import Outcome
-from training.modes import TIERS, kept_snapshot_tier
+from training.config import CheckpointConfig
+from training.modes import MODES, TIERS, ModeSpec, snapshot_plan
 
 MEMORY = "memory"
 POD_MEMORY = "pod_memory"
@@ -40,6 +45,34 @@ LOCAL = "local"
 STORAGE = "storage"
 SOURCES: tuple[str, ...] = TIERS
 """Every restore source, fastest first (training/modes.py's tier names)."""
+
+RESERVE = ModeSpec(
+    summary="NOT SHIPPED: in-process with NVRx reserve ranks on the hot spares",
+    launcher="torchrun",
+    ft_restart_policy=None,
+    keeps_processes=True,
+    keeps_pod=True,
+    keeps_nodes=False,
+    spare_ranks=True,
+)
+"""The planner's own scenario: ``inprocess`` whose lost node's ranks are replaced by reserve
+ranks on a hot spare while one is free (planner.costs)."""
+ROWS: dict[str, ModeSpec] = {**MODES, "reserve": RESERVE}
+"""Every mode the planner evaluates: the product's rows (training/modes.py), then its own."""
+
+
+def row(mode: str) -> ModeSpec:
+    """The row of ``mode``; a clear error naming the choices for anything else."""
+    try:
+        return ROWS[mode]
+    except KeyError:
+        raise ValueError(f"unknown mode {mode!r}: use one of {', '.join(ROWS)}") from None
+
+
+PLANNED = CheckpointConfig(memory_interval=1, peer_copy=True)
+"""The checkpoint settings the plan assumes: the product's (``checkpoint.pod_memory_dir`` at
+its default, which no recipe or overlay clears) with snapshots and peer copies on, as the
+plan's command line recommends them (the interval is the plan's own)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +83,8 @@ class TierConfig:
     """False: every restart reads FSx (the model without memory tiers)."""
     memory_interval_steps: int | None = None
     """``checkpoint.memory_interval``; None: the planner chooses it."""
+    checkpoint: CheckpointConfig = PLANNED
+    """The product's checkpoint settings that decide the snapshot tier (``snapshot_plan``)."""
 
     def __post_init__(self) -> None:
         if self.memory_interval_steps is not None and self.memory_interval_steps < 1:
@@ -63,23 +98,27 @@ OFF = TierConfig(enabled=False)
 
 
 def whole_job_restart(*, mode: str, outcome: Outcome) -> bool:
-    """The recovery recreates every pod (costs.recovery's ``_job_restart`` path)."""
-    if outcome.manual or mode == "none":
+    """The recovery recreates every pod (costs.recovery's ``_job_restart`` path): always for a
+    manual intervention or a mode whose restarts keep no pod; for a lost node, in a mode that
+    does not keep the other nodes, unless reserve ranks on a spare take its place."""
+    spec = row(mode)
+    if outcome.manual or not spec.keeps_pod:
         return True
-    if mode in ("inprocess", "reserve") and outcome.needs_node:
-        return not (mode == "reserve" and outcome.spare)
+    if outcome.needs_node and not spec.keeps_nodes:
+        return not (spec.spare_ranks and outcome.spare)
     return False
 
 
 def restore_source(*, mode: str, outcome: Outcome, nodes: int, tiers: TierConfig) -> str:
-    """The tier one failure of this outcome restores from in this mode (before a second loss)."""
+    """The tier one failure of this outcome restores from in this mode (before a second loss):
+    the snapshot tier ``snapshot_plan`` gives the product's settings, the peer copy for a lost
+    node where it makes one, else storage."""
     if not tiers.enabled or whole_job_restart(mode=mode, outcome=outcome):
         return STORAGE
+    plan = snapshot_plan(checkpoint=tiers.checkpoint, restart=row(mode), nodes=nodes)
     if outcome.needs_node:
-        return PEER if nodes >= 2 else STORAGE
-    if mode == "reserve":  # the planner's own mode: in-process restarts keep the processes
-        return MEMORY
-    return kept_snapshot_tier(mode) or STORAGE
+        return PEER if plan.copies >= 2 else STORAGE
+    return plan.tier or STORAGE
 
 
 def peer_lost_chance(*, node_rate_per_s: float, window_s: float) -> float:

@@ -4,8 +4,9 @@ Everything that depends on ``resilience.restart`` derives it from :data:`MODES`:
 choices and the config's validation (``training/config.py``), the launcher and its
 ``--ft-restart-policy`` (``training/launch/command.py``), the pod supervisor's exit code
 (``training/launch/pod.py``), the overlays' allowed modes (``manifests/sizes.py``), the
-snapshot tier a run takes (:func:`snapshot_plan`: the checkpoint manager and the pod's
-``/dev/shm`` budget in ``manifests/render.py``) and the planner's restore sources and labels.
+snapshot tier a run takes (:func:`snapshot_plan`: the checkpoint manager, the pod's
+``/dev/shm`` budget in ``manifests/render.py`` and the planner's restore sources, so the planner
+cannot restore from another tier than the product) and the planner's labels.
 Adding a mode is one row here (``tests/test_modes_owner.py`` fails if a list of mode names
 comes back anywhere else).
 
@@ -48,12 +49,18 @@ class ModeSpec:
     keeps_nodes: bool
     """When one node is lost, the other nodes' pods are kept and their launchers wait for its
     replacement (``ft_launcher``'s rendezvous), instead of the whole job restarting."""
+    spare_ranks: bool = False
+    """Reserve ranks wait on the hot spares and take a lost node's place inside the running
+    processes (NVRx in-process's reserve ranks). No shipped mode has them: the planner's
+    ``reserve`` row (``planner.tiers.ROWS``) models what they would buy."""
 
     def __post_init__(self) -> None:
         if (self.launcher == "ft_launcher") != (self.ft_restart_policy is not None):
             raise ValueError("ft_restart_policy is ft_launcher's flag: set it with it, only")
         if self.keeps_processes and not self.keeps_pod:
             raise ValueError("a restart that keeps the processes keeps their pod")
+        if self.spare_ranks and not self.keeps_processes:
+            raise ValueError("reserve ranks join the running processes: keeps_processes")
 
 
 MODES: dict[RestartMode, ModeSpec] = {
@@ -125,13 +132,16 @@ class SnapshotPlan:
     ring neighbour's peer copy (``checkpoint/peer.py``; needs two nodes or more)."""
 
 
-def snapshot_plan(*, checkpoint: SnapshotSettings, restart: str, nodes: int) -> SnapshotPlan:
+def snapshot_plan(
+    *, checkpoint: SnapshotSettings, restart: str | ModeSpec, nodes: int
+) -> SnapshotPlan:
     """The snapshot tier and copies of a run: with ``checkpoint.memory_interval`` on, in the
     pod's memory when the mode's restarts keep the pod and ``pod_memory_dir`` is set, else in
     the process's memory when they keep the processes. Never both: a second copy of the state
     in host memory would restore in-process restarts without a CRC pass over the snapshot, at
-    the price of its size in memory and a second copy per interval."""
-    mode = spec(restart)
+    the price of its size in memory and a second copy per interval. ``restart`` is a mode's
+    name, or a row (the planner's scenarios that no shipped mode has)."""
+    mode = restart if isinstance(restart, ModeSpec) else spec(restart)
     if checkpoint.memory_interval <= 0:
         return SnapshotPlan(tier=None, copies=0)
     if mode.keeps_pod and checkpoint.pod_memory_dir:
@@ -140,12 +150,3 @@ def snapshot_plan(*, checkpoint: SnapshotSettings, restart: str, nodes: int) -> 
     if mode.keeps_processes:
         return SnapshotPlan(tier="memory", copies=1)
     return SnapshotPlan(tier=None, copies=0)
-
-
-def kept_snapshot_tier(restart: str) -> SnapshotTier | None:
-    """The cheapest snapshot tier that a restart of this mode keeps, when every node is up:
-    the process's memory if the processes survive, else the pod's (None: neither survives)."""
-    mode = spec(restart)
-    if mode.keeps_processes:
-        return "memory"
-    return "pod_memory" if mode.keeps_pod else None

@@ -133,7 +133,8 @@ _RECIPES: tuple[Recipe, ...] = (
         config=JobConfig(
             recipe="debug_cpu",
             parallel=ParallelConfig(device="cpu", mixed_precision="fp32"),
-            # In-process restarts restore a memory snapshot at most 10 steps old (memory.py).
+            # Restarts that keep the pod restore a snapshot at most 10 steps old from /dev/shm
+            # (pod_memory.py; training.modes.snapshot_plan).
             checkpoint=CheckpointConfig(memory_interval=10),
         ),
         nodes=1,

@@ -45,3 +45,19 @@ def test_a_result_shows_its_figures_cases_and_targets(tmp_path: Path) -> None:
     assert "| pod_memory_s | 0.1503 |" in page and "not" not in page.split("## restore")[1]
     assert "| case | restart_p50_s | runs |" in page and "| injob/spare | 20.2 | 1 |" in page
     assert "| a \\| b | 0.3257 | <= 0.5 | PASS |" in page
+
+
+def test_writing_a_result_rewrites_the_page(tmp_path: Path, monkeypatch) -> None:
+    """Every benchmark writes through ``bench.common.write_result`` (``make bench`` and a script
+    run on its own alike): the page follows, so `make test` passes after `make bench`."""
+    from bench import common
+
+    results = tmp_path / "results"
+    page = tmp_path / "README.md"
+    monkeypatch.setattr(common, "RESULTS_DIR", results)
+    monkeypatch.setattr(summary, "RESULTS_DIR", results)
+    monkeypatch.setattr(summary, "PAGE", page)
+    monkeypatch.setattr(summary.write_page, "__defaults__", (results, page))
+    common.write_result("restore", {"machine": "test box", "pod_memory_s": 0.25})
+    assert page.read_text() == summary.markdown(results)
+    assert "pod_memory_s" in page.read_text()

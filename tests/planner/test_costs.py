@@ -204,15 +204,17 @@ def test_scaled_estimates_touch_only_estimates_that_were_not_overridden() -> Non
 
 
 def test_restore_terms_by_hand_at_16_nodes() -> None:
-    """Each restore source reads what it holds at its bandwidth: host memory over PCIe (32 GB/s
-    per GPU, half of PCIe 5.0 x16), a peer's memory over one node's EFA (400 GB/s), FSx at its
-    aggregate throughput shared by every reading node."""
+    """Each restore source reads what it holds at its bandwidth: process memory over PCIe (32
+    GB/s per GPU, half of PCIe 5.0 x16); pod memory the same after a copy out of /dev/shm at
+    the GPU's share of host memory bandwidth (409.6 GB/s per node / 8 GPUs, read and write:
+    25.6 GB/s); a peer's memory over one node's EFA (400 GB/s); FSx at its aggregate
+    throughput shared by every reading node."""
     job = _job(128, fsx_gbps=10.0)
     model = cluster_model()
     t = {k: v.seconds for k, v in terms(model=model, job=job).items()}
     shard_gpu, shard_node = 840e9 / 128, 840e9 / 16
     assert t["restore_memory_s"] == pytest.approx(shard_gpu / 32e9)
-    assert t["restore_pod_memory_s"] == pytest.approx(shard_gpu / 32e9)
+    assert t["restore_pod_memory_s"] == pytest.approx(shard_gpu / 25.6e9 + shard_gpu / 32e9)
     assert t["restore_peer_s"] == pytest.approx(shard_node / 400e9 + shard_gpu / 32e9)
     assert t["ckpt_load_s"] == pytest.approx(84.0)
     # A snapshot blocks its fixed part and the peer copy; the device-to-host copy (0.2 s)

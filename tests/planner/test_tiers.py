@@ -42,8 +42,11 @@ def test_the_planners_restore_sources_are_the_trainers_tiers_in_its_order() -> N
 @pytest.mark.parametrize(
     ("mode", "outcome", "nodes", "source"),
     [
-        ("nested", SW, 16, "memory"),  # the processes survive
-        ("inprocess", SW, 16, "memory"),
+        # The product's snapshots live in the pod's /dev/shm (checkpoint.pod_memory_dir's
+        # default): every restart that keeps the pod restores them, in-process ones included.
+        ("nested", SW, 16, "pod_memory"),
+        ("inprocess", SW, 16, "pod_memory"),
+        ("reserve", SW, 16, "pod_memory"),
         ("injob", SW, 16, "pod_memory"),  # new workers, same pod
         ("nested", GPU, 16, "peer"),  # a lost node: its shard from the next node
         ("injob", replace(GPU, spare=True), 16, "peer"),
@@ -51,6 +54,8 @@ def test_the_planners_restore_sources_are_the_trainers_tiers_in_its_order() -> N
         ("inprocess", GPU, 16, "storage"),  # a whole-job restart: pods and their memory gone
         ("none", SW, 16, "storage"),
         ("nested", MANUAL, 16, "storage"),
+        ("reserve", replace(GPU, spare=True), 16, "peer"),  # reserve ranks on the spare
+        ("reserve", GPU, 16, "storage"),  # no spare: a whole-job restart
     ],
 )
 def test_restore_source_per_failure_kind(mode: str, outcome: Outcome, nodes: int, source: str):
@@ -125,6 +130,39 @@ def test_closed_form_with_memory_restores_matches_the_monte_carlo() -> None:
     assert formula - old > 0.03 and abs(mc.mean - old) > 4 * mc.stderr + 0.003
 
 
+@pytest.mark.parametrize("mode", sorted(tiers.ROWS))
+@pytest.mark.parametrize("pod_memory_dir", ["/dev/shm/fsdp-snapshots", ""])
+@pytest.mark.parametrize("outcome", [SW, GPU, replace(GPU, spare=True)])
+def test_the_planner_restores_from_the_tier_the_product_writes(mode, pod_memory_dir, outcome):
+    """The planner's source is the product's own decision (training.modes.snapshot_plan, which
+    the checkpoint manager takes): they cannot disagree about a tier."""
+    from training.modes import snapshot_plan
+
+    checkpoint = replace(tiers.PLANNED, pod_memory_dir=pod_memory_dir)
+    config = tiers.TierConfig(checkpoint=checkpoint)
+    got = tiers.restore_source(mode=mode, outcome=outcome, nodes=16, tiers=config)
+    product = snapshot_plan(checkpoint=checkpoint, restart=tiers.row(mode), nodes=16)
+    if tiers.whole_job_restart(mode=mode, outcome=outcome):
+        assert got == "storage"
+    elif outcome.needs_node:
+        assert got == ("peer" if product.copies == 2 else "storage")
+    else:
+        assert got == (product.tier or "storage")
+
+
+def test_without_peer_copies_a_lost_node_restores_from_storage() -> None:
+    config = tiers.TierConfig(checkpoint=replace(tiers.PLANNED, peer_copy=False))
+    assert tiers.restore_source(mode="nested", outcome=GPU, nodes=16, tiers=config) == "storage"
+
+
+def test_the_planned_settings_are_the_products_defaults_with_snapshots_on() -> None:
+    from training.config import CheckpointConfig
+
+    default = CheckpointConfig()
+    assert tiers.PLANNED.pod_memory_dir == default.pod_memory_dir != ""
+    assert tiers.PLANNED.memory_interval > 0 and tiers.PLANNED.peer_copy
+
+
 def _inputs(*argv: str):
     return inputs_from_args(build_parser().parse_args(["--no-plot", *argv]))
 
@@ -139,7 +177,7 @@ def test_tiers_never_lose_against_storage_only_and_name_their_sources() -> None:
     assert nested.ettr > nested.tiers_off_ettr + 0.003  # a lost node restores from a peer
     assert nested.memory_interval_steps >= 1
     sources = {rec.outcome.kind: rec.source for rec in nested.recoveries}
-    assert sources["software"] == "memory" and sources["gpu+spare"] == "peer"
+    assert sources["software"] == "pod_memory" and sources["gpu+spare"] == "peer"
     assert sources["manual"] == "storage"
     injob = {rec.outcome.kind: rec.source for rec in rate.modes["injob"].recoveries}
     assert injob["software"] == "pod_memory"
@@ -171,7 +209,7 @@ def test_answer_shows_tiers_overlays_and_the_emulation(
     assert main([*argv, "--bench-dir", str(tmp_path)]) == 0
     text = capsys.readouterr().out
     assert "(--tiers off)" in text and "--checkpoint.memory_interval=" in text
-    assert "restores: memory" in text and "peer" in text
+    assert "restores: pod_memory" in text and "peer" in text
     overlays = text.split("Overlays (manifests/sizes.py)")[1]
     for name in ("smoke", "2node", "16node"):
         assert f"  {name} " in overlays

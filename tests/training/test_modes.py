@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from training.config import CheckpointConfig
-from training.modes import MODES, ModeSpec, kept_snapshot_tier, snapshot_plan
+from training.modes import MODES, ModeSpec, snapshot_plan
 
 SHM = "/dev/shm/fsdp-snapshots"
 
@@ -31,18 +31,39 @@ def test_snapshot_plan(restart, memory_interval, pod_memory_dir, peer_copy, node
     assert (plan.tier, plan.copies) == (tier, copies)
 
 
-def test_the_tier_a_restart_keeps_follows_what_the_mode_keeps() -> None:
-    assert {m: kept_snapshot_tier(m) for m in MODES} == {
+def test_with_the_default_settings_every_restart_that_keeps_the_pod_uses_pod_memory() -> None:
+    """``checkpoint.pod_memory_dir`` is on by default (no recipe or overlay clears it): in-process
+    restarts restore the pod's /dev/shm too, not the process's memory."""
+    checkpoint = CheckpointConfig(memory_interval=10)
+    assert {m: snapshot_plan(checkpoint=checkpoint, restart=m, nodes=2).tier for m in MODES} == {
         "none": None,
         "injob": "pod_memory",
-        "inprocess": "memory",
-        "nested": "memory",
+        "inprocess": "pod_memory",
+        "nested": "pod_memory",
     }
+
+
+def test_a_row_gives_the_plan_of_its_properties() -> None:
+    """The planner's own scenarios are rows, not names (planner.tiers.ROWS)."""
+    row = ModeSpec(
+        summary="x",
+        launcher="torchrun",
+        ft_restart_policy=None,
+        keeps_processes=True,
+        keeps_pod=True,
+        keeps_nodes=False,
+    )
+    shm, no_shm = (
+        CheckpointConfig(memory_interval=5),
+        CheckpointConfig(memory_interval=5, pod_memory_dir=""),
+    )
+    assert snapshot_plan(checkpoint=shm, restart=row, nodes=4).tier == "pod_memory"
+    assert snapshot_plan(checkpoint=no_shm, restart=row, nodes=4).tier == "memory"
 
 
 def test_an_unknown_mode_is_named_with_the_choices() -> None:
     with pytest.raises(ValueError, match="unknown restart mode 'always': use one of none, injob"):
-        kept_snapshot_tier("always")
+        snapshot_plan(checkpoint=CheckpointConfig(), restart="always", nodes=1)
 
 
 def test_a_row_that_contradicts_itself_is_refused() -> None:
@@ -51,6 +72,8 @@ def test_a_row_that_contradicts_itself_is_refused() -> None:
         ModeSpec(launcher="torchrun", ft_restart_policy="any-failed", **row)
     with pytest.raises(ValueError, match="ft_restart_policy"):
         ModeSpec(launcher="ft_launcher", ft_restart_policy=None, **row)
+    with pytest.raises(ValueError, match="reserve ranks"):
+        ModeSpec(launcher="torchrun", ft_restart_policy=None, spare_ranks=True, **row)
     with pytest.raises(ValueError, match="keeps their pod"):
         ModeSpec(
             summary="x",

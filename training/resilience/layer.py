@@ -7,12 +7,13 @@ from training.modes import MODES
 
 
 def run_with_restart_layer(config: JobConfig) -> int:
-    mode = config.resilience.restart
-    if MODES[mode].keeps_processes:
+    mode = MODES[config.resilience.restart]
+    if mode.keeps_processes:
         from training.resilience.inprocess import run_inprocess
 
-        return run_inprocess(config, nested=mode == "nested")
-    if mode == "injob":
+        # Inside ft_launcher the in-process layer also heartbeats to its rank monitor.
+        return run_inprocess(config, nested=mode.launcher == "ft_launcher")
+    if mode.keeps_pod:
         from training.resilience.injob import run_injob
 
         return run_injob(config)
