@@ -317,7 +317,7 @@ def check_pod_memory(
     size = stat.f_blocks * stat.f_frsize
     report.facts["pod_memory"] = {"dir": str(directory), "needed": needed, "tmpfs_size": size}
     fix = (
-        "raise NodeType.shm in manifests/sizes.py, or set --checkpoint.memory_interval=0 "
+        "raise NodeType.shm in facts/hardware.py, or set --checkpoint.memory_interval=0 "
         "(no memory snapshots: restarts load from storage)"
     )
     if size < needed:
