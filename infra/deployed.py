@@ -13,6 +13,9 @@ The settings live with the stack: `infra/stack.py` writes every setting of the d
 `DeploySettings` SSM parameter the stack owns (a resource, so a changed setting is always a
 stack update; template metadata alone may not be). A stack deployed before that parameter
 existed has its settings derived from its resources (zone, capacity, nodes, FSx, access).
+
+`guard` is what app.py runs around synthesis: read, layer the context, build, check
+(infra/first_deploy.py).
 """
 
 from __future__ import annotations
