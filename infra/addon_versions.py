@@ -16,6 +16,8 @@ import sys
 import urllib.parse
 from collections.abc import Mapping
 
+from training import exits
+
 KUBERNETES_VERSION = "1.36"
 """The Kubernetes version the pins were chosen for (cdk.json `kubernetesVersion`; a test keeps
 the two equal, so a version bump asks for new pins)."""
@@ -91,9 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         lines = check(region=args.region, endpoint=args.endpoint)
     except AwsCallError as err:
         print(f"addon-versions: {err}", file=sys.stderr)
-        return 1
+        return exits.FAILED
     print("\n".join(lines))
-    return 1 if any(line.startswith("not offered") for line in lines) else 0
+    return exits.FAILED if any(line.startswith("not offered") for line in lines) else exits.OK
 
 
 if __name__ == "__main__":

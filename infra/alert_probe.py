@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.aws_call import AwsCallError, signed_request
+from training import exits
 
 STACK_NAME = "EksFsdpResilient"
 """infra.config.STACK_NAME (not imported: this tool needs no CDK)."""
@@ -195,17 +196,17 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ValueError as err:
         print(f"alert-test: {err}", file=sys.stderr)
-        return 2
+        return exits.USAGE
     try:
         arrived, message = probe(target, timeout_s=args.timeout, poll_s=args.poll)
     except AwsCallError as err:
         print(f"alert-test: {err}", file=sys.stderr)
-        return 1
+        return exits.FAILED
     if not arrived:
         print(f"alert-test: {message}", file=sys.stderr)
-        return 1
+        return exits.FAILED
     print(message)
-    return 0
+    return exits.OK
 
 
 if __name__ == "__main__":

@@ -16,17 +16,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from facts import fsx as fsx_facts
+from facts.hardware import P5_48XLARGE
 
 # The stack's name is part of the contract with the job launcher: `make deploy` writes the
 # outputs to cdk-outputs.json under this key.
 STACK_NAME = "EksFsdpResilient"
+# The images stack (infra/images.py): the repository outlives the training stack.
+IMAGES_STACK_NAME = f"{STACK_NAME}Images"
 
 # Kubernetes versions this app can run: each needs a kubectl layer package of the same minor
 # version (aws-cdk.lambda-layer-kubectl-v36) that aws-cdk-lib's eks_v2 also knows.
 SUPPORTED_KUBERNETES_VERSIONS = ("1.36",)
 
 # The launch template's network-card layout (32 cards) is specific to this instance type.
-GPU_INSTANCE_TYPE = "p5.48xlarge"
+GPU_INSTANCE_TYPE = P5_48XLARGE.name
 
 CAPACITY_TYPES = ("on-demand", "capacity-reservation", "capacity-block")
 # The p5 network-card layouts of EC2's EFA guide ("EFA configuration for P5 and P5e instances"):

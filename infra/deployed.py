@@ -13,6 +13,9 @@ The settings live with the stack: `infra/stack.py` writes every setting of the d
 `DeploySettings` SSM parameter the stack owns (a resource, so a changed setting is always a
 stack update; template metadata alone may not be). A stack deployed before that parameter
 existed has its settings derived from its resources (zone, capacity, nodes, FSx, access).
+
+`guard` is what app.py runs around synthesis: read, layer the context, build, check
+(infra/first_deploy.py).
 """
 
 from __future__ import annotations
@@ -20,9 +23,20 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from infra import first_deploy, sizing
+from infra.config import IMAGES_STACK_NAME, STACK_NAME, ConfigError, StackConfig, load_config
+from manifests.render import OVERLAYS
+from manifests.sizes import SIZES
+from training import exits
+
+if TYPE_CHECKING:
+    import aws_cdk as cdk
 
 SETTINGS_PARAMETER_ID = "DeploySettings"
 """Logical id of the stack's SSM parameter holding the deploy's settings (JSON)."""
@@ -241,10 +255,6 @@ def kept_settings(template: Mapping[str, Any] | None) -> tuple[dict[str, Any], s
 def _sized_for(capacity_gib: int, tier: int) -> str | None:
     """The largest overlay a deployed file system fits (None: the largest of all), since a
     stack from before DeploySettings does not say which `fsxSizedFor` it was deployed with."""
-    from infra import sizing
-    from infra.config import ConfigError
-    from manifests.sizes import SIZES
-
     fits = {}
     for name, size in SIZES.items():
         try:
@@ -355,3 +365,112 @@ def retained_report(*, stack_name: str, region: str, run: Runner = subprocess.ru
     lines = [f"Kept after `make destroy` of {stack_name}{note}; delete when the data is safe:"]
     lines += [f"  {rtype} {pid}: {command}" for rtype, pid, command in kept]
     return "\n".join(lines)
+
+
+# --- the guard app.py runs around synthesis -----------------------------------------------------
+
+CHECK_KEY = "deployCheck"
+"""`required` (make deploy, gpu-nodes): refuse when the deployed stack cannot be read;
+`destroy` (make destroy): no check, write what the destroy keeps to cdk.out/retained.txt."""
+
+CDK_JSON = Path(__file__).resolve().parents[1] / "cdk.json"
+
+
+class Build(Protocol):
+    def __call__(
+        self, config: StackConfig, *, keep_creator_admin: bool, settings: dict[str, Any]
+    ) -> None: ...
+
+
+def guard(app: cdk.App, *, build: Build) -> None:
+    """Read the deployed stack back, layer the context, `build` the stacks, synthesize, and
+    check the result against the deployed stack (infra/first_deploy.py).
+
+    The context is cdk.json's defaults, under the deployed settings, under the `-c` values given
+    now. Exits with one line on a configuration error, on a refused change, and (with
+    `-c deployCheck=required`) when the deployed stack cannot be read; prints what the deploy
+    changes otherwise. `-c deployCheck=destroy` writes cdk.out/retained.txt instead.
+    """
+    get = app.node.try_get_context
+    defaults = json.loads(CDK_JSON.read_text())["context"]
+    given = given_context(get, defaults=defaults)
+    region = str(given.get("region", defaults["region"]))
+    mode = get(CHECK_KEY) or "report"
+    stack = read(stack_name=STACK_NAME, other_stacks=(IMAGES_STACK_NAME,), region=region)
+    if stack.status == "unknown":
+        if mode == "required":
+            sys.exit(
+                f"Refused: could not read the deployed stack {STACK_NAME} ({stack.reason}). Fix: "
+                "give the AWS CLI credentials for the account (aws sts get-caller-identity), then "
+                "deploy again"
+            )
+        print(
+            f"Not checked against the deployed stack: {stack.reason} (offline: synthesized from "
+            "cdk.json and your -c values only)",
+            file=sys.stderr,
+        )
+    kept_raw, source = kept_settings(stack.template)
+    context = layered(
+        defaults=defaults,
+        kept=kept_raw,
+        given=given,
+        use_default=split_list(get(USE_DEFAULT_KEY)),
+    )
+    node_counts = {name: size.node_count for name, size in SIZES.items()}
+    try:
+        config = load_config(context.get, overlays=OVERLAYS, node_counts=node_counts)
+        kept = None
+        if stack.template is not None:
+            before = {**defaults, **{k: v for k, v in kept_raw.items() if k in defaults}}
+            try:
+                kept = first_deploy.settings(
+                    load_config(before.get, overlays=OVERLAYS, node_counts=node_counts)
+                )
+            except ConfigError as err:  # settings today's validation refuses: the diff still runs
+                print(f"Deployed settings not compared ({err})", file=sys.stderr)
+        # The stack checks FSx against the overlays' checkpoints first (infra/sizing.py).
+        build(
+            config,
+            keep_creator_admin=first_deploy.keeps_creator_admin(stack.template),
+            settings=settings_to_store(context),
+        )
+    except ConfigError as err:
+        sys.exit(f"Configuration error: {err}")
+    assembly = app.synth()
+
+    if mode == "destroy":
+        (Path(assembly.directory) / "retained.txt").write_text(
+            retained_report(stack_name=STACK_NAME, region=region) + "\n"
+        )
+        sys.exit(exits.OK)
+    if stack.template is not None:
+        different = {
+            k: v
+            for k, v in kept_raw.items()
+            if k in defaults and k not in given and v != defaults[k]
+        }
+        print(
+            f"Kept from {source}: "
+            + (", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(different.items())) or "nothing")
+            + (f"; given now: {', '.join(sorted(given))}" if given else ""),
+            file=sys.stderr,
+        )
+    try:
+        report = first_deploy.check(
+            kept=kept,
+            now=first_deploy.settings(config),
+            last_template=stack.template,
+            template=assembly.get_stack_by_name(STACK_NAME).template,
+            acknowledged=first_deploy.acknowledged(get),
+            region=config.network.region,
+            other_stacks={
+                name: (before_t, assembly.get_stack_by_name(name).template)
+                for name, before_t in stack.other_templates.items()
+            },
+        )
+    except first_deploy.ReplacementRefused as err:
+        print(
+            f"What this deploy changes, against the deployed stack:\n{err.report}", file=sys.stderr
+        )
+        sys.exit(f"Refused: {err}")
+    print(f"What this deploy changes, against the deployed stack:\n{report}", file=sys.stderr)

@@ -1,9 +1,9 @@
 """The day-two check: what a deploy changes against the deployed stack, and what it refuses.
 
-app.py reads the deployed stack back at synth (infra/deployed.py: its template and the settings
-it was deployed with), keeps every setting the user does not give again, synthesizes, and then
-this module compares the new template with the deployed one (infra/replacements.py) and
-refuses, in one line naming each change and the safe way:
+app.py's guard (infra/deployed.py) reads the deployed stack back at synth (its template and
+the settings it was deployed with), keeps every setting the user does not give again,
+synthesizes, and then this module compares the new template with the deployed one
+(infra/replacements.py) and refuses, in one line naming each change and the safe way:
 
 - a changed guarded setting (SAFE_WAY: the GPU zone, capacity, admin access, public endpoint,
   FSx size), each unless named in `-c acknowledgeReplacement=<key>[,<key>...]`;

@@ -11,12 +11,9 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
+from facts.hardware import P5_48XLARGE, P5_NETWORK_CARDS
 from infra.cluster import GPU_NODE_REPAIR, harden_nodegroup
 from infra.config import GPU_INSTANCE_TYPE, GpuNodesConfig
-from manifests.sizes import P5_48XLARGE
-
-# p5.48xlarge has 32 network cards (EC2 user guide, "EFA configuration for P5 instances").
-P5_NETWORK_CARDS = 32
 
 # Node replacement on a launch-template or AMI change: one node at a time, old one first (see
 # GpuNodeGroup for the sources).
@@ -89,7 +86,7 @@ def _mebibytes(quantity: str) -> int:
 
 def hugepages_2mi_count() -> int:
     """2 MiB huge pages each GPU node allocates at boot: exactly what the trainer pod requests
-    (`hugepages-2Mi`, from manifests/sizes.py, the one owner of that figure; one trainer pod per
+    (`hugepages-2Mi`, from facts/hardware.py, the one owner of that figure; one trainer pod per
     node). Kubernetes advertises only the huge pages the node holds when the kubelet starts, and
     a pod requesting more than that stays Pending."""
     mib = _mebibytes(P5_48XLARGE.hugepages_2mi)

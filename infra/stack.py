@@ -15,7 +15,7 @@ from constructs import Construct
 from infra import nag, sizing
 from infra.addons import DevicePlugins
 from infra.cluster import TrainingCluster
-from infra.config import STACK_NAME, StackConfig
+from infra.config import IMAGES_STACK_NAME, STACK_NAME, StackConfig
 from infra.deployed import SETTINGS_PARAMETER_ID
 from infra.gpu_nodegroup import GpuNodeGroup
 from infra.image import TrainerImage
@@ -162,9 +162,6 @@ class TrainingClusterStack(Stack):
         }
         for output_id, (value, description) in outputs.items():
             CfnOutput(self, output_id, value=value, description=description)
-
-
-IMAGES_STACK_NAME = f"{STACK_NAME}Images"
 
 
 def build_stacks(

@@ -34,6 +34,7 @@ from manifests.render import (
     spare_objects,
     to_yaml,
 )
+from training import exits
 
 
 def kustomize_tree() -> dict[str, Any]:
@@ -147,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "---\n".join(render.to_yaml(o) for o in render.placeholder_objects(overlay=ns.overlay)),
             end="",
         )
-    return 0
+    return exits.OK
 
 
 if __name__ == "__main__":

@@ -9,43 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from facts.hardware import P5_48XLARGE, NodeType
 from training.modes import RESILIENT_MODES
-
-
-@dataclass(frozen=True, kw_only=True)
-class NodeType:
-    """An EC2 GPU instance type and the devices its pods must request to own the whole node."""
-
-    name: str
-    """EC2 instance type, also the node selector (`node.kubernetes.io/instance-type`)."""
-    gpus: int
-    """NVIDIA GPUs per node: the `nvidia.com/gpu` request and the processes started per node."""
-    efa: int
-    """EFA interfaces per node (one per network card): the `vpc.amazonaws.com/efa` request."""
-    cpu: str
-    """CPU request: most of the node, leaving room for the kubelet and the daemon sets."""
-    memory: str
-    """Memory request, same reasoning as `cpu`."""
-    hugepages_2mi: str
-    """2 MiB huge pages for the EFA provider's registered buffers (libfabric)."""
-    shm: str
-    """Size limit of the memory-backed /dev/shm (NCCL and data loader shared memory)."""
-
-    def __post_init__(self) -> None:
-        if self.gpus < 1 or self.efa < 0:
-            raise ValueError(f"{self.name}: gpus must be >= 1 and efa >= 0")
-
-
-# p5.48xlarge: 8 x H100, 32 network cards (EFA), 192 vCPU, 2 TiB memory.
-P5_48XLARGE = NodeType(
-    name="p5.48xlarge",
-    gpus=8,
-    efa=32,
-    cpu="160",
-    memory="1600Gi",
-    hugepages_2mi="5120Mi",
-    shm="256Gi",
-)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,6 +20,7 @@ from planner.report import format_report
 from planner.sanity import format_sanity
 from planner.sources import SOURCES
 from planner.tiers import TierConfig
+from training import exits
 from training.tables import text_table
 
 PROG = "python -m planner"
@@ -29,7 +30,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse whose errors are one line (naming the flag) and exit 2, without the usage dump."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(exits.USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def _positive(text: str) -> float:
@@ -298,10 +299,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.list_costs:
         print(list_costs())
-        return 0
+        return exits.OK
     if args.sanity:
         print(format_sanity())
-        return 0
+        return exits.OK
     try:
         inputs = inputs_from_args(args)
         plans = plan(inputs=inputs)
@@ -323,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         from planner.plot import plot_plan
 
         print(f"\nwrote {plot_plan(inputs=inputs, plans=plans, out=args.out)}")
-    return 0
+    return exits.OK
 
 
 if __name__ == "__main__":

@@ -59,15 +59,12 @@ class SparesInForce:
 
 
 def product_spares(*, nodes: int) -> tuple[int, str] | None:
-    """The product's spare count for a job of ``nodes`` nodes, from its single owner.
-
-    Reads ``getattr(row, "spares", None)`` of the ``manifests.sizes.SIZES`` row with that many
-    nodes: None while no such row or no such field exists (the field arrives with issue #28).
-    """
-    for name, row in SIZES.items():
-        spares = getattr(row, "spares", None)
-        if row.nodes == nodes and spares is not None:
-            return int(spares), f"manifests.sizes:{name}"
+    """The product's spare count for a job of ``nodes`` nodes, from its single owner: the
+    ``spares`` of the ``manifests.sizes.SIZES`` overlay with that many nodes, and that overlay's
+    name. None when no overlay has that many nodes."""
+    for name, size in SIZES.items():
+        if size.nodes == nodes:
+            return size.spares, f"manifests.sizes:{name}"
     return None
 
 

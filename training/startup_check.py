@@ -332,7 +332,7 @@ def check_pod_memory(
         "tmpfs_free": free,
     }
     fix = (
-        "raise NodeType.shm in manifests/sizes.py, or set --checkpoint.memory_interval=0 "
+        "raise NodeType.shm in facts/hardware.py, or set --checkpoint.memory_interval=0 "
         "(no memory snapshots: restarts load from storage)"
     )
     if size < needed:

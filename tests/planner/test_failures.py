@@ -120,15 +120,16 @@ def test_model_validation() -> None:
 def test_spare_count_comes_from_the_product_row_when_it_has_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from types import SimpleNamespace
+    from dataclasses import replace
 
     import planner.spares as sp
+    from manifests.sizes import SIZES
 
     # The product's rows (manifests/sizes.py) carry the count; a size without a row does not.
     assert sp.product_spares(nodes=16) == (1, "manifests.sizes:16node")
     got = sp.spares_in_force(nodes=64, given=None, recommended=3)
     assert (got.count, got.origin) == (3, "recommended")
-    rows = {"16node": SimpleNamespace(nodes=16, spares=2), "2node": SimpleNamespace(nodes=2)}
+    rows = {"16node": replace(SIZES["16node"], spares=2)}  # no 2-node overlay
     monkeypatch.setattr(sp, "SIZES", rows)
     got = sp.spares_in_force(nodes=16, given=None, recommended=3)
     assert (got.count, got.origin) == (2, "manifests.sizes:16node")

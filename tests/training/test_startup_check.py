@@ -392,7 +392,7 @@ def test_pod_memory_too_small_for_the_snapshots_names_the_field_and_the_fix(
     check_pod_memory(report=short, directory=tmp_path, needed=size + 1, memory_max=str(1 << 20))
     assert len(short.problems) == 2 and short.code == exits.ENVIRONMENT
     assert all(p.startswith("checkpoint.pod_memory_dir:") for p in short.problems)
-    assert all("NodeType.shm in manifests/sizes.py" in p for p in short.problems)
+    assert all("NodeType.shm in facts/hardware.py" in p for p in short.problems)
 
 
 @requires_root("mounting a tmpfs in a private mount namespace")
