@@ -305,12 +305,29 @@ def test_removing_the_admin_or_the_public_endpoint_needs_its_own_acknowledgement
 # --- stacks deployed by earlier versions -----------------------------------------------------
 
 
+# What the first deploy after the upgrade changes in main's bafc8b0 stack besides the step's
+# own change, each intended (docs/day-two.md, Upgrade notes): the add-on pins
+# (infra/addon_versions.py), AMP's documented statement on the alert key, and the per-namespace
+# scraper Roles dropped (AMP's scraper has its own cluster-wide access entry). All in place:
+# nothing stateful is replaced or removed.
+UPGRADE_FROM_BAFC8B0 = [
+    ("AWS::SSM::Parameter", "add", ()),
+    ("AWS::EKS::Addon", "update", ("AddonVersion",)),
+    ("AWS::EKS::Addon", "update", ("AddonVersion",)),
+    ("AWS::EKS::Addon", "update", ("AddonVersion",)),
+    ("AWS::EKS::Addon", "update", ("AddonVersion",)),
+    ("AWS::KMS::Key", "update", ("KeyPolicy",)),
+    (replacements.MANIFEST_TYPE, "remove", ("logical id",)),
+]
+
+
 def test_a_stack_deployed_by_main_before_this_change_upgrades_in_place(tmp_path: Path) -> None:
     """Main's stack (bafc8b0), deployed with the README's first-deploy values and a 2node-sized
     1200 GiB file system, has no DeploySettings: its settings are read from its resources.
-    `make gpu-nodes NODES=2` from a clean clone changes the GPU node count and adds the
-    parameter; the cluster (its create-only bootstrap-admin setting included), both node
-    groups and FSx are untouched, and so are the admin entry, the endpoint and FSx's size."""
+    `make gpu-nodes NODES=2` from a clean clone changes the GPU node count, adds the parameter
+    and makes exactly UPGRADE_FROM_BAFC8B0's changes (each in place); the cluster (its
+    create-only bootstrap-admin setting included), both node groups and FSx are not replaced,
+    and the admin entry, the endpoint and FSx's size are kept."""
     before = json.loads((FIXTURES / "deployed-main-bafc8b0.template.json").read_text())
     assert deployed.stored_settings(before) is None
     kept, source = deployed.kept_settings(before)
@@ -318,10 +335,12 @@ def test_a_stack_deployed_by_main_before_this_change_upgrades_in_place(tmp_path:
     assert kept["fsxStorageCapacityGiB"] == 1200 and kept["fsxSizedFor"] == "2node"
     after, args, _ = _deploy(before, {"gpuNodesDesired": "2"}, tmp_path, mask=True)
     changes = replacements.diff(before, after, region=REGION)
-    assert [(c.logical_id, c.action, c.reasons) for c in changes] == [
-        ("DeploySettings", "add", ()),
-        (_gpu_id(before), "update", ("ScalingConfig",)),
-    ], replacements.summary(changes)
+    assert sorted((c.type, c.action, c.reasons) for c in changes) == sorted(
+        UPGRADE_FROM_BAFC8B0 + [("AWS::EKS::Nodegroup", "update", ("ScalingConfig",))]
+    ), replacements.summary(changes)
+    assert {c.logical_id for c in changes if c.type == "AWS::EKS::Nodegroup"} == {_gpu_id(before)}
+    (removed,) = [c.logical_id for c in changes if c.action == "remove"]
+    assert "ScraperRbac" in removed
     cluster = _resource(after, "AWS::EKS::Cluster")["Properties"]
     assert cluster["AccessConfig"]["BootstrapClusterCreatorAdminPermissions"] is False
     _access_kept(after)
@@ -582,7 +601,8 @@ def _app(
 def test_the_app_from_a_clean_clone_keeps_the_deployed_settings(tmp_path: Path) -> None:
     """`make gpu-nodes NODES=2` (app.py with -c gpuNodesDesired=2) from a clone with no local
     state, against main's deployed stack: the first deploy's admin, endpoint and FSx size are
-    read back and kept, the report says so, and nothing is refused."""
+    read back and kept, the report says so, nothing is refused, and the only removal is the
+    upgrade's intended one (the per-namespace scraper Roles)."""
     before = json.loads((FIXTURES / "deployed-main-bafc8b0.template.json").read_text())
     images = json.loads((FIXTURES / "deployed-main-bafc8b0.images.template.json").read_text())
     with emulated_cloudformation() as cfn:
@@ -599,7 +619,11 @@ def test_the_app_from_a_clean_clone_keeps_the_deployed_settings(tmp_path: Path) 
     assert (
         "fsxStorageCapacityGiB=1200" in proc.stderr and "given now: gpuNodesDesired" in proc.stderr
     )
-    assert "remove" not in proc.stderr.split("against the deployed stack:")[1]
+    report = proc.stderr.split("against the deployed stack:")[1]
+    # Exactly the upgrade's intended changes (UPGRADE_FROM_BAFC8B0): one removal, no replacement.
+    removed = [line for line in report.splitlines() if line.strip().startswith("remove")]
+    assert len(removed) == 1 and "ScraperRbac" in removed[0], report
+    assert not [line for line in report.splitlines() if line.strip().startswith("replace")]
     template = json.loads((out / f"{STACK_NAME}.template.json").read_text())
     _access_kept(template)
     assert deployed.stored_settings(template)["fsxStorageCapacityGiB"] == 1200
