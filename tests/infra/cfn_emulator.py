@@ -70,6 +70,13 @@ def no_credentials_env() -> dict[str, str]:
     }
 
 
+def offline_environ(base: Mapping[str, str]) -> dict[str, str]:
+    """`base` without any AWS_* variable (keys, profile, SSO, container or web-identity
+    credentials, endpoints), plus no_credentials_env(): what a test's app.py, CDK CLI or AWS CLI
+    subprocess runs with unless an emulator gives its own endpoint and dummy keys."""
+    return {k: v for k, v in base.items() if not k.startswith("AWS_")} | no_credentials_env()
+
+
 def _member_list(items: list[str]) -> str:
     return "".join(f"<member>{item}</member>" for item in items)
 

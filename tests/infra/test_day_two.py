@@ -336,7 +336,7 @@ def test_a_stack_deployed_by_main_before_this_change_upgrades_in_place(tmp_path:
     after, args, _ = _deploy(before, {"gpuNodesDesired": "2"}, tmp_path, mask=True)
     changes = replacements.diff(before, after, region=REGION)
     assert sorted((c.type, c.action, c.reasons) for c in changes) == sorted(
-        UPGRADE_FROM_BAFC8B0 + [("AWS::EKS::Nodegroup", "update", ("ScalingConfig",))]
+        [*UPGRADE_FROM_BAFC8B0, ("AWS::EKS::Nodegroup", "update", ("ScalingConfig",))]
     ), replacements.summary(changes)
     assert {c.logical_id for c in changes if c.type == "AWS::EKS::Nodegroup"} == {_gpu_id(before)}
     (removed,) = [c.logical_id for c in changes if c.action == "remove"]
