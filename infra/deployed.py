@@ -303,6 +303,7 @@ def split_list(value: Any) -> tuple[str, ...]:
 
 RETAINED_DELETE = {
     "AWS::FSx::FileSystem": "aws fsx delete-file-system --file-system-id {id}",
+    "AWS::EC2::SecurityGroupIngress": "deleted with its security group (next line)",
     "AWS::EC2::SecurityGroup": "aws ec2 delete-security-group --group-id {id}",
     "AWS::EC2::Subnet": "aws ec2 delete-subnet --subnet-id {id}",
     "AWS::EC2::VPC": "aws ec2 delete-vpc --vpc-id {id}",

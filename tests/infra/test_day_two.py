@@ -423,6 +423,22 @@ def test_a_retained_file_system_keeps_its_network(first_template: dict[str, Any]
     vpc = resources[subnet]["Properties"]["VpcId"]["Ref"]
     for lid in (group, subnet, vpc):
         assert resources[lid]["DeletionPolicy"] == "Retain", lid
+    # The group's rule from itself (TCP 988 and 1018-1023: the FSx for Lustre user guide, "File
+    # system access control with Amazon VPC", requires them between the file servers) stays
+    # with it; the rules naming the cluster's group go (that group is deleted with the cluster).
+    own = {"Fn::GetAtt": [group, "GroupId"]}
+    self_rules = [
+        (lid, r)
+        for lid, r in resources.items()
+        if r["Type"] == "AWS::EC2::SecurityGroupIngress"
+        and r["Properties"]["GroupId"] == own
+        and r["Properties"].get("SourceSecurityGroupId") == own
+    ]
+    ports = set()
+    for lid, rule in self_rules:
+        assert rule.get("DeletionPolicy") == "Retain", lid
+        ports |= set(range(rule["Properties"]["FromPort"], rule["Properties"]["ToPort"] + 1))
+    assert {988, *range(1018, 1024)} <= ports
     # Every private subnet (a zone move leaves the old file system in another one).
     for lid, resource in resources.items():
         if resource["Type"] == "AWS::EC2::Subnet" and "Private" in lid:
