@@ -54,7 +54,9 @@ if stack.status == "unknown":
 kept_raw, source = deployed.kept_settings(stack.template)
 context = deployed.layered(
     defaults=defaults,
-    kept=kept_raw,
+    # `cdk destroy` deletes the stacks by name: the kept settings shape nothing it does, and
+    # one that today's validation refuses must not stop it.
+    kept={} if mode == "destroy" else kept_raw,
     given=given,
     use_default=deployed.split_list(get(deployed.USE_DEFAULT_KEY)),
 )
@@ -62,7 +64,7 @@ node_counts = {name: size.node_count for name, size in SIZES.items()}
 try:
     config = load_config(context.get, overlays=OVERLAYS, node_counts=node_counts)
     kept = None
-    if stack.template is not None:
+    if stack.template is not None and mode != "destroy":
         before = {**defaults, **{k: v for k, v in kept_raw.items() if k in defaults}}
         try:
             kept = first_deploy.settings(

@@ -330,29 +330,71 @@ def retained(
     return sorted(kept, key=lambda k: order.index(k[0]) if k[0] in order else len(order))
 
 
+_CLI_ERRORS = (AwsCliError, OSError, subprocess.TimeoutExpired, KeyError, TypeError, ValueError)
+"""What an `aws` call can end in: its own error, no CLI, a timeout, an answer not as expected
+(json.JSONDecodeError is a ValueError)."""
+
+
+def _physical_ids(stack_name: str, *, region: str, run: Runner) -> dict[str, str]:
+    """Logical -> physical id of every resource: ListStackResources, which the CLI pages through
+    (DescribeStackResources returns the first 100 only: CloudFormation API reference)."""
+    listed = aws_cli(
+        ["cloudformation", "list-stack-resources", "--stack-name", stack_name],
+        region=region,
+        run=run,
+    )
+    return {
+        r["LogicalResourceId"]: r.get("PhysicalResourceId", "")
+        for r in listed.get("StackResourceSummaries", [])
+    }
+
+
+def _tagged_file_systems(stack_name: str, *, region: str, run: Runner) -> list[str]:
+    """Ids of the file systems CloudFormation created for the stack: it tags each resource it
+    creates with `aws:cloudformation:stack-name` (CloudFormation user guide, "Resource tags").
+    A file system a zone move replaced is kept by UpdateReplacePolicy and is no longer one of
+    the stack's resources; this tag still finds it."""
+    listed = aws_cli(["fsx", "describe-file-systems"], region=region, run=run)
+    return [
+        fs["FileSystemId"]
+        for fs in listed.get("FileSystems", [])
+        if {"Key": "aws:cloudformation:stack-name", "Value": stack_name} in fs.get("Tags", [])
+    ]
+
+
 def retained_report(*, stack_name: str, region: str, run: Runner = subprocess.run) -> str:
-    """What `make destroy` keeps of the deployed stack, and the commands that delete it."""
+    """What `make destroy` keeps of the deployed stack, and the commands that delete it. Never
+    raises: what could not be read is said in the report (the destroy goes on)."""
     deployed = read(stack_name=stack_name, other_stacks=(), region=region, run=run)
     if deployed.status != "deployed" or deployed.template is None:
         return f"{stack_name}: {deployed.status} {deployed.reason}".strip()
+    notes = []
     try:
-        described = aws_cli(
-            ["cloudformation", "describe-stack-resources", "--stack-name", stack_name],
-            region=region,
-            run=run,
-        )
-        ids = {
-            r["LogicalResourceId"]: r.get("PhysicalResourceId", "")
-            for r in described.get("StackResources", [])
-        }
-    except AwsCliError as err:
+        ids = _physical_ids(stack_name, region=region, run=run)
+    except _CLI_ERRORS as err:
         ids = {}
-        note = f" (physical ids unknown: {err})"
-    else:
-        note = ""
+        notes.append(f"physical ids unknown: {str(err) or type(err).__name__}")
     kept = retained(deployed.template, ids)
+    try:
+        in_stack = {pid for rtype, pid, _ in kept if rtype == "AWS::FSx::FileSystem"}
+        replaced = [
+            fs
+            for fs in _tagged_file_systems(stack_name, region=region, run=run)
+            if fs not in in_stack
+        ]
+    except _CLI_ERRORS as err:
+        replaced = []
+        notes.append(
+            f"file systems a zone move left behind unknown: {str(err) or type(err).__name__}"
+        )
+    fsx_delete = RETAINED_DELETE["AWS::FSx::FileSystem"]
+    kept = [
+        *[("AWS::FSx::FileSystem", fs, fsx_delete.format(id=fs)) for fs in replaced],
+        *kept,
+    ]
     if not kept:
-        return f"{stack_name}: nothing kept"
+        return f"{stack_name}: nothing kept" + (f" ({'; '.join(notes)})" if notes else "")
+    note = f" ({'; '.join(notes)})" if notes else ""
     lines = [f"Kept after `make destroy` of {stack_name}{note}; delete when the data is safe:"]
     lines += [f"  {rtype} {pid}: {command}" for rtype, pid, command in kept]
     return "\n".join(lines)

@@ -5,8 +5,9 @@ The product's own code (infra/deployed.py) runs the real AWS CLI, pointed here w
 credentials: nothing reaches AWS. Only the three read actions the product calls exist, with the
 query protocol's form-encoded requests and XML responses as the CloudFormation API reference
 gives them (https://docs.aws.amazon.com/AWSCloudFormation/latest/APIReference/ : DescribeStacks,
-GetTemplate, DescribeStackResources; errors: "Common Errors", ValidationError "Stack with id
-NAME does not exist", HTTP 400). What it cannot show: IAM, throttling, real stack events.
+GetTemplate, ListStackResources (paged), DescribeStackResources; errors: "Common Errors", ValidationError "Stack with id
+NAME does not exist", HTTP 400), and FSx's DescribeFileSystems (AWS JSON 1.1, the file systems
+a test puts). What it cannot show: IAM, throttling, real stack events.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ class EmulatedCloudFormation:
     stacks: dict[str, dict[str, Any]] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
     url: str = ""
+    file_systems: list[dict[str, Any]] = field(default_factory=list)
+    """FSx DescribeFileSystems' answer (FSx API reference: FileSystemId, Tags)."""
+    page_size: int = 100
+    """ListStackResources' page size (the API returns at most 100 per call, then NextToken)."""
 
     def put(
         self,
@@ -50,6 +55,7 @@ class EmulatedCloudFormation:
         """Environment for the AWS CLI: this endpoint, dummy credentials, no other config."""
         return {
             "AWS_ENDPOINT_URL_CLOUDFORMATION": self.url,
+            "AWS_ENDPOINT_URL_FSX": self.url,
             "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE",
             "AWS_SECRET_ACCESS_KEY": "emulated",
             "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
@@ -95,9 +101,31 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _send_json(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/x-amz-json-1.1")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _fsx(self, target: str) -> None:
+        # FSx speaks AWS JSON 1.1: X-Amz-Target AWSSimbaAPIService_v20180301.<Action>.
+        action = target.rsplit(".", 1)[-1]
+        self.cfn.calls.append((action, ""))
+        if action != "DescribeFileSystems":
+            self._send_json(400, {"__type": "BadRequest", "message": action})
+            return
+        self._send_json(200, {"FileSystems": self.cfn.file_systems})
+
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", "0"))
-        form = {k: v[0] for k, v in parse_qs(self.rfile.read(length).decode()).items()}
+        raw = self.rfile.read(length).decode()
+        target = self.headers.get("X-Amz-Target", "")
+        if target.startswith("AWSSimbaAPIService"):
+            self._fsx(target)
+            return
+        form = {k: v[0] for k, v in parse_qs(raw).items()}
         action, name = form.get("Action", ""), form.get("StackName", "")
         self.cfn.calls.append((action, name))
         stack = self.cfn.stacks.get(name)
@@ -122,6 +150,22 @@ class _Handler(BaseHTTPRequestHandler):
                 f"<TemplateBody>{body}</TemplateBody><StagesAvailable>"
                 f"{_member_list(['Original', 'Processed'])}</StagesAvailable>"
             )
+        elif action == "ListStackResources":
+            # Paged: at most page_size summaries, then NextToken (the CLI follows it).
+            items = list(stack["template"].get("Resources", {}).items())
+            start = int(form.get("NextToken") or 0)
+            page = items[start : start + self.cfn.page_size]
+            members = "".join(
+                f"<member><LogicalResourceId>{lid}</LogicalResourceId>"
+                f"<PhysicalResourceId>{escape(stack['physical_ids'].get(lid, lid.lower()))}"
+                f"</PhysicalResourceId><ResourceType>{r['Type']}</ResourceType>"
+                "<LastUpdatedTimestamp>2026-01-01T00:00:00Z</LastUpdatedTimestamp>"
+                "<ResourceStatus>UPDATE_COMPLETE</ResourceStatus></member>"
+                for lid, r in page
+            )
+            after = start + len(page)
+            token = f"<NextToken>{after}</NextToken>" if after < len(items) else ""
+            result = f"<StackResourceSummaries>{members}</StackResourceSummaries>{token}"
         elif action == "DescribeStackResources":
             members = "".join(
                 f"<member><StackName>{escape(name)}</StackName>"

@@ -574,6 +574,57 @@ def _fsx_id(template: dict[str, Any]) -> str:
 
 
 @needs_aws_cli
+def test_destroy_names_every_kept_resource_and_a_file_system_a_zone_move_left(
+    first_template: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """make destroy's report: physical ids from ListStackResources followed page by page (the
+    emulator answers 10 per page; DescribeStackResources would stop at 100), and a file system
+    kept by UpdateReplacePolicy after a zone move, found by CloudFormation's stack-name tag."""
+    with emulated_cloudformation() as cfn:
+        for key, value in cfn.env().items():
+            monkeypatch.setenv(key, value)
+        cfn.page_size = 10
+        fsx = _fsx_id(first_template)
+        order = list(first_template["Resources"])
+        assert order.index(fsx) >= cfn.page_size  # its id is on a later page
+        cfn.put(STACK_NAME, first_template, physical_ids={fsx: "fs-0new"})
+        tag = {"Key": "aws:cloudformation:stack-name", "Value": STACK_NAME}
+        cfn.file_systems = [
+            {"FileSystemId": "fs-0new", "Tags": [tag]},
+            {"FileSystemId": "fs-0old", "Tags": [tag]},  # the zone move's old one
+            {"FileSystemId": "fs-0other", "Tags": [{**tag, "Value": "AnotherStack"}]},
+        ]
+        kept = deployed.retained_report(stack_name=STACK_NAME, region=REGION)
+    assert "delete-file-system --file-system-id fs-0new" in kept
+    assert "delete-file-system --file-system-id fs-0old" in kept
+    assert "fs-0other" not in kept
+    assert kept.count("fs-0new") == 1 and f" {fsx}:" not in kept  # its id came from page 2+
+    assert ("ListStackResources", STACK_NAME) in cfn.calls
+
+
+def test_destroy_goes_on_when_the_aws_cli_times_out_or_answers_garbage(
+    first_template: dict[str, Any],
+) -> None:
+    """retained_report never raises: a timeout or an answer that is not JSON is named in the
+    report, and the destroy (which writes it) goes on."""
+    body = json.dumps({"TemplateBody": json.dumps(first_template)})
+
+    def run(args: list[str], **_: Any) -> subprocess.CompletedProcess:
+        if "describe-stacks" in args:
+            stacks = {"Stacks": [{"StackStatus": "UPDATE_COMPLETE"}]}
+            return subprocess.CompletedProcess(args, 0, json.dumps(stacks), "")
+        if "get-template" in args:
+            return subprocess.CompletedProcess(args, 0, body, "")
+        if "list-stack-resources" in args:
+            raise subprocess.TimeoutExpired(args, 60)
+        return subprocess.CompletedProcess(args, 0, "<html>not json", "")
+
+    kept = deployed.retained_report(stack_name=STACK_NAME, region=REGION, run=run)
+    assert "physical ids unknown" in kept and "zone move left behind unknown" in kept
+    assert "aws fsx delete-file-system" in kept
+
+
+@needs_aws_cli
 def test_without_credentials_the_stack_is_unknown_in_one_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
