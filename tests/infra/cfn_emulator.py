@@ -5,8 +5,8 @@ The product's own code (infra/deployed.py) runs the real AWS CLI, pointed here w
 credentials: nothing reaches AWS. Only the three read actions the product calls exist, with the
 query protocol's form-encoded requests and XML responses as the CloudFormation API reference
 gives them (https://docs.aws.amazon.com/AWSCloudFormation/latest/APIReference/ : DescribeStacks,
-GetTemplate, ListStackResources (paged), DescribeStackResources; errors: "Common Errors", ValidationError "Stack with id
-NAME does not exist", HTTP 400), and FSx's DescribeFileSystems (AWS JSON 1.1, the file systems
+GetTemplate, ListStackResources (paged), DescribeStackResources; errors: "Common Errors",
+ValidationError "Stack with id NAME does not exist", HTTP 400), and FSx's DescribeFileSystems (AWS JSON 1.1, the file systems
 a test puts). What it cannot show: IAM, throttling, real stack events.
 """
 

@@ -598,7 +598,9 @@ def test_destroy_names_every_kept_resource_and_a_file_system_a_zone_move_left(
     assert "delete-file-system --file-system-id fs-0new" in kept
     assert "delete-file-system --file-system-id fs-0old" in kept
     assert "fs-0other" not in kept
-    assert kept.count("fs-0new") == 1 and f" {fsx}:" not in kept  # its id came from page 2+
+    assert (
+        kept.count("--file-system-id fs-0new") == 1 and f" {fsx}:" not in kept
+    )  # its id came from page 2+
     assert ("ListStackResources", STACK_NAME) in cfn.calls
 
 
