@@ -6,8 +6,8 @@ credentials: nothing reaches AWS. Only the three read actions the product calls 
 query protocol's form-encoded requests and XML responses as the CloudFormation API reference
 gives them (https://docs.aws.amazon.com/AWSCloudFormation/latest/APIReference/ : DescribeStacks,
 GetTemplate, ListStackResources (paged), DescribeStackResources; errors: "Common Errors",
-ValidationError "Stack with id NAME does not exist", HTTP 400), and FSx's DescribeFileSystems (AWS JSON 1.1, the file systems
-a test puts). What it cannot show: IAM, throttling, real stack events.
+ValidationError "Stack with id NAME does not exist", HTTP 400), and FSx's DescribeFileSystems
+(AWS JSON 1.1, the file systems a test puts). What it cannot show: IAM, throttling, real stack events.
 """
 
 from __future__ import annotations
