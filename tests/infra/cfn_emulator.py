@@ -7,7 +7,8 @@ query protocol's form-encoded requests and XML responses as the CloudFormation A
 gives them (https://docs.aws.amazon.com/AWSCloudFormation/latest/APIReference/ : DescribeStacks,
 GetTemplate, ListStackResources (paged), DescribeStackResources; errors: "Common Errors",
 ValidationError "Stack with id NAME does not exist", HTTP 400), and FSx's DescribeFileSystems
-(AWS JSON 1.1, the file systems a test puts). What it cannot show: IAM, throttling, real stack events.
+(AWS JSON 1.1, the file systems a test puts). What it cannot show: IAM, throttling, real
+stack events.
 """
 
 from __future__ import annotations
