@@ -13,16 +13,19 @@ deployed settings, under the `-c` values given now; so a deploy from any clone k
 not told to change. After synthesis it prints what the deploy changes against the deployed
 template and refuses what would lose state or access unless acknowledged
 (infra/first_deploy.py). Without credentials it says, in one line, that it could not check;
-`make deploy` (`-c deployCheck=required`) then refuses.
+`make deploy` (`-c deployCheck=required`) then refuses, and also refuses another account or
+region than the stack's, a missing stack unless `-c firstDeploy=true`, and add-on pins EKS
+does not offer (infra/deploy_target.py).
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import aws_cdk as cdk
 
-from infra import deployed, first_deploy, nag
+from infra import deploy_target, deployed, first_deploy, nag
 from infra.config import STACK_NAME, ConfigError, load_config
 from infra.stack import IMAGES_STACK_NAME, build_stacks
 from manifests.render import OVERLAYS
@@ -52,6 +55,23 @@ if stack.status == "unknown":
         file=sys.stderr,
     )
 kept_raw, source = deployed.kept_settings(stack.template)
+if mode == "required":
+    try:
+        deploy_target.check(
+            stack_status=stack.status,
+            stack_name=STACK_NAME,
+            region=region,
+            deployed_region=str(kept_raw.get("region", defaults["region"])),
+            expected_account=os.environ.get("CDK_DEFAULT_ACCOUNT"),
+            first_deploy=str(get(deploy_target.FIRST_DEPLOY_KEY)).lower() == "true",
+            kubernetes_version=str(
+                given.get("kubernetesVersion")
+                or kept_raw.get("kubernetesVersion")
+                or defaults["kubernetesVersion"]
+            ),
+        )
+    except deploy_target.DeployRefused as err:
+        sys.exit(f"Refused: {err}")
 context = deployed.layered(
     defaults=defaults,
     # `cdk destroy` deletes the stacks by name: the kept settings shape nothing it does, and

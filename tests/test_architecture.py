@@ -134,7 +134,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "infra.observability",
     ),
     ("infra.addons", "infra.deployed"),
-    ("infra.stack", "infra"),
+    ("infra.stack", "infra.deploy_target", "infra"),
     # cluster actions through the Kubernetes API (above the manifests that grant them)
     ("training.cluster",),
     # launchers and command lines

@@ -7,7 +7,8 @@ query protocol's form-encoded requests and XML responses as the CloudFormation A
 gives them (https://docs.aws.amazon.com/AWSCloudFormation/latest/APIReference/ : DescribeStacks,
 GetTemplate, ListStackResources (paged), DescribeStackResources; errors: "Common Errors",
 ValidationError "Stack with id NAME does not exist", HTTP 400), and FSx's DescribeFileSystems
-(AWS JSON 1.1, the file systems a test puts). What it cannot show: IAM, throttling, real
+(AWS JSON 1.1, the file systems a test puts), STS GetCallerIdentity and EKS
+DescribeAddonVersions (REST JSON). What it cannot show: IAM, throttling, real
 stack events.
 """
 
@@ -20,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 from xml.sax.saxutils import escape
 
 NS = "http://cloudformation.amazonaws.com/doc/2010-05-15/"
@@ -36,6 +37,10 @@ class EmulatedCloudFormation:
     file_systems: list[dict[str, Any]] = field(default_factory=list)
     """FSx DescribeFileSystems' answer (FSx API reference: FileSystemId, Tags)."""
     page_size: int = 100
+    account: str = "123456789012"
+    """STS GetCallerIdentity's account."""
+    addon_versions: dict[str, list[str]] | None = None
+    """EKS DescribeAddonVersions: name -> versions offered (None: exactly the pins)."""
     """ListStackResources' page size (the API returns at most 100 per call, then NextToken)."""
 
     def put(
@@ -57,6 +62,8 @@ class EmulatedCloudFormation:
         return {
             "AWS_ENDPOINT_URL_CLOUDFORMATION": self.url,
             "AWS_ENDPOINT_URL_FSX": self.url,
+            "AWS_ENDPOINT_URL_STS": self.url,
+            "AWS_ENDPOINT_URL_EKS": self.url,
             "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE",
             "AWS_SECRET_ACCESS_KEY": "emulated",
             "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
@@ -119,6 +126,24 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._send_json(200, {"FileSystems": self.cfn.file_systems})
 
+    def do_GET(self) -> None:
+        # EKS DescribeAddonVersions: GET /addons/supported-versions?addonName=&kubernetesVersion=
+        # (REST JSON; EKS API reference).
+        from infra.addon_versions import EKS_ADDON_VERSIONS
+
+        url = urlsplit(self.path)
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        self.cfn.calls.append(("DescribeAddonVersions", query.get("addonName", "")))
+        if url.path != "/addons/supported-versions":
+            self._send_json(404, {"message": url.path})
+            return
+        offered = self.cfn.addon_versions
+        if offered is None:
+            offered = {name: [version] for name, version in EKS_ADDON_VERSIONS.items()}
+        name = query.get("addonName", "")
+        versions = [{"addonVersion": v} for v in offered.get(name, [])]
+        self._send_json(200, {"addons": [{"addonName": name, "addonVersions": versions}]})
+
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", "0"))
         raw = self.rfile.read(length).decode()
@@ -127,6 +152,17 @@ class _Handler(BaseHTTPRequestHandler):
             self._fsx(target)
             return
         form = {k: v[0] for k, v in parse_qs(raw).items()}
+        if form.get("Action") == "GetCallerIdentity":  # STS, the query protocol too
+            self.cfn.calls.append(("GetCallerIdentity", ""))
+            self._send(
+                200,
+                '<GetCallerIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">'
+                f"<GetCallerIdentityResult><Arn>arn:aws:iam::{self.cfn.account}:user/emulated"
+                f"</Arn><UserId>AIDAEMULATED</UserId><Account>{self.cfn.account}</Account>"
+                "</GetCallerIdentityResult><ResponseMetadata><RequestId>emulated</RequestId>"
+                "</ResponseMetadata></GetCallerIdentityResponse>",
+            )
+            return
         action, name = form.get("Action", ""), form.get("StackName", "")
         self.cfn.calls.append((action, name))
         stack = self.cfn.stacks.get(name)

@@ -627,6 +627,51 @@ def test_destroy_goes_on_when_the_aws_cli_times_out_or_answers_garbage(
 
 
 @needs_aws_cli
+def test_make_deploy_refuses_another_account_region_an_unsaid_first_deploy_and_bad_pins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """deployCheck=required (infra/deploy_target.py) against the emulated STS and EKS through
+    the AWS CLI: a wrong account or region would read as 'no stack' and create a second one."""
+    from infra import addon_versions, deploy_target
+
+    with emulated_cloudformation() as cfn:
+        for key, value in cfn.env().items():
+            monkeypatch.setenv(key, value)
+        ok = dict(
+            stack_status="deployed",
+            stack_name=STACK_NAME,
+            region=REGION,
+            deployed_region=REGION,
+            expected_account=cfn.account,
+            first_deploy=False,
+            kubernetes_version=addon_versions.KUBERNETES_VERSION,
+        )
+        deploy_target.check(**ok)
+        assert ("GetCallerIdentity", "") in cfn.calls
+        assert {n for a, n in cfn.calls if a == "DescribeAddonVersions"} == set(
+            addon_versions.EKS_ADDON_VERSIONS
+        )
+        refusals = {
+            "account 123456789012, the CDK deploys to 999999999999": {
+                "expected_account": "999999999999"
+            },
+            "-c region=eu-west-1 differs from us-east-2": {"region": "eu-west-1"},
+            "firstDeploy=true": {"stack_status": "none"},
+        }
+        for expected, change in refusals.items():
+            with pytest.raises(deploy_target.DeployRefused) as refused:
+                deploy_target.check(**(ok | change))
+            assert expected in str(refused.value)
+        deploy_target.check(**(ok | {"stack_status": "none", "first_deploy": True}))
+        pins = addon_versions.EKS_ADDON_VERSIONS
+        cfn.addon_versions = {n: [v] for n, v in pins.items()} | {"vpc-cni": ["v0.0.1"]}
+        with pytest.raises(deploy_target.DeployRefused) as refused:
+            deploy_target.check(**ok)
+        assert f"EKS does not offer vpc-cni {pins['vpc-cni']}" in str(refused.value)
+        assert "\n" not in str(refused.value)
+
+
+@needs_aws_cli
 def test_without_credentials_the_stack_is_unknown_in_one_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
