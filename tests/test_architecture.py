@@ -117,7 +117,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "infra.network",
         "infra.k8s_immutable",
         "infra.aws_call",
-        "infra.alert_probe",
         "infra.addon_versions",
         "infra.replacements",
         "infra.pod_identity",
@@ -134,7 +133,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "infra.observability",
     ),
     ("infra.addons", "infra.deployed"),
-    ("infra.stack", "infra.deploy_target", "infra"),
+    ("infra.stack", "infra.deploy_target", "infra.alert_probe", "infra"),
     # cluster actions through the Kubernetes API (above the manifests that grant them)
     ("training.cluster",),
     # launchers and command lines

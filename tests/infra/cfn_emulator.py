@@ -50,11 +50,13 @@ class EmulatedCloudFormation:
         *,
         status: str = "UPDATE_COMPLETE",
         physical_ids: Mapping[str, str] | None = None,
+        outputs: Mapping[str, str] | None = None,
     ) -> None:
         self.stacks[name] = {
             "template": json.loads(json.dumps(template)),
             "status": status,
             "physical_ids": dict(physical_ids or {}),
+            "outputs": dict(outputs or {}),
         }
 
     def env(self) -> dict[str, str]:
@@ -179,7 +181,13 @@ class _Handler(BaseHTTPRequestHandler):
                 f"<Stacks><member><StackName>{escape(name)}</StackName>"
                 f"<StackId>arn:aws:cloudformation:us-east-2:123456789012:stack/{name}/1</StackId>"
                 "<CreationTime>2026-01-01T00:00:00Z</CreationTime>"
-                f"<StackStatus>{stack['status']}</StackStatus></member></Stacks>"
+                f"<StackStatus>{stack['status']}</StackStatus><Outputs>"
+                + "".join(
+                    f"<member><OutputKey>{escape(k)}</OutputKey>"
+                    f"<OutputValue>{escape(v)}</OutputValue></member>"
+                    for k, v in stack["outputs"].items()
+                )
+                + "</Outputs></member></Stacks>"
             )
         elif action == "GetTemplate":
             body = escape(json.dumps(stack["template"]))
