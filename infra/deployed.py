@@ -215,12 +215,69 @@ def derived_settings(template: Mapping[str, Any]) -> dict[str, Any]:
         found["fsxStorageCapacityGiB"] = fs.get("StorageCapacity")
         lustre = fs.get("LustreConfiguration", {})
         found["fsxThroughputPerUnit"] = lustre.get("PerUnitStorageThroughput")
-    return {k: v for k, v in found.items() if v is not None or k in _NULLABLE}
+        # CDK omits the retention when backups are off (config: 0 days).
+        found["fsxBackupRetentionDays"] = lustre.get("AutomaticBackupRetentionDays", 0)
+    for resource in resources.values():
+        if resource.get("Type") == "AWS::FSx::FileSystem":
+            policy = resource.get("DeletionPolicy", "Delete")
+            found["fsxRemovalPolicy"] = "destroy" if policy == "Delete" else "retain"
+    return {k: v for k, v in found.items() if v is not None or k in _NULLABLE} | _derived_more(
+        template
+    )
+
+
+def _derived_more(template: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings whose loss would be silent: the S3 link (its data repository association
+    would be removed), the alert address (its subscription), a prebuilt image, the root
+    volume, the system nodes and the EFA layout."""
+    found: dict[str, Any] = {}
+    links = [
+        d["DataRepositoryPath"]
+        for d in _resources(template, "AWS::FSx::DataRepositoryAssociation")
+        if isinstance(d.get("DataRepositoryPath"), str)
+    ]
+    found["fsxS3Link"] = links[0] if links else None
+    emails = [
+        s["Endpoint"]
+        for s in _resources(template, "AWS::SNS::Subscription")
+        if s.get("Protocol") == "email" and isinstance(s.get("Endpoint"), str)
+    ]
+    found["alertEmail"] = emails[0] if emails else None
+    image = template.get("Outputs", {}).get("ImageUri", {}).get("Value")
+    if isinstance(image, str):  # a prebuilt image (an asset's URI is a CloudFormation function)
+        found["imageUri"] = image
+    for group in _resources(template, "AWS::EKS::Nodegroup"):
+        if "LaunchTemplate" in group:
+            continue
+        types = group.get("InstanceTypes") or []
+        if types:
+            found["systemInstanceType"] = types[0]
+        desired = group.get("ScalingConfig", {}).get("DesiredSize")
+        if isinstance(desired, int):
+            found["systemNodeCount"] = desired
+    for lt in _resources(template, "AWS::EC2::LaunchTemplate"):
+        data = lt.get("LaunchTemplateData", {})
+        if "InstanceType" not in data:
+            continue
+        for mapping in data.get("BlockDeviceMappings", []):
+            size = mapping.get("Ebs", {}).get("VolumeSize")
+            if mapping.get("DeviceName") == "/dev/xvda" and isinstance(size, int):
+                found["gpuRootVolumeGiB"] = size
+        interfaces = data.get("NetworkInterfaces", [])
+        # Use case 2 (EC2 guide, efa-acc-inst-types.html): an ENA on device 1 of a card past 0.
+        ena = [i for i in interfaces if i.get("InterfaceType") in (None, "interface")]
+        if any(i.get("DeviceIndex") == 1 and i.get("NetworkCardIndex", 0) for i in ena):
+            found["efaSecondaryInterfaceType"] = "ip-bandwidth"
+        elif any(i.get("InterfaceType") == "efa-only" for i in interfaces):
+            found["efaSecondaryInterfaceType"] = "efa-only"
+    return found
 
 
 _NULLABLE = frozenset(
     {"adminPrincipalArn", "capacityReservationId", "capacityReservationPlacementGroup"}
 )
+"""Derived as null when absent (the `_derived_more` keys are always derived, null included:
+an absent link or address in the deployed stack is a setting too)."""
 
 
 def kept_settings(template: Mapping[str, Any] | None) -> tuple[dict[str, Any], str]:

@@ -87,7 +87,11 @@ def first_template(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def _context(deployed_template: dict[str, Any] | None, given: dict[str, Any]) -> dict[str, Any]:
     """app.py's context: cdk.json, under the deployed settings, under the given `-c` values."""
     kept, _ = deployed.kept_settings(deployed_template)
-    return deployed.layered(defaults=CDK_JSON_CONTEXT, kept=kept, given=given)
+    given = dict(given)
+    use_default = deployed.split_list(given.pop(deployed.USE_DEFAULT_KEY, None))
+    return deployed.layered(
+        defaults=CDK_JSON_CONTEXT, kept=kept, given=given, use_default=use_default
+    )
 
 
 def _settings(context: dict[str, Any]) -> dict[str, str]:
@@ -407,6 +411,41 @@ def test_a_stack_first_deployed_with_another_fsx_size_has_a_way_forward(tmp_path
     first_deploy.check(**args, acknowledged=tuple(tokens))
     steps = (REPO_ROOT / "docs/day-two.md").read_text().split("## A file system of another size")
     assert "kubectl delete pvc fsx-claim" in steps[1].split("\n## ")[0]  # the documented way
+
+
+_OLD_STACK_SETTINGS = {
+    "fsxS3Link": "s3://training-data/datasets",
+    "alertEmail": "oncall@example.com",
+    "imageUri": "123456789012.dkr.ecr.us-east-2.amazonaws.com/trainer:v1",
+    "gpuRootVolumeGiB": 200,
+    "systemNodeCount": 3,
+    "systemInstanceType": "m7i.2xlarge",
+    "efaSecondaryInterfaceType": "ip-bandwidth",
+    "fsxBackupRetentionDays": 3,
+}
+
+
+def test_a_stack_from_before_deploy_settings_keeps_what_its_resources_hold(
+    tmp_path: Path,
+) -> None:
+    """A stack deployed without DeploySettings: every setting its template holds is read back
+    (the S3 link, the alert address, a prebuilt image, root volume, system nodes, EFA layout,
+    backups, removal policy), so a plain deploy keeps them; dropping the S3 link or the alert
+    subscription is refused, each until its own logical id is acknowledged."""
+    given = {**FIRST_DEPLOY, **_OLD_STACK_SETTINGS, "fsxRemovalPolicy": "destroy"}
+    before = synth(given, outdir=tmp_path / "before")[0]
+    del before["Resources"][deployed.SETTINGS_PARAMETER_ID]
+    derived = deployed.kept_settings(before)[0]
+    assert {k: derived[k] for k in _OLD_STACK_SETTINGS} == _OLD_STACK_SETTINGS
+    assert derived["fsxRemovalPolicy"] == "destroy"
+    after, args, _ = _deploy(before, {"useDefault": "fsxS3Link,alertEmail"}, tmp_path)
+    changes = replacements.diff(before, after, region=REGION)
+    lost = {c.type: c.logical_id for c in replacements.destructive(changes)}
+    assert set(lost) == {"AWS::FSx::DataRepositoryAssociation", "AWS::SNS::Subscription"}
+    with pytest.raises(first_deploy.ReplacementRefused) as refused:
+        first_deploy.check(**args, acknowledged=(lost["AWS::SNS::Subscription"],))
+    assert _ack_tokens(str(refused.value)) == [lost["AWS::FSx::DataRepositoryAssociation"]]
+    first_deploy.check(**args, acknowledged=tuple(lost.values()))
 
 
 # --- make destroy ----------------------------------------------------------------------------
