@@ -97,7 +97,7 @@ try:
         app,
         config=config,
         keep_creator_admin=first_deploy.keeps_creator_admin(stack.template),
-        settings=deployed.settings_to_store(context),
+        settings=deployed.settings_to_store(context, defaults=defaults),
     )
 except ConfigError as err:
     sys.exit(f"Configuration error: {err}")

@@ -9,10 +9,11 @@ kubectl authenticates with (`aws eks get-token`), so it adds no dependency (boto
 installed beside the pinned kubernetes client: botocore pins python-dateutil<3, kubernetes 37
 needs >=3).
 
-The settings live with the stack: `infra/stack.py` writes every setting of the deploy into the
-`DeploySettings` SSM parameter the stack owns (a resource, so a changed setting is always a
-stack update; template metadata alone may not be). A stack deployed before that parameter
-existed has its settings derived from its resources (zone, capacity, nodes, FSx, access).
+The settings live with the stack: `infra/stack.py` writes the deploy's settings that differ
+from cdk.json's defaults into the `DeploySettings` SSM parameter the stack owns (a resource, so a
+changed setting is always a stack update; template metadata alone may not be). A stack deployed
+before that parameter existed has its settings derived from its resources (zone, capacity,
+nodes, FSx, access, S3 link, alert address, image, system nodes, EFA layout).
 """
 
 from __future__ import annotations
@@ -343,9 +344,17 @@ def layered(
     return context
 
 
-def settings_to_store(context: Mapping[str, Any]) -> dict[str, Any]:
-    """What the DeploySettings parameter holds: every setting of this deploy."""
-    return {k: context[k] for k in sorted(context) if k not in NOT_SETTINGS}
+def settings_to_store(context: Mapping[str, Any], *, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """What the DeploySettings parameter holds: the settings of this deploy that differ from
+    cdk.json's defaults (given with -c now or kept from the stack), never an untouched default,
+    so a later change of a default in cdk.json reaches the stacks that never set it (a guarded
+    setting's change is still refused until acknowledged: infra/first_deploy.py). A -c value
+    equal to the default is not stored: the CDK CLI merges the two, so it cannot be told apart."""
+    return {
+        k: context[k]
+        for k in sorted(context)
+        if k not in NOT_SETTINGS and k in defaults and context[k] != defaults[k]
+    }
 
 
 def split_list(value: Any) -> tuple[str, ...]:

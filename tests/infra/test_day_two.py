@@ -178,9 +178,13 @@ def test_a_step_keeps_every_setting_and_replaces_no_state(
     assert not replacements.output_changed(first_template, after, "ImageUri")
     assert _store_template(first_template) == _store_template(after)
     # The settings the next deploy reads back are this deploy's.
-    assert deployed.stored_settings(after) == deployed.settings_to_store(
-        {k: v for k, v in _context(first_template, given).items() if k in CDK_JSON_CONTEXT}
+    stored = deployed.stored_settings(after)
+    assert stored == deployed.settings_to_store(
+        _context(first_template, given), defaults=CDK_JSON_CONTEXT
     )
+    # Only what differs from cdk.json: a later default change reaches this stack.
+    assert all(CDK_JSON_CONTEXT[k] != v for k, v in stored.items())
+    assert stored["adminPrincipalArn"] == ADMIN and "vpcCidr" not in stored
     if needed:
         with pytest.raises(first_deploy.ReplacementRefused) as refused:
             first_deploy.check(**args, acknowledged=())
