@@ -112,8 +112,8 @@ gpu-nodes: $(VENV)/.stamp ## GPU nodes for an overlay (its nodes + hot spares): 
 	@[[ -z "$(NODES)" || "$(NODES)" =~ ^[0-9]+$$ ]] || { echo "NODES: give the GPU node count (make gpu-nodes NODES=2) or an overlay (make gpu-nodes OVERLAY=2node: its nodes + hot spares)" >&2; exit 2; }
 	$(MAKE) --no-print-directory deploy ARGS='$(if $(NODES),-c gpuNodesDesired=$(NODES),-c overlay=$(OVERLAY)) $(ARGS)'
 
-alert-test: $(VENV)/.stamp ## Send a test alert through the deployed alert manager to the SNS topic and say whether it arrived (AWS credentials; cdk-outputs.json)
-	$(PY) -m infra.alert_probe --outputs cdk-outputs.json $(ARGS)
+alert-test: $(VENV)/.stamp ## Send a test alert through the deployed alert manager to the SNS topic and say whether it arrived (AWS credentials; reads the deployed stack's outputs)
+	$(PY) -m infra.alert_probe $(ARGS)
 
 destroy: setup ## Tear the stacks down, images included; prints what it keeps (FSx with its network) and how to delete it
 	$(CDK) destroy --all --no-notices -c deployCheck=destroy $(ARGS)

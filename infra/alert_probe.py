@@ -54,18 +54,44 @@ class Target:
         return self.topic_arn.rsplit(":", 1)[-1]
 
 
-def load_target(*, outputs: Path, stack: str, monitoring_url: str | None) -> Target:
-    """The workspace and topic of the deployed stack, from `cdk deploy --outputs-file`."""
+def deployed_outputs(*, stack: str, region: str) -> dict[str, str]:
+    """The stack's outputs as CloudFormation holds them (`aws cloudformation describe-stacks`,
+    the AWS CLI path infra/deployed.py reads the stack through): any clone has them, while
+    cdk-outputs.json exists only in the clone that deployed."""
+    from infra.deployed import AwsCliError, aws_cli
+
     try:
-        values = json.loads(outputs.read_text())[stack]
-    except FileNotFoundError:
-        raise ValueError(f"{outputs}: not found; `make deploy` writes it") from None
-    except (json.JSONDecodeError, KeyError, TypeError):
-        raise ValueError(f"{outputs}: no outputs of stack {stack}; run `make deploy`") from None
+        answer = aws_cli(
+            ["cloudformation", "describe-stacks", "--stack-name", stack], region=region
+        )
+        found = answer["Stacks"][0].get("Outputs", [])
+        return {o["OutputKey"]: o["OutputValue"] for o in found}
+    except (AwsCliError, OSError, KeyError, IndexError, TypeError, ValueError) as err:
+        raise ValueError(
+            f"the outputs of stack {stack} in {region} could not be read ({err}); check the "
+            "credentials (aws sts get-caller-identity) and --region"
+        ) from None
+
+
+def load_target(
+    *, outputs: Path | None, stack: str, region: str, monitoring_url: str | None
+) -> Target:
+    """The workspace and topic of the deployed stack: from CloudFormation, or from a
+    `cdk deploy --outputs-file` file when one is given."""
+    source = str(outputs) if outputs else f"stack {stack} in {region}"
+    if outputs is None:
+        values = deployed_outputs(stack=stack, region=region)
+    else:
+        try:
+            values = json.loads(outputs.read_text())[stack]
+        except FileNotFoundError:
+            raise ValueError(f"{outputs}: not found; `make deploy` writes it") from None
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise ValueError(f"{outputs}: no outputs of stack {stack}; run `make deploy`") from None
     missing = [k for k in OUTPUT_KEYS if not values.get(k)]
     if missing:
         raise ValueError(
-            f"{outputs}: stack {stack} has no {', '.join(missing)}; deploy the current stack "
+            f"{source}: stack {stack} has no {', '.join(missing)}; deploy the current stack "
             "(`make deploy`) first"
         )
     region = values["Region"]
@@ -181,10 +207,18 @@ def probe(target: Target, *, timeout_s: float, poll_s: float) -> tuple[bool, str
         time.sleep(poll_s)
 
 
+def _cdk_json_region() -> str:
+    cdk_json = Path(__file__).resolve().parents[1] / "cdk.json"
+    return str(json.loads(cdk_json.read_text())["context"]["region"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.alert_probe", description=__doc__)
-    parser.add_argument("--outputs", type=Path, default=Path("cdk-outputs.json"))
+    parser.add_argument(
+        "--outputs", type=Path, help="a cdk-outputs.json (default: the deployed stack's outputs)"
+    )
     parser.add_argument("--stack", default=STACK_NAME)
+    parser.add_argument("--region", default=_cdk_json_region(), help="default: cdk.json's")
     # Alert manager group_wait (30 s) + CloudWatch's 1-minute metrics: usually 2-4 minutes.
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait")
     parser.add_argument("--poll", type=float, default=20.0, help="seconds between checks")
@@ -192,7 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         target = load_target(
-            outputs=args.outputs, stack=args.stack, monitoring_url=args.monitoring_endpoint
+            outputs=args.outputs,
+            stack=args.stack,
+            region=args.region,
+            monitoring_url=args.monitoring_endpoint,
         )
     except ValueError as err:
         print(f"alert-test: {err}", file=sys.stderr)

@@ -9,12 +9,13 @@ kubectl authenticates with (`aws eks get-token`), so it adds no dependency (boto
 installed beside the pinned kubernetes client: botocore pins python-dateutil<3, kubernetes 37
 needs >=3).
 
-The settings live with the stack: `infra/stack.py` writes every setting of the deploy into the
-`DeploySettings` SSM parameter the stack owns (a resource, so a changed setting is always a
-stack update; template metadata alone may not be). A stack deployed before that parameter
-existed has its settings derived from its resources (zone, capacity, nodes, FSx, access).
+The settings live with the stack: `infra/stack.py` writes the deploy's settings that differ
+from cdk.json's defaults into the `DeploySettings` SSM parameter the stack owns (a resource, so a
+changed setting is always a stack update; template metadata alone may not be). A stack deployed
+before that parameter existed has its settings derived from its resources (zone, capacity,
+nodes, FSx, access, S3 link, alert address, image, system nodes, EFA layout).
 
-`guard` is what app.py runs around synthesis: read, layer the context, build, check
+`infra/guard.py` is what app.py runs around synthesis: read, layer the context, build, check
 (infra/first_deploy.py).
 """
 
@@ -23,20 +24,16 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
-from infra import first_deploy, sizing
-from infra.config import IMAGES_STACK_NAME, STACK_NAME, ConfigError, StackConfig, load_config
-from manifests.render import OVERLAYS
+from infra import sizing
+from infra.config import ConfigError
 from manifests.sizes import SIZES
-from training import exits
 
 if TYPE_CHECKING:
-    import aws_cdk as cdk
+    pass
 
 SETTINGS_PARAMETER_ID = "DeploySettings"
 """Logical id of the stack's SSM parameter holding the deploy's settings (JSON)."""
@@ -229,12 +226,69 @@ def derived_settings(template: Mapping[str, Any]) -> dict[str, Any]:
         found["fsxStorageCapacityGiB"] = fs.get("StorageCapacity")
         lustre = fs.get("LustreConfiguration", {})
         found["fsxThroughputPerUnit"] = lustre.get("PerUnitStorageThroughput")
-    return {k: v for k, v in found.items() if v is not None or k in _NULLABLE}
+        # CDK omits the retention when backups are off (config: 0 days).
+        found["fsxBackupRetentionDays"] = lustre.get("AutomaticBackupRetentionDays", 0)
+    for resource in resources.values():
+        if resource.get("Type") == "AWS::FSx::FileSystem":
+            policy = resource.get("DeletionPolicy", "Delete")
+            found["fsxRemovalPolicy"] = "destroy" if policy == "Delete" else "retain"
+    return {k: v for k, v in found.items() if v is not None or k in _NULLABLE} | _derived_more(
+        template
+    )
+
+
+def _derived_more(template: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings whose loss would be silent: the S3 link (its data repository association
+    would be removed), the alert address (its subscription), a prebuilt image, the root
+    volume, the system nodes and the EFA layout."""
+    found: dict[str, Any] = {}
+    links = [
+        d["DataRepositoryPath"]
+        for d in _resources(template, "AWS::FSx::DataRepositoryAssociation")
+        if isinstance(d.get("DataRepositoryPath"), str)
+    ]
+    found["fsxS3Link"] = links[0] if links else None
+    emails = [
+        s["Endpoint"]
+        for s in _resources(template, "AWS::SNS::Subscription")
+        if s.get("Protocol") == "email" and isinstance(s.get("Endpoint"), str)
+    ]
+    found["alertEmail"] = emails[0] if emails else None
+    image = template.get("Outputs", {}).get("ImageUri", {}).get("Value")
+    if isinstance(image, str):  # a prebuilt image (an asset's URI is a CloudFormation function)
+        found["imageUri"] = image
+    for group in _resources(template, "AWS::EKS::Nodegroup"):
+        if "LaunchTemplate" in group:
+            continue
+        types = group.get("InstanceTypes") or []
+        if types:
+            found["systemInstanceType"] = types[0]
+        desired = group.get("ScalingConfig", {}).get("DesiredSize")
+        if isinstance(desired, int):
+            found["systemNodeCount"] = desired
+    for lt in _resources(template, "AWS::EC2::LaunchTemplate"):
+        data = lt.get("LaunchTemplateData", {})
+        if "InstanceType" not in data:
+            continue
+        for mapping in data.get("BlockDeviceMappings", []):
+            size = mapping.get("Ebs", {}).get("VolumeSize")
+            if mapping.get("DeviceName") == "/dev/xvda" and isinstance(size, int):
+                found["gpuRootVolumeGiB"] = size
+        interfaces = data.get("NetworkInterfaces", [])
+        # Use case 2 (EC2 guide, efa-acc-inst-types.html): an ENA on device 1 of a card past 0.
+        ena = [i for i in interfaces if i.get("InterfaceType") in (None, "interface")]
+        if any(i.get("DeviceIndex") == 1 and i.get("NetworkCardIndex", 0) for i in ena):
+            found["efaSecondaryInterfaceType"] = "ip-bandwidth"
+        elif any(i.get("InterfaceType") == "efa-only" for i in interfaces):
+            found["efaSecondaryInterfaceType"] = "efa-only"
+    return found
 
 
 _NULLABLE = frozenset(
     {"adminPrincipalArn", "capacityReservationId", "capacityReservationPlacementGroup"}
 )
+"""Derived as null when absent (the `_derived_more` keys are always derived, null included:
+an absent link or address in the deployed stack is a setting too)."""
 
 
 def kept_settings(template: Mapping[str, Any] | None) -> tuple[dict[str, Any], str]:
@@ -296,9 +350,17 @@ def layered(
     return context
 
 
-def settings_to_store(context: Mapping[str, Any]) -> dict[str, Any]:
-    """What the DeploySettings parameter holds: every setting of this deploy."""
-    return {k: context[k] for k in sorted(context) if k not in NOT_SETTINGS}
+def settings_to_store(context: Mapping[str, Any], *, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """What the DeploySettings parameter holds: the settings of this deploy that differ from
+    cdk.json's defaults (given with -c now or kept from the stack), never an untouched default,
+    so a later change of a default in cdk.json reaches the stacks that never set it (a guarded
+    setting's change is still refused until acknowledged: infra/first_deploy.py). A -c value
+    equal to the default is not stored: the CDK CLI merges the two, so it cannot be told apart."""
+    return {
+        k: context[k]
+        for k in sorted(context)
+        if k not in NOT_SETTINGS and k in defaults and context[k] != defaults[k]
+    }
 
 
 def split_list(value: Any) -> tuple[str, ...]:
@@ -313,6 +375,7 @@ def split_list(value: Any) -> tuple[str, ...]:
 
 RETAINED_DELETE = {
     "AWS::FSx::FileSystem": "aws fsx delete-file-system --file-system-id {id}",
+    "AWS::EC2::SecurityGroupIngress": "deleted with its security group (next line)",
     "AWS::EC2::SecurityGroup": "aws ec2 delete-security-group --group-id {id}",
     "AWS::EC2::Subnet": "aws ec2 delete-subnet --subnet-id {id}",
     "AWS::EC2::VPC": "aws ec2 delete-vpc --vpc-id {id}",
@@ -339,138 +402,71 @@ def retained(
     return sorted(kept, key=lambda k: order.index(k[0]) if k[0] in order else len(order))
 
 
+_CLI_ERRORS = (AwsCliError, OSError, subprocess.TimeoutExpired, KeyError, TypeError, ValueError)
+"""What an `aws` call can end in: its own error, no CLI, a timeout, an answer not as expected
+(json.JSONDecodeError is a ValueError)."""
+
+
+def _physical_ids(stack_name: str, *, region: str, run: Runner) -> dict[str, str]:
+    """Logical -> physical id of every resource: ListStackResources, which the CLI pages through
+    (DescribeStackResources returns the first 100 only: CloudFormation API reference)."""
+    listed = aws_cli(
+        ["cloudformation", "list-stack-resources", "--stack-name", stack_name],
+        region=region,
+        run=run,
+    )
+    return {
+        r["LogicalResourceId"]: r.get("PhysicalResourceId", "")
+        for r in listed.get("StackResourceSummaries", [])
+    }
+
+
+def _tagged_file_systems(stack_name: str, *, region: str, run: Runner) -> list[str]:
+    """Ids of the file systems CloudFormation created for the stack: it tags each resource it
+    creates with `aws:cloudformation:stack-name` (CloudFormation user guide, "Resource tags").
+    A file system a zone move replaced is kept by UpdateReplacePolicy and is no longer one of
+    the stack's resources; this tag still finds it."""
+    listed = aws_cli(["fsx", "describe-file-systems"], region=region, run=run)
+    return [
+        fs["FileSystemId"]
+        for fs in listed.get("FileSystems", [])
+        if {"Key": "aws:cloudformation:stack-name", "Value": stack_name} in fs.get("Tags", [])
+    ]
+
+
 def retained_report(*, stack_name: str, region: str, run: Runner = subprocess.run) -> str:
-    """What `make destroy` keeps of the deployed stack, and the commands that delete it."""
+    """What `make destroy` keeps of the deployed stack, and the commands that delete it. Never
+    raises: what could not be read is said in the report (the destroy goes on)."""
     deployed = read(stack_name=stack_name, other_stacks=(), region=region, run=run)
     if deployed.status != "deployed" or deployed.template is None:
         return f"{stack_name}: {deployed.status} {deployed.reason}".strip()
+    notes = []
     try:
-        described = aws_cli(
-            ["cloudformation", "describe-stack-resources", "--stack-name", stack_name],
-            region=region,
-            run=run,
-        )
-        ids = {
-            r["LogicalResourceId"]: r.get("PhysicalResourceId", "")
-            for r in described.get("StackResources", [])
-        }
-    except AwsCliError as err:
+        ids = _physical_ids(stack_name, region=region, run=run)
+    except _CLI_ERRORS as err:
         ids = {}
-        note = f" (physical ids unknown: {err})"
-    else:
-        note = ""
+        notes.append(f"physical ids unknown: {str(err) or type(err).__name__}")
     kept = retained(deployed.template, ids)
+    try:
+        in_stack = {pid for rtype, pid, _ in kept if rtype == "AWS::FSx::FileSystem"}
+        replaced = [
+            fs
+            for fs in _tagged_file_systems(stack_name, region=region, run=run)
+            if fs not in in_stack
+        ]
+    except _CLI_ERRORS as err:
+        replaced = []
+        notes.append(
+            f"file systems a zone move left behind unknown: {str(err) or type(err).__name__}"
+        )
+    fsx_delete = RETAINED_DELETE["AWS::FSx::FileSystem"]
+    kept = [
+        *[("AWS::FSx::FileSystem", fs, fsx_delete.format(id=fs)) for fs in replaced],
+        *kept,
+    ]
     if not kept:
-        return f"{stack_name}: nothing kept"
+        return f"{stack_name}: nothing kept" + (f" ({'; '.join(notes)})" if notes else "")
+    note = f" ({'; '.join(notes)})" if notes else ""
     lines = [f"Kept after `make destroy` of {stack_name}{note}; delete when the data is safe:"]
     lines += [f"  {rtype} {pid}: {command}" for rtype, pid, command in kept]
     return "\n".join(lines)
-
-
-# --- the guard app.py runs around synthesis -----------------------------------------------------
-
-CHECK_KEY = "deployCheck"
-"""`required` (make deploy, gpu-nodes): refuse when the deployed stack cannot be read;
-`destroy` (make destroy): no check, write what the destroy keeps to cdk.out/retained.txt."""
-
-CDK_JSON = Path(__file__).resolve().parents[1] / "cdk.json"
-
-
-class Build(Protocol):
-    def __call__(
-        self, config: StackConfig, *, keep_creator_admin: bool, settings: dict[str, Any]
-    ) -> None: ...
-
-
-def guard(app: cdk.App, *, build: Build) -> None:
-    """Read the deployed stack back, layer the context, `build` the stacks, synthesize, and
-    check the result against the deployed stack (infra/first_deploy.py).
-
-    The context is cdk.json's defaults, under the deployed settings, under the `-c` values given
-    now. Exits with one line on a configuration error, on a refused change, and (with
-    `-c deployCheck=required`) when the deployed stack cannot be read; prints what the deploy
-    changes otherwise. `-c deployCheck=destroy` writes cdk.out/retained.txt instead.
-    """
-    get = app.node.try_get_context
-    defaults = json.loads(CDK_JSON.read_text())["context"]
-    given = given_context(get, defaults=defaults)
-    region = str(given.get("region", defaults["region"]))
-    mode = get(CHECK_KEY) or "report"
-    stack = read(stack_name=STACK_NAME, other_stacks=(IMAGES_STACK_NAME,), region=region)
-    if stack.status == "unknown":
-        if mode == "required":
-            sys.exit(
-                f"Refused: could not read the deployed stack {STACK_NAME} ({stack.reason}). Fix: "
-                "give the AWS CLI credentials for the account (aws sts get-caller-identity), then "
-                "deploy again"
-            )
-        print(
-            f"Not checked against the deployed stack: {stack.reason} (offline: synthesized from "
-            "cdk.json and your -c values only)",
-            file=sys.stderr,
-        )
-    kept_raw, source = kept_settings(stack.template)
-    context = layered(
-        defaults=defaults,
-        kept=kept_raw,
-        given=given,
-        use_default=split_list(get(USE_DEFAULT_KEY)),
-    )
-    node_counts = {name: size.node_count for name, size in SIZES.items()}
-    try:
-        config = load_config(context.get, overlays=OVERLAYS, node_counts=node_counts)
-        kept = None
-        if stack.template is not None:
-            before = {**defaults, **{k: v for k, v in kept_raw.items() if k in defaults}}
-            try:
-                kept = first_deploy.settings(
-                    load_config(before.get, overlays=OVERLAYS, node_counts=node_counts)
-                )
-            except ConfigError as err:  # settings today's validation refuses: the diff still runs
-                print(f"Deployed settings not compared ({err})", file=sys.stderr)
-        # The stack checks FSx against the overlays' checkpoints first (infra/sizing.py).
-        build(
-            config,
-            keep_creator_admin=first_deploy.keeps_creator_admin(stack.template),
-            settings=settings_to_store(context),
-        )
-    except ConfigError as err:
-        sys.exit(f"Configuration error: {err}")
-    assembly = app.synth()
-
-    if mode == "destroy":
-        (Path(assembly.directory) / "retained.txt").write_text(
-            retained_report(stack_name=STACK_NAME, region=region) + "\n"
-        )
-        sys.exit(exits.OK)
-    if stack.template is not None:
-        different = {
-            k: v
-            for k, v in kept_raw.items()
-            if k in defaults and k not in given and v != defaults[k]
-        }
-        print(
-            f"Kept from {source}: "
-            + (", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(different.items())) or "nothing")
-            + (f"; given now: {', '.join(sorted(given))}" if given else ""),
-            file=sys.stderr,
-        )
-    try:
-        report = first_deploy.check(
-            kept=kept,
-            now=first_deploy.settings(config),
-            last_template=stack.template,
-            template=assembly.get_stack_by_name(STACK_NAME).template,
-            acknowledged=first_deploy.acknowledged(get),
-            region=config.network.region,
-            other_stacks={
-                name: (before_t, assembly.get_stack_by_name(name).template)
-                for name, before_t in stack.other_templates.items()
-            },
-        )
-    except first_deploy.ReplacementRefused as err:
-        print(
-            f"What this deploy changes, against the deployed stack:\n{err.report}", file=sys.stderr
-        )
-        sys.exit(f"Refused: {err}")
-    print(f"What this deploy changes, against the deployed stack:\n{report}", file=sys.stderr)

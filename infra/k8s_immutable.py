@@ -125,6 +125,28 @@ def _immutable_data(old: Mapping, new: Mapping) -> bool:
     return any(old.get(f) != new.get(f) for f in fields)
 
 
+def _with_default(path: tuple[str, ...], default: Any) -> Callable[[Mapping, Mapping], bool]:
+    """The field differs once an absent value reads as the server's default (the stored object
+    holds the default, so setting it explicitly is no change)."""
+
+    def value(obj: Mapping) -> Any:
+        found = _get(obj, path)
+        return default if found is _ABSENT else found
+
+    return lambda old, new: value(old) != value(new)
+
+
+def _job_completions_changed(old: Mapping, new: Mapping) -> bool:
+    """A Job's completions may not change, except for an Indexed Job whose new completions equal
+    its new parallelism (elastic Indexed Jobs; pkg/apis/batch/validation validateCompletions:
+    "can only be modified in tandem with spec.parallelism")."""
+    before, after = _get(old, ("spec", "completions")), _get(new, ("spec", "completions"))
+    if before == after:
+        return False
+    indexed = _get(new, ("spec", "completionMode")) == "Indexed"
+    return not (indexed and after == _get(new, ("spec", "parallelism")))
+
+
 _CORE = "pkg/apis/core/validation/validation.go"
 _APPS = "pkg/apis/apps/validation/validation.go"
 _BATCH = "pkg/apis/batch/validation/validation.go"
@@ -135,7 +157,11 @@ _STORAGE = "pkg/apis/storage/validation/validation.go"
 IMMUTABLE_FIELDS: tuple[ImmutableField, ...] = (
     ImmutableField("PriorityClass", ("value",), f"{_SCHEDULING} ValidatePriorityClassUpdate"),
     ImmutableField(
-        "PriorityClass", ("preemptionPolicy",), f"{_SCHEDULING} ValidatePriorityClassUpdate"
+        "PriorityClass",
+        ("preemptionPolicy",),
+        f"{_SCHEDULING} ValidatePriorityClassUpdate",
+        # Unset defaults to PreemptLowerPriority (pkg/apis/scheduling/v1 defaults.go).
+        _with_default(("preemptionPolicy",), "PreemptLowerPriority"),
     ),
     ImmutableField(
         "Service",
@@ -149,11 +175,23 @@ IMMUTABLE_FIELDS: tuple[ImmutableField, ...] = (
         f"{_CORE} ValidateServiceUpdate",
         _service_cluster_ip(("spec", "clusterIPs")),
     ),
-    # apps/v1: "a Deployment's label selector is immutable after it gets created"
-    # (kubernetes.io/docs/concepts/workloads/controllers/deployment, "Label selector updates").
-    ImmutableField("Deployment", ("spec", "selector"), f"{_APPS} ValidateDeploymentUpdate"),
-    ImmutableField("DaemonSet", ("spec", "selector"), f"{_APPS} ValidateDaemonSetUpdate"),
-    ImmutableField("ReplicaSet", ("spec", "selector"), f"{_APPS} ValidateReplicaSetUpdate"),
+    # apps/v1: the selector is refused by the registry's strategy, not by Validate*Update (which
+    # still admits it for extensions/v1beta1): pkg/registry/apps/<kind>/strategy.go
+    # ValidateUpdate, "disallow mutation of selector" for every group version but the old beta
+    # ones ("Label selector updates", kubernetes.io/docs/concepts/workloads/controllers/deployment).
+    ImmutableField(
+        "Deployment",
+        ("spec", "selector"),
+        "pkg/registry/apps/deployment/strategy.go ValidateUpdate",
+    ),
+    ImmutableField(
+        "DaemonSet", ("spec", "selector"), "pkg/registry/apps/daemonset/strategy.go ValidateUpdate"
+    ),
+    ImmutableField(
+        "ReplicaSet",
+        ("spec", "selector"),
+        "pkg/registry/apps/replicaset/strategy.go ValidateUpdate",
+    ),
     # A StatefulSet's spec is immutable but for replicas, ordinals, template, updateStrategy,
     # revisionHistoryLimit, persistentVolumeClaimRetentionPolicy and minReadySeconds.
     *(
@@ -174,6 +212,9 @@ IMMUTABLE_FIELDS: tuple[ImmutableField, ...] = (
             "backoffLimitPerIndex",
             "managedBy",
         )
+    ),
+    ImmutableField(
+        "Job", ("spec", "completions"), f"{_BATCH} validateCompletions", _job_completions_changed
     ),
     # The volume source (every PersistentVolumeSource member) and the volume mode; capacity,
     # access modes, class, mount options and reclaim policy may change.
@@ -218,6 +259,11 @@ IMMUTABLE_FIELDS: tuple[ImmutableField, ...] = (
     ImmutableField("ClusterRoleBinding", ("roleRef",), f"{_RBAC} ValidateClusterRoleBindingUpdate"),
     ImmutableField("ConfigMap", ("data",), f"{_CORE} ValidateConfigMapUpdate", _immutable_data),
     ImmutableField("Secret", ("data",), f"{_CORE} ValidateSecretUpdate", _immutable_data),
+    # ValidateSecretUpdate: `type` "field is immutable"; unset defaults to Opaque
+    # (pkg/apis/core/v1 defaults.go SetDefaults_Secret).
+    ImmutableField(
+        "Secret", ("type",), f"{_CORE} ValidateSecretUpdate", _with_default(("type",), "Opaque")
+    ),
 )
 
 MUTABLE_KINDS: Mapping[str, str] = {
@@ -257,7 +303,16 @@ def changed_immutable_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> 
         # goes too (the storage behind it stays; the deploy creates both again).
         delete += f" && kubectl delete persistentvolume {volume}"
     paths = dict.fromkeys(".".join(f.path) for f in changed)
-    return (*(f"{p} is immutable" for p in paths), f"delete it first: {delete}")
+    how = f"delete it first: {delete}"
+    if kind == "PersistentVolumeClaim":
+        # A claim a pod uses stays Terminating until the pod is gone (the
+        # kubernetes.io/pvc-protection finalizer: Kubernetes docs, Persistent Volumes,
+        # "Storage Object in Use Protection"), so the delete would hang behind the Job.
+        how = (
+            "stop the Job that mounts it first (make eks-stop: a claim in use stays Terminating, "
+            f"the kubernetes.io/pvc-protection finalizer), then delete it: {delete}"
+        )
+    return (*(f"{p} is immutable" for p in paths), how)
 
 
 def check_known(kinds: Iterable[str]) -> None:

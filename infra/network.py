@@ -129,11 +129,22 @@ class Network(Construct):
 
     def retained_with_file_system(self, file_system_group: ec2.ISecurityGroup) -> list[CfnResource]:
         """What a retained FSx file system still uses after the stack is deleted: the VPC,
-        every private subnet (the file system's, and the one a zone move left behind) and the
-        file system's security group."""
+        every private subnet (the file system's, and the one a zone move left behind), the
+        file system's security group and its rules from itself (TCP 988 and 1018-1023 between
+        the file servers: FSx for Lustre user guide, "File system access control with Amazon
+        VPC"; CDK writes a self-referencing rule as its own AWS::EC2::SecurityGroupIngress).
+        Its rules naming the cluster's group are not kept: that group goes with the cluster."""
         subnets = [s.node.default_child for s in self.vpc.private_subnets]
+        own_id = file_system_group.security_group_id
+        self_rules = [
+            child
+            for child in file_system_group.node.children
+            if isinstance(child, ec2.CfnSecurityGroupIngress)
+            and child.source_security_group_id == own_id
+        ]
         return [
             self.vpc.node.default_child,
             *subnets,
             file_system_group.node.default_child,
+            *self_rules,
         ]  # type: ignore[list-item]

@@ -34,6 +34,10 @@ STATEFUL_TYPES: Mapping[str, str] = {
     "AWS::EKS::Nodegroup": "node group",
     "AWS::ECR::Repository": "ECR repository",
     "AWS::KMS::Key": "KMS key",
+    # Not data, but a loss nobody would notice: the file system's S3 link (imports/exports stop)
+    # and the on-call address (a new subscription must be confirmed from the mailbox again).
+    "AWS::FSx::DataRepositoryAssociation": "FSx S3 link",
+    "AWS::SNS::Subscription": "alert subscription",
 }
 MANIFEST_TYPE = "Custom::AWSCDK-EKS-KubernetesResource"
 # Kubernetes objects whose change or removal loses state: the claim on the file system (and its

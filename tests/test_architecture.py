@@ -123,7 +123,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "infra.network",
         "infra.k8s_immutable",
         "infra.aws_call",
-        "infra.alert_probe",
         "infra.addon_versions",
         "infra.replacements",
         "infra.pod_identity",
@@ -140,7 +139,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "infra.observability",
     ),
     ("infra.addons", "infra.deployed"),
-    ("infra.stack", "infra"),
+    ("infra.stack", "infra.deploy_target", "infra.alert_probe", "infra.guard", "infra"),
     # launchers and command lines
     (
         "training.launch.local",

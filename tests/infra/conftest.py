@@ -5,11 +5,30 @@ Helpers live in infra_synth.py (a unique module name: tests/conftest.py is also 
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from aws_cdk.assertions import Template
+from cfn_emulator import offline_environ
 from infra_synth import VARIANT_CONTEXT, synth
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_aws_from_tests() -> Iterator[None]:
+    """Nothing a test runs can reach AWS: app.py, the CDK CLI and the AWS CLI read the deployed
+    stack (infra/deployed.py), and a developer's or CI's credentials would make those real calls.
+    Every AWS_* variable of the inherited environment is dropped and the CLI is given no
+    credentials, no config files, no instance metadata and a closed local port as its endpoint
+    (the emulator, tests/infra/cfn_emulator.py, sets its own endpoint and dummy keys on top).
+    Session-wide, so the session fixtures' synths and every subprocess inherit it."""
+    with pytest.MonkeyPatch.context() as patch:
+        for key in [k for k in os.environ if k.startswith("AWS_")]:
+            patch.delenv(key)
+        for key, value in offline_environ({}).items():
+            patch.setenv(key, value)
+        yield
 
 
 @pytest.fixture(scope="session")

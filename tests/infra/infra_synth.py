@@ -74,10 +74,8 @@ def synth(
         app,
         config=config,
         keep_creator_admin=first_deploy.keeps_creator_admin(last_template),
-        # What app.py stores: every setting of the deploy (its context, feature flags aside).
-        settings=deployed.settings_to_store(
-            {k: v for k, v in context.items() if k in CDK_JSON_CONTEXT}
-        ),
+        # What app.py stores: the settings that differ from cdk.json's defaults.
+        settings=deployed.settings_to_store(context, defaults=CDK_JSON_CONTEXT),
     )
     if validate:
         nag.add_checks(app)

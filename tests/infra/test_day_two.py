@@ -88,7 +88,11 @@ def first_template(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def _context(deployed_template: dict[str, Any] | None, given: dict[str, Any]) -> dict[str, Any]:
     """app.py's context: cdk.json, under the deployed settings, under the given `-c` values."""
     kept, _ = deployed.kept_settings(deployed_template)
-    return deployed.layered(defaults=CDK_JSON_CONTEXT, kept=kept, given=given)
+    given = dict(given)
+    use_default = deployed.split_list(given.pop(deployed.USE_DEFAULT_KEY, None))
+    return deployed.layered(
+        defaults=CDK_JSON_CONTEXT, kept=kept, given=given, use_default=use_default
+    )
 
 
 def _settings(context: dict[str, Any]) -> dict[str, str]:
@@ -175,9 +179,13 @@ def test_a_step_keeps_every_setting_and_replaces_no_state(
     assert not replacements.output_changed(first_template, after, "ImageUri")
     assert _store_template(first_template) == _store_template(after)
     # The settings the next deploy reads back are this deploy's.
-    assert deployed.stored_settings(after) == deployed.settings_to_store(
-        {k: v for k, v in _context(first_template, given).items() if k in CDK_JSON_CONTEXT}
+    stored = deployed.stored_settings(after)
+    assert stored == deployed.settings_to_store(
+        _context(first_template, given), defaults=CDK_JSON_CONTEXT
     )
+    # Only what differs from cdk.json: a later default change reaches this stack.
+    assert all(CDK_JSON_CONTEXT[k] != v for k, v in stored.items())
+    assert stored["adminPrincipalArn"] == ADMIN and "vpcCidr" not in stored
     if needed:
         with pytest.raises(first_deploy.ReplacementRefused) as refused:
             first_deploy.check(**args, acknowledged=())
@@ -306,12 +314,29 @@ def test_removing_the_admin_or_the_public_endpoint_needs_its_own_acknowledgement
 # --- stacks deployed by earlier versions -----------------------------------------------------
 
 
+# What the first deploy after the upgrade changes in main's bafc8b0 stack besides the step's
+# own change, each intended (docs/day-two.md, Upgrade notes): the add-on pins
+# (infra/addon_versions.py), AMP's documented statement on the alert key, and the per-namespace
+# scraper Roles dropped (AMP's scraper has its own cluster-wide access entry). All in place:
+# nothing stateful is replaced or removed.
+UPGRADE_FROM_BAFC8B0 = [
+    ("AWS::SSM::Parameter", "add", ()),
+    ("AWS::EKS::Addon", "update", ("AddonVersion",)),
+    ("AWS::EKS::Addon", "update", ("AddonVersion",)),
+    ("AWS::EKS::Addon", "update", ("AddonVersion",)),
+    ("AWS::EKS::Addon", "update", ("AddonVersion",)),
+    ("AWS::KMS::Key", "update", ("KeyPolicy",)),
+    (replacements.MANIFEST_TYPE, "remove", ("logical id",)),
+]
+
+
 def test_a_stack_deployed_by_main_before_this_change_upgrades_in_place(tmp_path: Path) -> None:
     """Main's stack (bafc8b0), deployed with the README's first-deploy values and a 2node-sized
     1200 GiB file system, has no DeploySettings: its settings are read from its resources.
-    `make gpu-nodes NODES=2` from a clean clone changes the GPU node count and adds the
-    parameter; the cluster (its create-only bootstrap-admin setting included), both node
-    groups and FSx are untouched, and so are the admin entry, the endpoint and FSx's size."""
+    `make gpu-nodes NODES=2` from a clean clone changes the GPU node count, adds the parameter
+    and makes exactly UPGRADE_FROM_BAFC8B0's changes (each in place); the cluster (its
+    create-only bootstrap-admin setting included), both node groups and FSx are not replaced,
+    and the admin entry, the endpoint and FSx's size are kept."""
     before = json.loads((FIXTURES / "deployed-main-bafc8b0.template.json").read_text())
     assert deployed.stored_settings(before) is None
     kept, source = deployed.kept_settings(before)
@@ -319,10 +344,12 @@ def test_a_stack_deployed_by_main_before_this_change_upgrades_in_place(tmp_path:
     assert kept["fsxStorageCapacityGiB"] == 1200 and kept["fsxSizedFor"] == "2node"
     after, args, _ = _deploy(before, {"gpuNodesDesired": "2"}, tmp_path, mask=True)
     changes = replacements.diff(before, after, region=REGION)
-    assert [(c.logical_id, c.action, c.reasons) for c in changes] == [
-        ("DeploySettings", "add", ()),
-        (_gpu_id(before), "update", ("ScalingConfig",)),
-    ], replacements.summary(changes)
+    assert sorted((c.type, c.action, c.reasons) for c in changes) == sorted(
+        [*UPGRADE_FROM_BAFC8B0, ("AWS::EKS::Nodegroup", "update", ("ScalingConfig",))]
+    ), replacements.summary(changes)
+    assert {c.logical_id for c in changes if c.type == "AWS::EKS::Nodegroup"} == {_gpu_id(before)}
+    (removed,) = [c.logical_id for c in changes if c.action == "remove"]
+    assert "ScraperRbac" in removed
     cluster = _resource(after, "AWS::EKS::Cluster")["Properties"]
     assert cluster["AccessConfig"]["BootstrapClusterCreatorAdminPermissions"] is False
     _access_kept(after)
@@ -391,6 +418,41 @@ def test_a_stack_first_deployed_with_another_fsx_size_has_a_way_forward(tmp_path
     assert "kubectl delete pvc fsx-claim" in steps[1].split("\n## ")[0]  # the documented way
 
 
+_OLD_STACK_SETTINGS = {
+    "fsxS3Link": "s3://training-data/datasets",
+    "alertEmail": "oncall@example.com",
+    "imageUri": "123456789012.dkr.ecr.us-east-2.amazonaws.com/trainer:v1",
+    "gpuRootVolumeGiB": 200,
+    "systemNodeCount": 3,
+    "systemInstanceType": "m7i.2xlarge",
+    "efaSecondaryInterfaceType": "ip-bandwidth",
+    "fsxBackupRetentionDays": 3,
+}
+
+
+def test_a_stack_from_before_deploy_settings_keeps_what_its_resources_hold(
+    tmp_path: Path,
+) -> None:
+    """A stack deployed without DeploySettings: every setting its template holds is read back
+    (the S3 link, the alert address, a prebuilt image, root volume, system nodes, EFA layout,
+    backups, removal policy), so a plain deploy keeps them; dropping the S3 link or the alert
+    subscription is refused, each until its own logical id is acknowledged."""
+    given = {**FIRST_DEPLOY, **_OLD_STACK_SETTINGS, "fsxRemovalPolicy": "destroy"}
+    before = synth(given, outdir=tmp_path / "before")[0]
+    del before["Resources"][deployed.SETTINGS_PARAMETER_ID]
+    derived = deployed.kept_settings(before)[0]
+    assert {k: derived[k] for k in _OLD_STACK_SETTINGS} == _OLD_STACK_SETTINGS
+    assert derived["fsxRemovalPolicy"] == "destroy"
+    after, args, _ = _deploy(before, {"useDefault": "fsxS3Link,alertEmail"}, tmp_path)
+    changes = replacements.diff(before, after, region=REGION)
+    lost = {c.type: c.logical_id for c in replacements.destructive(changes)}
+    assert set(lost) == {"AWS::FSx::DataRepositoryAssociation", "AWS::SNS::Subscription"}
+    with pytest.raises(first_deploy.ReplacementRefused) as refused:
+        first_deploy.check(**args, acknowledged=(lost["AWS::SNS::Subscription"],))
+    assert _ack_tokens(str(refused.value)) == [lost["AWS::FSx::DataRepositoryAssociation"]]
+    first_deploy.check(**args, acknowledged=tuple(lost.values()))
+
+
 # --- make destroy ----------------------------------------------------------------------------
 
 
@@ -405,6 +467,22 @@ def test_a_retained_file_system_keeps_its_network(first_template: dict[str, Any]
     vpc = resources[subnet]["Properties"]["VpcId"]["Ref"]
     for lid in (group, subnet, vpc):
         assert resources[lid]["DeletionPolicy"] == "Retain", lid
+    # The group's rule from itself (TCP 988 and 1018-1023: the FSx for Lustre user guide, "File
+    # system access control with Amazon VPC", requires them between the file servers) stays
+    # with it; the rules naming the cluster's group go (that group is deleted with the cluster).
+    own = {"Fn::GetAtt": [group, "GroupId"]}
+    self_rules = [
+        (lid, r)
+        for lid, r in resources.items()
+        if r["Type"] == "AWS::EC2::SecurityGroupIngress"
+        and r["Properties"]["GroupId"] == own
+        and r["Properties"].get("SourceSecurityGroupId") == own
+    ]
+    ports = set()
+    for lid, rule in self_rules:
+        assert rule.get("DeletionPolicy") == "Retain", lid
+        ports |= set(range(rule["Properties"]["FromPort"], rule["Properties"]["ToPort"] + 1))
+    assert {988, *range(1018, 1024)} <= ports
     # Every private subnet (a zone move leaves the old file system in another one).
     for lid, resource in resources.items():
         if resource["Type"] == "AWS::EC2::Subnet" and "Private" in lid:
@@ -540,6 +618,104 @@ def _fsx_id(template: dict[str, Any]) -> str:
 
 
 @needs_aws_cli
+def test_destroy_names_every_kept_resource_and_a_file_system_a_zone_move_left(
+    first_template: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """make destroy's report: physical ids from ListStackResources followed page by page (the
+    emulator answers 10 per page; DescribeStackResources would stop at 100), and a file system
+    kept by UpdateReplacePolicy after a zone move, found by CloudFormation's stack-name tag."""
+    with emulated_cloudformation() as cfn:
+        for key, value in cfn.env().items():
+            monkeypatch.setenv(key, value)
+        cfn.page_size = 10
+        fsx = _fsx_id(first_template)
+        order = list(first_template["Resources"])
+        assert order.index(fsx) >= cfn.page_size  # its id is on a later page
+        cfn.put(STACK_NAME, first_template, physical_ids={fsx: "fs-0new"})
+        tag = {"Key": "aws:cloudformation:stack-name", "Value": STACK_NAME}
+        cfn.file_systems = [
+            {"FileSystemId": "fs-0new", "Tags": [tag]},
+            {"FileSystemId": "fs-0old", "Tags": [tag]},  # the zone move's old one
+            {"FileSystemId": "fs-0other", "Tags": [{**tag, "Value": "AnotherStack"}]},
+        ]
+        kept = deployed.retained_report(stack_name=STACK_NAME, region=REGION)
+    assert "delete-file-system --file-system-id fs-0new" in kept
+    assert "delete-file-system --file-system-id fs-0old" in kept
+    assert "fs-0other" not in kept
+    assert (
+        kept.count("--file-system-id fs-0new") == 1 and f" {fsx}:" not in kept
+    )  # its id came from page 2+
+    assert ("ListStackResources", STACK_NAME) in cfn.calls
+
+
+def test_destroy_goes_on_when_the_aws_cli_times_out_or_answers_garbage(
+    first_template: dict[str, Any],
+) -> None:
+    """retained_report never raises: a timeout or an answer that is not JSON is named in the
+    report, and the destroy (which writes it) goes on."""
+    body = json.dumps({"TemplateBody": json.dumps(first_template)})
+
+    def run(args: list[str], **_: Any) -> subprocess.CompletedProcess:
+        if "describe-stacks" in args:
+            stacks = {"Stacks": [{"StackStatus": "UPDATE_COMPLETE"}]}
+            return subprocess.CompletedProcess(args, 0, json.dumps(stacks), "")
+        if "get-template" in args:
+            return subprocess.CompletedProcess(args, 0, body, "")
+        if "list-stack-resources" in args:
+            raise subprocess.TimeoutExpired(args, 60)
+        return subprocess.CompletedProcess(args, 0, "<html>not json", "")
+
+    kept = deployed.retained_report(stack_name=STACK_NAME, region=REGION, run=run)
+    assert "physical ids unknown" in kept and "zone move left behind unknown" in kept
+    assert "aws fsx delete-file-system" in kept
+
+
+@needs_aws_cli
+def test_make_deploy_refuses_another_account_region_an_unsaid_first_deploy_and_bad_pins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """deployCheck=required (infra/deploy_target.py) against the emulated STS and EKS through
+    the AWS CLI: a wrong account or region would read as 'no stack' and create a second one."""
+    from infra import addon_versions, deploy_target
+
+    with emulated_cloudformation() as cfn:
+        for key, value in cfn.env().items():
+            monkeypatch.setenv(key, value)
+        ok = dict(
+            stack_status="deployed",
+            stack_name=STACK_NAME,
+            region=REGION,
+            deployed_region=REGION,
+            expected_account=cfn.account,
+            first_deploy=False,
+            kubernetes_version=addon_versions.KUBERNETES_VERSION,
+        )
+        deploy_target.check(**ok)
+        assert ("GetCallerIdentity", "") in cfn.calls
+        assert {n for a, n in cfn.calls if a == "DescribeAddonVersions"} == set(
+            addon_versions.EKS_ADDON_VERSIONS
+        )
+        refusals = {
+            "account 123456789012, the CDK deploys to 999999999999": {
+                "expected_account": "999999999999"
+            },
+            "-c region=eu-west-1 differs from us-east-2": {"region": "eu-west-1"},
+            "firstDeploy=true": {"stack_status": "none"},
+        }
+        for expected, change in refusals.items():
+            with pytest.raises(deploy_target.DeployRefused) as refused:
+                deploy_target.check(**(ok | change))
+            assert expected in str(refused.value)
+        deploy_target.check(**(ok | {"stack_status": "none", "first_deploy": True}))
+        pins = addon_versions.EKS_ADDON_VERSIONS
+        cfn.addon_versions = {n: [v] for n, v in pins.items()} | {"vpc-cni": ["v0.0.1"]}
+        with pytest.raises(deploy_target.DeployRefused) as refused:
+            deploy_target.check(**ok)
+        assert f"EKS does not offer vpc-cni {pins['vpc-cni']}" in str(refused.value)
+        assert "\n" not in str(refused.value)
+
+
+@needs_aws_cli
 def test_without_credentials_the_stack_is_unknown_in_one_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -583,7 +759,8 @@ def _app(
 def test_the_app_from_a_clean_clone_keeps_the_deployed_settings(tmp_path: Path) -> None:
     """`make gpu-nodes NODES=2` (app.py with -c gpuNodesDesired=2) from a clone with no local
     state, against main's deployed stack: the first deploy's admin, endpoint and FSx size are
-    read back and kept, the report says so, and nothing is refused."""
+    read back and kept, the report says so, nothing is refused, and the only removal is the
+    upgrade's intended one (the per-namespace scraper Roles)."""
     before = json.loads((FIXTURES / "deployed-main-bafc8b0.template.json").read_text())
     images = json.loads((FIXTURES / "deployed-main-bafc8b0.images.template.json").read_text())
     with emulated_cloudformation() as cfn:
@@ -600,7 +777,13 @@ def test_the_app_from_a_clean_clone_keeps_the_deployed_settings(tmp_path: Path) 
     assert (
         "fsxStorageCapacityGiB=1200" in proc.stderr and "given now: gpuNodesDesired" in proc.stderr
     )
-    assert "remove" not in proc.stderr.split("against the deployed stack:")[1]
+    report = proc.stderr.split("against the deployed stack:")[1]
+    # The upgrade's intended changes (UPGRADE_FROM_BAFC8B0): its one removal.
+    removed = [line for line in report.splitlines() if line.strip().startswith("remove")]
+    assert len(removed) == 1 and "ScraperRbac" in removed[0], report
+    # Nothing stateful replaced or removed (marked "!"); the kubectl Lambda layers' content is
+    # an asset of this clone's build (replaced, holding no state).
+    assert not [line for line in report.splitlines() if line.startswith("!")], report
     template = json.loads((out / f"{STACK_NAME}.template.json").read_text())
     _access_kept(template)
     assert deployed.stored_settings(template)["fsxStorageCapacityGiB"] == 1200

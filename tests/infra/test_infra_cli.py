@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from aws_cdk.assertions import Match, Template
+from cfn_emulator import offline_environ
 from support import cdk_cli_reason, requires
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -29,12 +30,9 @@ def test_cdk_synth_offline_without_credentials(tmp_path: Path) -> None:
     installed = json.loads((REPO_ROOT / "node_modules/aws-cdk/package.json").read_text())
     assert installed["version"] == pinned
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    # No credentials anywhere, every endpoint local: a lookup or an AWS call would fail.
+    env = offline_environ(os.environ)
     env.update(
-        # No credentials anywhere: a lookup or an AWS call would fail the command.
-        AWS_CONFIG_FILE=str(tmp_path / "none"),
-        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
-        AWS_EC2_METADATA_DISABLED="true",
         CDK_DISABLE_CLI_TELEMETRY="true",
         JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION="1",
     )

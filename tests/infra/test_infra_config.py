@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cfn_emulator import offline_environ
 
 from infra.config import ConfigError, StackConfig, load_config
 
@@ -157,7 +159,7 @@ def test_bad_value_names_the_key_and_the_fix(
 def test_app_exits_non_zero_with_the_message(tmp_path: Path) -> None:
     """app.py as the CDK CLI runs it (context in CDK_CONTEXT_JSON): a bad value stops synth."""
     env = {
-        **os.environ,
+        **offline_environ(os.environ),  # app.py reads the deployed stack: never from AWS here
         "CDK_CONTEXT_JSON": json.dumps({**DEFAULTS, "capacityType": "capacity-block"}),
         "CDK_OUTDIR": str(tmp_path),
         "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
@@ -216,3 +218,22 @@ def test_an_overlay_sizes_the_gpu_group_and_gpu_nodes_desired_overrides_it() -> 
     assert desired(overlay="2node", gpuNodesDesired="1") == 1
     with pytest.raises(ConfigError, match="context 'overlay': 'huge' is not an overlay"):
         desired(overlay="huge")
+
+
+@pytest.mark.skipif(shutil.which("aws") is None, reason="the AWS CLI is not installed")
+def test_a_test_subprocess_cannot_reach_aws() -> None:
+    """The session guard (tests/infra/conftest.py): a subprocess given this process's
+    environment, as app.py and the CDK CLI are, finds no credentials, so no AWS call is made."""
+    assert not [k for k in os.environ if k.startswith("AWS_") and "ENDPOINT" not in k] or (
+        os.environ.get("AWS_CONFIG_FILE") == "/nonexistent"
+    )
+    assert "AWS_ACCESS_KEY_ID" not in os.environ and "AWS_PROFILE" not in os.environ
+    proc = subprocess.run(
+        ["aws", "sts", "get-caller-identity", "--region", "us-east-2"],
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert "credentials" in proc.stderr.lower(), proc.stderr

@@ -463,40 +463,40 @@ def _stand_in(*, publishes: bool, secret: str = SECRET) -> Any:
 
 
 def _run_probe(tmp_path: Path, port: int, *extra: str) -> subprocess.CompletedProcess:
+    """`make alert-test` from any clone: the outputs come from the (emulated) CloudFormation
+    through the AWS CLI, as infra/deployed.py reads the stack; AMP and CloudWatch are the
+    stand-in above."""
     import os
     import sys
 
-    outputs = tmp_path / "cdk-outputs.json"
+    from cfn_emulator import emulated_cloudformation
+
     base = f"http://127.0.0.1:{port}"
-    outputs.write_text(
-        json.dumps(
-            {
-                "EksFsdpResilient": {
-                    "Region": REGION,
-                    "PrometheusQueryUrl": f"{base}/workspaces/ws-standin/",
-                    "AlertTopicArn": f"arn:aws:sns:{REGION}:123456789012:training-alerts",
-                }
-            }
-        )
-    )
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": str(tmp_path),
-        "AWS_ACCESS_KEY_ID": KEY_ID,
-        "AWS_SECRET_ACCESS_KEY": SECRET,
-        "AWS_EC2_METADATA_DISABLED": "true",
+    outputs = {
+        "Region": REGION,
+        "PrometheusQueryUrl": f"{base}/workspaces/ws-standin/",
+        "AlertTopicArn": f"arn:aws:sns:{REGION}:123456789012:training-alerts",
     }
-    return subprocess.run(
-        [
-            *(sys.executable, "-m", "infra.alert_probe", "--outputs", str(outputs)),
-            *("--monitoring-endpoint", f"{base}/", "--poll", "0.2", "--timeout", "3", *extra),
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    with emulated_cloudformation() as cfn:
+        cfn.put("EksFsdpResilient", {"Resources": {}}, outputs=outputs)
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(tmp_path),
+            **cfn.env(),
+            "AWS_ACCESS_KEY_ID": KEY_ID,
+            "AWS_SECRET_ACCESS_KEY": SECRET,
+        }
+        return subprocess.run(
+            [
+                *(sys.executable, "-m", "infra.alert_probe", "--region", REGION),
+                *("--monitoring-endpoint", f"{base}/", "--poll", "0.2", "--timeout", "3", *extra),
+            ],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
 
 def test_alert_test_says_the_alert_arrived(tmp_path: Path) -> None:
@@ -541,10 +541,12 @@ def test_alert_test_without_outputs_says_what_to_run(tmp_path: Path) -> None:
     from infra import alert_probe
 
     assert alert_probe.main(["--outputs", str(tmp_path / "none.json")]) == 2
+    # No stack readable (the test session has no credentials): one message, exit 2.
+    assert alert_probe.main(["--region", REGION]) == 2
 
 
 def test_make_alert_test_runs_the_probe() -> None:
     dry = subprocess.run(
         ["make", "-n", "alert-test"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
     )
-    assert "-m infra.alert_probe --outputs cdk-outputs.json" in dry.stdout
+    assert "-m infra.alert_probe" in dry.stdout and "cdk-outputs.json" not in dry.stdout

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from cfn_emulator import offline_environ
 from infra_synth import CDK_JSON_CONTEXT, synth
 
 from facts import fsx as fsx_facts
@@ -97,7 +98,7 @@ def test_app_exits_with_the_sizing_message(tmp_path: Path) -> None:
     from infra_synth import REPO_ROOT
 
     env = {
-        **os.environ,
+        **offline_environ(os.environ),  # app.py reads the deployed stack: never from AWS here
         "CDK_CONTEXT_JSON": json.dumps({**CDK_JSON_CONTEXT, "fsxStorageCapacityGiB": 2400}),
         "CDK_OUTDIR": str(tmp_path),
         "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",

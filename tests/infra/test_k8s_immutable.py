@@ -133,6 +133,38 @@ def _obj(kind: str, **fields: Any) -> dict[str, Any]:
             _obj("PriorityClass", preemptionPolicy="PreemptLowerPriority"),
             ["preemptionPolicy"],
         ),
+        # Absent is the server's default, PreemptLowerPriority (the API reference,
+        # PriorityClass.preemptionPolicy: "If unset, defaults to PreemptLowerPriority"): the
+        # stored object already holds it, so setting it explicitly changes nothing.
+        (
+            _obj("PriorityClass", value=1),
+            _obj("PriorityClass", value=1, preemptionPolicy="PreemptLowerPriority"),
+            [],
+        ),
+        (
+            _obj("PriorityClass", value=1),
+            _obj("PriorityClass", value=1, preemptionPolicy="Never"),
+            ["preemptionPolicy"],
+        ),
+        (
+            _obj("Job", spec={"completions": 2, "parallelism": 2}),
+            _obj("Job", spec={"completions": 4, "parallelism": 4}),
+            ["spec.completions"],
+        ),
+        # An Indexed Job's completions may change together with parallelism (elastic Indexed
+        # Jobs: validateCompletions).
+        (
+            _obj("Job", spec={"completionMode": "Indexed", "completions": 2, "parallelism": 2}),
+            _obj("Job", spec={"completionMode": "Indexed", "completions": 4, "parallelism": 4}),
+            [],
+        ),
+        (
+            _obj("Job", spec={"completionMode": "Indexed", "completions": 2, "parallelism": 2}),
+            _obj("Job", spec={"completionMode": "Indexed", "completions": 4, "parallelism": 2}),
+            ["spec.completions"],
+        ),
+        (_obj("Secret", type="Opaque"), _obj("Secret", type="kubernetes.io/tls"), ["type"]),
+        (_obj("Secret"), _obj("Secret", type="Opaque"), []),  # Opaque is the default
         (
             _obj("Deployment", spec={"selector": {"matchLabels": {"a": "1"}}}),
             _obj("Deployment", spec={"selector": {"matchLabels": {"a": "2"}}}),
@@ -223,7 +255,17 @@ def test_the_table(old: dict, new: dict, fields: list[str]) -> None:
     assert [r.removesuffix(" is immutable") for r in reasons[:-1]] == fields
     if fields:
         kind = new["kind"].lower()
-        assert reasons[-1] == f"delete it first: kubectl delete {kind} x -n training"
+        assert reasons[-1].endswith(f"kubectl delete {kind} x -n training")
+
+
+def test_a_claim_is_deleted_after_the_job_that_mounts_it() -> None:
+    """A claim a pod uses stays Terminating until the pod is gone (the kubernetes.io/pvc-protection
+    finalizer): the message says to stop the Job first."""
+    old = _obj("PersistentVolumeClaim", spec={"accessModes": ["ReadWriteMany"]})
+    new = _obj("PersistentVolumeClaim", spec={"accessModes": ["ReadWriteOnce"]})
+    last = k8s_immutable.changed_immutable_fields(old, new)[-1]
+    assert "pvc-protection" in last and "make eks-stop" in last
+    assert last.index("stop the Job") < last.index("kubectl delete persistentvolumeclaim x")
 
 
 def test_the_fsx_claim_of_another_size_names_both_deletes(default_template: dict[str, Any]) -> None:
