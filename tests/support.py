@@ -298,6 +298,7 @@ INSTALL = {
     "ip": "apt-get install iproute2",
     "unshare": "apt-get install util-linux",
     "node": "install Node.js >= 20: https://nodejs.org/en/download",
+    "aws": "pip install awscli (or AWS CLI v2: https://aws.amazon.com/cli/)",
 }
 """How to install each tool a test may need (Debian/Ubuntu package names)."""
 

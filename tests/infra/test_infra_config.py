@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 from cfn_emulator import offline_environ
+from support import requires_tool
 
 from infra.config import ConfigError, StackConfig, load_config
 
@@ -220,7 +220,7 @@ def test_an_overlay_sizes_the_gpu_group_and_gpu_nodes_desired_overrides_it() -> 
         desired(overlay="huge")
 
 
-@pytest.mark.skipif(shutil.which("aws") is None, reason="the AWS CLI is not installed")
+@requires_tool("aws")
 def test_a_test_subprocess_cannot_reach_aws() -> None:
     """The session guard (tests/infra/conftest.py): a subprocess given this process's
     environment, as app.py and the CDK CLI are, finds no credentials, so no AWS call is made."""

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from support import missing_tools, root_reason, skip_or_fail
 
 from training.checkpoint import snapshot_files as sf
 
@@ -50,7 +51,6 @@ def _equal(a: Any, b: Any) -> bool:
 @pytest.fixture
 def root(tmp_path: Path):
     """A unique directory in /dev/shm (a tmpfs, as in the pod), removed afterwards."""
-    import shutil
     import uuid
 
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
@@ -258,8 +258,11 @@ def _in_small_tmpfs(script: str, *, size: str = "16m") -> subprocess.CompletedPr
     """Run ``script`` (Python; ``sys.argv[1]`` is the mount point) with a fresh tmpfs of
     ``size`` mounted in a private mount namespace (``unshare -m``: the mount is gone with the
     process, nothing to clean up). Needs root, as this machine's tests run."""
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        pytest.skip("mounting a tmpfs needs root and unshare(1)")
+    reason = root_reason("mounting a tmpfs in a private mount namespace") or missing_tools(
+        "unshare"
+    )
+    if reason:
+        skip_or_fail(reason)
     mount_point = Path(f"/tmp/small-tmpfs-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     mount_point.mkdir()
     try:
