@@ -33,6 +33,7 @@ from training.config import JobConfig
 from training.hooks import StepHooks, Throttle, liveness_report_interval_s
 from training.launch.command import injob_timeout_floor_s
 from training.resilience.sections import CHECKPOINT, STEP
+from training.runlog import writer
 from training.runlog.files import METRICS_FILE, parse_jsonl
 from training.runlog.metrics import EventLog
 from training.runlog.phases import (
@@ -145,6 +146,9 @@ class MonitorHooks(StepHooks):
                         at=opened + timeout,
                         by="step_section_timeout",
                     )
+                    # The rank monitor kills this process within one check interval: the line
+                    # must not wait for the writer's next flush (training/runlog/writer.py).
+                    writer.flush()
                     continue
                 # Woken at the deadline itself: the monitor kills the rank at its first check
                 # after it, up to one check interval later.
@@ -341,6 +345,7 @@ def run_injob(config: JobConfig) -> int:
             events.emit("restart_begin", mode="injob", attempt=attempt)
             emit_phase(events, phase=DETECTED, attempt=attempt + 1, mode=mode)
             emit_phase(events, phase=SURVIVORS_STOPPED, attempt=attempt + 1, mode=mode)
+            writer.flush()  # the launcher may stop this process before its exit's flush
             raise
         finally:
             hooks.close()
