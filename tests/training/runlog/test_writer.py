@@ -81,18 +81,30 @@ def test_a_failed_write_is_a_warning_not_a_crash(tmp_path: Path, capsys) -> None
 
 
 def test_a_forked_child_does_not_write_its_parents_lines(tmp_path: Path) -> None:
-    """A checkpoint worker forked with lines queued must not append them again at its exit."""
-    appender = writer.appender()
-    appender.append(tmp_path / METRICS_FILE, {"step": 1})
-    pid = os.fork()
-    if pid == 0:  # the child runs its exit handlers, as a worker's normal exit does
-        import atexit
-
-        atexit._run_exitfuncs()
-        os._exit(0)
-    os.waitpid(pid, 0)
-    writer.flush()
-    assert read_jsonl(tmp_path / METRICS_FILE)[0] == [{"step": 1}]
+    """A checkpoint worker forked with lines queued must not append them again at its exit.
+    In a fresh interpreter: the child runs every exit handler, and this pytest process's own
+    (torch, multiprocessing, earlier tests') are not the writer's to answer for."""
+    script = (
+        "import atexit, os, sys\n"
+        "from pathlib import Path\n"
+        "from training.runlog import writer\n"
+        "writer.appender().append(Path(sys.argv[1]), {'step': 1})\n"
+        "pid = os.fork()\n"
+        "if pid == 0:  # the child runs its exit handlers, as a worker's normal exit does\n"
+        "    atexit._run_exitfuncs()\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "writer.flush()\n"
+    )
+    path = tmp_path / METRICS_FILE
+    subprocess.run(
+        [str(VENV_BIN / "python"), "-c", script, str(path)],
+        cwd=REPO_ROOT,
+        env=subprocess_env(),
+        check=True,
+        timeout=60,
+    )
+    assert read_jsonl(path)[0] == [{"step": 1}]
 
 
 @pytest.mark.distributed
