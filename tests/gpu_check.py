@@ -166,6 +166,7 @@ GPU_TESTS = (
     "tests/training/checkpoint/test_memory.py::"
     "test_a_snapshot_of_cuda_tensors_is_the_state_at_its_step",
     "tests/training/test_allreduce_check.py::test_nccl_on_this_machines_gpus",
+    "tests/training/test_step_stats.py::test_the_cuda_branch_reads_through_one_pinned_buffer",
 )
 # gpu-marked tests whose subject a check above runs (so pytest_gpu leaves them out).
 COVERED_BY_CHECKS = {
