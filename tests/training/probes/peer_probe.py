@@ -100,6 +100,9 @@ def _rank(rank: int, out: str, shm: str, port: int, numel: int, fake: bool) -> N
     report: dict = {"rank": rank, "device": str(device)}
 
     snapshots = PodMemorySnapshots(root=root, owner=OWNER, rank=rank, world_size=WORLD)
+    snapshots.checksum = (
+        True  # its copies travel: the CRC32 is checked on arrival (for_job sets it)
+    )
     copies = peer.PeerCopies(
         root=root,
         owner=OWNER,
