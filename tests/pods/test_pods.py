@@ -726,7 +726,12 @@ def test_a_slow_node_is_cordoned_and_moved_to_a_spare(tmp_path: Path, reference:
             TWO_NODES,
             restart="nested",
             env=TWO_PODS,
-            extra=(*STRAGGLER_POLICY, *SLOW_NODE_TIMEOUTS, "--checkpoint.interval=1"),
+            extra=(
+                *STRAGGLER_POLICY,
+                *SLOW_NODE_TIMEOUTS,
+                "--checkpoint.interval=1",
+                "--checkpoint.local_interval=0",  # every step is a shared save: no local tier
+            ),
             when_step=(1, slow_down),
             control_plane=plane,
         )
