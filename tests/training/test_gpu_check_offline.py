@@ -159,6 +159,8 @@ def test_make_gpu_check_runs_offline_with_only_the_carried_wheels(tmp_path: Path
         "fsdp_step",
         "ac_compile",
         "memory_snapshot",
+        "pod_memory_snapshot",
+        "peer_exchange",
         "nvrx_snapshot",
         "torch_async",
         "inprocess_restart",
