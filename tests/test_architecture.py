@@ -115,6 +115,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ),
     ("training.resilience.layer",),
     # the Kubernetes objects (they embed the launcher command), then what deploys them
+    (
+        "manifests.objects",
+        "manifests.objects.common",
+        "manifests.objects.cordon",
+        "manifests.objects.rdzv_store",
+        "manifests.objects.job",
+        "manifests.objects.spares",
+        "manifests.objects.shared",
+    ),
     ("manifests.render",),
     (
         "manifests.kustomize",
