@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from pathlib import Path
 
 import gpu_check
 import pytest
 import torch
+from gpu_checks import checkpoints, environment
 
 from training import exits
 
@@ -83,44 +85,70 @@ def test_wheel_options_are_dropped_from_the_rerun() -> None:
 def test_a_missing_private_torch_name_skips_the_checks_that_need_it_naming_it() -> None:
     """On a torch without one of the trainer's private names the checks that use it are skipped
     with that name as the reason; the others run. Every name is present in this torch."""
-    assert gpu_check.missing_private_names() == {}
+    assert environment.missing_private_names() == {}
     missing = {"torch.cuda._sleep": "absent in torch"}
-    assert gpu_check.blocked_by_missing_names("inprocess_restart", missing) == ["torch.cuda._sleep"]
-    assert gpu_check.blocked_by_missing_names("fsdp_step", missing) == []
+    assert environment.blocked_by_missing_names("inprocess_restart", missing) == [
+        "torch.cuda._sleep"
+    ]
+    assert environment.blocked_by_missing_names("fsdp_step", missing) == []
     (result,) = gpu_check.run_check("inprocess_restart", None, missing)  # skipped before ctx
     assert result.skipped and "torch.cuda._sleep" in result.detail["reason"]
 
 
 def test_every_gpu_marked_test_is_run_by_the_check() -> None:
-    """A new gpu-marked test is either in GPU_TESTS (pytest_gpu runs it) or its subject is one
-    of the check's own checks, so none is forgotten on the GPU machine."""
-    import re
-
+    """A new gpu-marked test is in exactly one row's ``tests``: ``pytest_gpu`` runs it, or the
+    row's check runs its subject, so none is forgotten on the GPU machine."""
     marked = set()
     for path in (gpu_check.REPO_ROOT / "tests").rglob("test_*.py"):
         text = path.read_text()
         for match in re.finditer(r"@pytest\.mark\.gpu\n(?:@.*\n)*def (test_\w+)", text):
-            marked.add(match.group(1))
-    listed = {node.split("::")[1] for node in gpu_check.GPU_TESTS}
+            marked.add(f"{path.relative_to(gpu_check.REPO_ROOT)}::{match.group(1)}")
+    listed = [node for check in gpu_check.CHECKS for node in check.tests]
     assert marked, "no gpu-marked test found"
-    assert marked == listed | set(gpu_check.COVERED_BY_CHECKS), marked ^ (
-        listed | set(gpu_check.COVERED_BY_CHECKS)
+    assert len(listed) == len(set(listed)), "a test in two rows"
+    assert marked == set(listed), marked ^ set(listed)
+    assert gpu_check.BY_NAME["pytest_gpu"].tests == gpu_check.GPU_TESTS
+
+
+def test_the_table_drives_the_run_the_options_and_the_documentation() -> None:
+    """One row per check, in the order the run and the report keep: ``--only`` offers the rows,
+    the module docstring and docs/gpu.md list them in that order, the private-name gate names
+    only rows, and a row that needs a GPU is skipped on the CPU stand-in with its reason."""
+    names = gpu_check.CHECK_NAMES
+    assert names == (
+        "environment",
+        "fsdp_step",
+        "ac_compile",
+        "memory_snapshot",
+        "pod_memory_snapshot",
+        "peer_exchange",
+        "nvrx_snapshot",
+        "torch_async",
+        "local_checkpoint",
+        "inprocess_restart",
+        "pytest_gpu",
     )
-    assert set(gpu_check.COVERED_BY_CHECKS.values()) <= set(gpu_check.CHECKS)
-    for node in gpu_check.GPU_TESTS:
-        assert (gpu_check.REPO_ROOT / node.split("::")[0]).is_file(), node
+    assert all(check.proves and callable(check.run) for check in gpu_check.CHECKS)
+    assert gpu_check.parse_args(["--only", names[-1]]).only == [names[-1]]
+    documented = re.findall(r"^- ``(\w+)``: ", gpu_check.__doc__, flags=re.MULTILINE)
+    assert tuple(documented) == names
+    page = (gpu_check.REPO_ROOT / "docs/gpu.md").read_text()
+    assert tuple(re.findall(r"^\| `(\w+)` \|", page, flags=re.MULTILINE)) == names
+    for _module, _name, _where, checks in environment.PRIVATE_TORCH_NAMES:
+        assert set(checks) <= set(names), checks
+    (local,) = [c for c in gpu_check.CHECKS if c.needs_gpu]
+    assert local.name == "local_checkpoint" and "CUDA tensors only" in local.needs_gpu
 
 
 def test_the_pod_memory_and_peer_paths_are_checks_on_the_device() -> None:
     """The device check runs the pod-memory snapshot (cudaHostRegister, side stream, publish
     thread) and the peer exchange (its own thread and group, CUDA state, a restore from the
     peer) on CUDA, each a check of its own with a function behind it."""
-    for name in ("pod_memory_snapshot", "peer_exchange"):
-        assert name in gpu_check.CHECKS and name in gpu_check.CHECK_FUNCTIONS, name
-    assert list(gpu_check.CHECK_FUNCTIONS) == [c for c in gpu_check.CHECKS if c != "pytest_gpu"]
+    assert gpu_check.BY_NAME["pod_memory_snapshot"].run is checkpoints.check_pod_memory_snapshot
+    assert gpu_check.BY_NAME["peer_exchange"].run is checkpoints.check_peer_exchange
     probe = gpu_check.REPO_ROOT / "tests/training/probes/peer_probe.py"
     assert probe.is_file() and str(probe.relative_to(gpu_check.REPO_ROOT)) in inspect.getsource(
-        gpu_check.check_peer_exchange
+        checkpoints.check_peer_exchange
     )
 
 

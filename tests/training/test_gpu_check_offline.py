@@ -142,7 +142,7 @@ def test_make_gpu_check_runs_offline_with_only_the_carried_wheels(tmp_path: Path
 
     assert report["device"]["fake_cuda"] is True
     checks = {c["name"]: c for c in report["checks"] if not c["name"].startswith("pytest:")}
-    assert list(checks) == [c for c in gpu_check.CHECKS if c != "pytest_gpu"]
+    assert list(checks) == [c for c in gpu_check.CHECK_NAMES if c != "pytest_gpu"]
     environment = checks["environment"]["detail"]
     assert environment["packages"] == {
         "nvidia-resiliency-ext": "0.4.1",
