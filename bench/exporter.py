@@ -13,9 +13,10 @@ Two figures per rank count:
   own ``process_cpu_seconds_total`` from the first scrape after ``WARMUP`` steps to the last
   scrape, over the steps trained in between), over the plain run's step interval: what it takes
   from the cores the ranks share, an upper bound on its cost per step where cores are scarce
-  (this machine: 2 cores, 2-4 busy ranks). Goal: under 0.5% (issue #34). Its start-up (Python
-  and prometheus_client imports, once per pod) is reported apart, as ``startup_cpu_s``. It adds
-  nothing to the step path itself: the ranks only write the JSONL lines they write anyway.
+  (the result's ``machine`` names the cores). Goal: under 0.5% (the result's ``targets``,
+  bench/results/exporter.json). Its start-up (Python and prometheus_client imports, once per
+  pod) is reported apart, as ``startup_cpu_s``. It adds nothing to the step path itself: the
+  ranks only write the JSONL lines they write anyway.
 - ``interval_ratio``: the steady-state step interval with the exporter over the plain one
   (each mode's fastest round, as bench/overhead.py does): the same cost seen from the step,
   within this VM's run-to-run noise (several %).

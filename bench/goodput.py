@@ -6,8 +6,8 @@ the end of its first step, with faults of mixed kinds every ``FAULT_EVERY_S`` = 
 time, the first ``FAULT_FIRST_S`` = 30 s in: timed faults (``KIND@RANK:SECONDSs``, the clock
 starting at the run's first step), so every mode meets the same five faults in its window
 however fast it recovers, and each lands wherever it falls between two checkpoints (on average
-half an interval is recomputed). Faults placed by step, as before, came every 38-46 s once the
-steps had got faster (~40 ms), more often for the modes that recovered faster.
+half an interval is recomputed). Faults placed by step would come more often for the modes that
+recover faster, and more often still as steps get faster.
 At the end of the window the run is killed (`kill_tree`).
 
 ``CKPT_EVERY`` = 100 steps is near the optimum of the planner's model (``planner.ettr``:
@@ -35,7 +35,7 @@ Each mode restores from the restore tiers of its ``tiers`` column (``TIERS``):
 - ``injob``: ft_launcher in-job restart (rank monitors, heartbeats, sections), NVRx async;
   storage only (``memory_interval`` 0): every restart reads the newest committed checkpoint.
 - ``injob_tiers``: the same with the tiers on: the respawned workers restore the pod-memory
-  snapshots (issue 29).
+  snapshots.
 - ``nested``: in-process restart inside ft_launcher, NVRx async, snapshots in the rank's process
   memory (``pod_memory_dir`` empty): its in-process restarts restore them, a SIGKILL's in-job
   restart starts new processes and loads from storage.
@@ -473,9 +473,9 @@ def run(*, quick: bool = False, only: tuple[str, ...] = ()) -> dict[str, Any]:
 
 
 def goodput_targets(modes: dict[str, dict[str, Any]]) -> tuple[list, str | None, Any, Any]:
-    """The issues' targets, each named with the floor it is measured against: the restore
-    tiers' (issue 29: nested with the tiers on >= 0.95 and >= 1.3x the baseline, in-job with
-    the tiers on >= 1.3x the baseline) first, then the restart modes'."""
+    """The targets, each named with the floor it is measured against: the restore tiers'
+    (nested with the tiers on >= 0.95 and >= 1.3x the baseline, in-job with the tiers on >= 1.3x
+    the baseline) first, then the restart modes'. goodput.json's ``targets`` records them."""
     base = modes.get("baseline", {}).get("ettr")
     best_name = max(
         (n for n in BEST_OF if n in modes), key=lambda n: modes[n]["ettr"], default=None

@@ -448,7 +448,7 @@ def _result(
         "by_nproc": by_nproc,
         "targets": list(targets),
     }
-    if "2" in by_nproc:  # the keys the planner and run_all read (2 ranks, as before)
+    if "2" in by_nproc:  # the 2-rank figures under the keys the planner and run_all read
         result["modes"] = by_nproc["2"]
     for nproc, modes in by_nproc.items():
         for mode in LAYERS:

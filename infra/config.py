@@ -17,6 +17,7 @@ from typing import Any
 
 from facts import fsx as fsx_facts
 from facts.hardware import P5_48XLARGE
+from training import exits
 
 # The stack's name is part of the contract with the job launcher: `make deploy` writes the
 # outputs to cdk-outputs.json under this key.
@@ -43,12 +44,13 @@ EFA_INTERFACE_TYPES = ("efa-only", "ip-bandwidth")
 FSX_REMOVAL_POLICIES = ("retain", "destroy")
 
 
-class ConfigError(ValueError):
-    """A context value is missing or invalid; the message names the key and the fix."""
+class ConfigError(exits.ConfigError):
+    """A context value is missing or invalid; the message names the key and the fix. The
+    trainer's ConfigError with a CDK context key for its field: one type to catch."""
 
     def __init__(self, key: str, problem: str, fix: str) -> None:
-        super().__init__(f"context '{key}': {problem}. Fix: {fix}")
-        self.key = key
+        ValueError.__init__(self, f"context '{key}': {problem}. Fix: {fix}")
+        self.field_path = self.key = key
 
 
 @dataclass(frozen=True)
@@ -523,7 +525,7 @@ def _workload(get: Getter, overlays: Sequence[str]) -> WorkloadConfig:
         )
     train = _optional_str(get, "train")
     if train is not None:
-        # The stack no longer owns the Job (infra/workloads.py says why): refuse at synth, before
+        # The stack does not own the Job (infra/workloads.py says why): refuse at synth, before
         # anything changes, rather than ignore the request.
         fix_overlay = train if train in overlays else (overlays[0] if overlays else "smoke")
         raise ConfigError(

@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from training import exits
 from training.runlog.accounting import (
     PhaseMark,
     Restart,
@@ -315,23 +317,47 @@ def write_report(*, run_dir: Path) -> RunSummary:
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI: recompute the summary and timeline of a run directory and print the table."""
-    parser = argparse.ArgumentParser(
-        prog="python -m training.runlog.report",
-        description=f"Summarize a run directory ({METRICS_FILE}, {EVENTS_FILE}) into "
-        f"{SUMMARY_FILE} and {TIMELINE_FILE}.",
-    )
+def run_dir_main(
+    argv: list[str] | None,
+    *,
+    prog: str,
+    description: str,
+    action: Callable[[Path], str],
+    failures: tuple[type[Exception], ...] = (),
+) -> int:
+    """The command line of a tool over one run directory: ``action(run_dir)`` and print what it
+    returns. A missing or empty run directory exits USAGE, one of ``failures`` FAILED, each with
+    one ``error:`` line."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("run_dir", type=Path, help="the run directory, e.g. runs/local")
     args = parser.parse_args(argv)
     try:
-        summary = write_report(run_dir=args.run_dir)
+        said = action(args.run_dir)
     except RunDirError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(format_summary(summary))
-    print(f"\nwrote {args.run_dir / SUMMARY_FILE} and {args.run_dir / TIMELINE_FILE}")
-    return 0
+        return exits.USAGE
+    except failures as err:
+        print(f"error: {err}", file=sys.stderr)
+        return exits.FAILED
+    print(said)
+    return exits.OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: recompute the summary and timeline of a run directory and print the table."""
+
+    def report(run_dir: Path) -> str:
+        summary = write_report(run_dir=run_dir)
+        wrote = f"wrote {run_dir / SUMMARY_FILE} and {run_dir / TIMELINE_FILE}"
+        return f"{format_summary(summary)}\n\n{wrote}"
+
+    return run_dir_main(
+        argv,
+        prog="python -m training.runlog.report",
+        description=f"Summarize a run directory ({METRICS_FILE}, {EVENTS_FILE}) into "
+        f"{SUMMARY_FILE} and {TIMELINE_FILE}.",
+        action=report,
+    )
 
 
 if __name__ == "__main__":

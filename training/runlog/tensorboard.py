@@ -34,7 +34,6 @@ restart) resumes where the previous one stopped, from ``tensorboard/.tailer_stat
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import importlib.util
 import json
@@ -49,6 +48,7 @@ from typing import Any, Protocol
 
 from training.runlog.accounting import RunDirError, RunSummary, summarize
 from training.runlog.files import EVENTS_FILE, METRICS_FILE, parse_jsonl
+from training.runlog.report import run_dir_main
 
 TB_SUBDIR = "tensorboard"
 STATE_FILE = ".tailer_state.json"
@@ -475,23 +475,18 @@ def convert(*, run_dir: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    def write(run_dir: Path) -> str:
+        n = convert(run_dir=run_dir)
+        return f"wrote {n} scalars to {run_dir / TB_SUBDIR}; tensorboard --logdir {run_dir}"
+
+    return run_dir_main(
+        argv,
         prog="python -m training.runlog.tensorboard",
         description=f"Write a run's {METRICS_FILE} and {EVENTS_FILE} as TensorBoard scalars "
         f"into RUN_DIR/{TB_SUBDIR}/ (replacing what is there).",
+        action=write,
+        failures=(RuntimeError,),  # no tensorboard installed
     )
-    parser.add_argument("run_dir", type=Path, help="the run directory, e.g. runs/local")
-    args = parser.parse_args(argv)
-    try:
-        n = convert(run_dir=args.run_dir)
-    except RunDirError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except RuntimeError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    print(f"wrote {n} scalars to {args.run_dir / TB_SUBDIR}; tensorboard --logdir {args.run_dir}")
-    return 0
 
 
 if __name__ == "__main__":
