@@ -37,11 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as `python tests/gpu_check.py`, nothing installed
-    sys.path.insert(0, str(REPO_ROOT))
-
-from gpu_checks.checkpoints import (  # noqa: E402 (after the repository is on sys.path)
+from gpu_checks.checkpoints import (
     check_local_checkpoint,
     check_memory_snapshot,
     check_nvrx_snapshot,
@@ -49,15 +45,28 @@ from gpu_checks.checkpoints import (  # noqa: E402 (after the repository is on s
     check_pod_memory_snapshot,
     check_torch_async,
 )
-from gpu_checks.core import FAKE_ENV, Boundary, CheckResult, Context, Skip, build_corpus  # noqa: E402
-from gpu_checks.environment import (  # noqa: E402
+from gpu_checks.core import (
+    FAKE_ENV,
+    REPO_ROOT,
+    Boundary,
+    CheckResult,
+    Context,
+    Skip,
+    build_corpus,
+)
+from gpu_checks.environment import (
     blocked_by_missing_names,
     check_environment,
     missing_private_names,
 )
-from gpu_checks.gpu_tests import parse_junit, run_gpu_tests  # noqa: E402
-from gpu_checks.restart import check_inprocess_restart  # noqa: E402
-from gpu_checks.steps import check_ac_compile, check_fsdp_step  # noqa: E402
+from gpu_checks.gpu_tests import parse_junit, run_gpu_tests
+from gpu_checks.restart import check_inprocess_restart
+from gpu_checks.steps import check_ac_compile, check_fsdp_step
+
+# Run as `python tests/gpu_check.py` with nothing installed: the checks import training/ from
+# the repository (gpu_checks, beside this file, imports only the standard library at first).
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
 
 __all__ = ["FAKE_ENV", "CheckResult", "main", "missing_private_names", "parse_junit"]
 
@@ -96,7 +105,7 @@ class Check:
     is in exactly one row (tests/training/test_gpu_check.py)."""
 
 
-CHECKPOINTING_CUDA_TESTS = "tests/training/resilience/test_gpu_resilience.py::"
+GPU_RESILIENCE = "tests/training/resilience/test_gpu_resilience.py::"
 CHECKS: tuple[Check, ...] = (
     Check(
         name="environment",
@@ -150,7 +159,7 @@ CHECKS: tuple[Check, ...] = (
         "loads back equal; the cached and prepared plans write the same bytes; a damaged "
         "shard (the last rank's) is rejected and the previous checkpoint loaded.",
         run=check_nvrx_snapshot,
-        tests=(f"{CHECKPOINTING_CUDA_TESTS}test_nvrx_async_save_is_an_exact_snapshot_on_cuda",),
+        tests=(f"{GPU_RESILIENCE}test_nvrx_async_save_is_an_exact_snapshot_on_cuda",),
     ),
     Check(
         name="torch_async",
@@ -163,7 +172,7 @@ CHECKS: tuple[Check, ...] = (
         "restores step 6 from the local tier and ends at the same state.",
         run=check_local_checkpoint,
         needs_gpu="NVRx local checkpoints take CUDA tensors only (BasicTensorAwareStateDict)",
-        tests=(f"{CHECKPOINTING_CUDA_TESTS}test_local_checkpoint_is_preferred_when_newer",),
+        tests=(f"{GPU_RESILIENCE}test_local_checkpoint_is_preferred_when_newer",),
     ),
     Check(
         name="inprocess_restart",
@@ -172,7 +181,7 @@ CHECKS: tuple[Check, ...] = (
         "synchronize: the rank sits in C++); the calibrated hang detection's time, both "
         "restarts' times.",
         run=check_inprocess_restart,
-        tests=(f"{CHECKPOINTING_CUDA_TESTS}test_inprocess_restart_on_nccl_with_cuda_health_check",),
+        tests=(f"{GPU_RESILIENCE}test_inprocess_restart_on_nccl_with_cuda_health_check",),
     ),
     Check(
         name="pytest_gpu",
