@@ -18,7 +18,7 @@ import pytest
 from support import node_reason
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("training", "manifests", "infra", "planner", "facts", "bench")
+PACKAGES = ("training", "manifests", "infra", "planner", "facts", "bench", "ops")
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     # leaves: standard library only
@@ -33,9 +33,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.runlog.files",
         "training.runlog.phases",
         "training.runlog.writer",
-        # cluster actions through the Kubernetes API (standard library; the client is imported
-        # inside): the straggler policy counts the spares, the pod supervisor cordons
-        "training.cluster",
+        # the Kubernetes API (the client is imported inside): the launchers' Job client, and the
+        # pod's own cluster actions (the straggler policy counts the spares, the supervisor cordons)
+        "ops",
+        "ops.cluster",
+        "ops.cordon",
         "training.resilience",
         "training.resilience.faults",
         "training.checkpoint",
@@ -181,7 +183,8 @@ TORCH_FREE = (
     "training.runlog.report",
     "training.launch.command",
     "training.launch.pod",
-    "training.cluster",
+    "ops.cordon",
+    "ops.cluster",
     "training.observe.exporter",
     "manifests.render",
     "manifests.kustomize",
