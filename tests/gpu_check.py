@@ -989,7 +989,7 @@ def check_local_checkpoint(ctx: Context) -> dict[str, Any]:
 
 
 def check_inprocess_restart(ctx: Context) -> dict[str, Any]:
-    from training.resilience.faults import HANG_KERNEL_S
+    from training.faults import HANG_KERNEL_S
 
     nproc = min(2, ctx.boundary.gpus())
     run_dir = ctx.work / "inprocess_run"

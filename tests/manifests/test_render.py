@@ -420,10 +420,10 @@ def test_rendered_ft_launcher_command_parses_and_times_every_section(overlay, re
     has a timeout there (without one, NVRx raises `TimeoutsCalcError: Unknown section`)."""
     from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
 
-    from training.launch.command import hang_check_interval_s, injob_timeout_floor_s
+    from training.command import hang_check_interval_s, injob_timeout_floor_s
+    from training.hooks import section_timeouts
     from training.modes import MODES
     from training.overrides import build_config
-    from training.resilience.sections import section_timeouts
 
     container = _container(overlay=overlay, restart=restart)
     assert container["command"] == ["python", "-m", "training.launch.pod"]

@@ -1,7 +1,7 @@
 """The trainer container's entry point in the EKS Job: ``python -m training.launch.pod CMD...``.
 
 CMD is the node's launcher command, rendered by `manifests/render.py` from
-`training.launch.command` (so the flags come from the run's config). Before starting it:
+`training.command` (so the flags come from the run's config). Before starting it:
 - the trainer's arguments are validated (a bad flag exits `exits.USAGE` at once, and the pod
   failure policy fails the Job instead of retrying);
 - the node must fit the run (`training.startup_check`: torch, CUDA, driver, NCCL, GPU count,
@@ -36,9 +36,9 @@ from pathlib import Path
 
 from ops.cordon import cordon
 from training import exits
+from training.command import trainer_args_of
 from training.config import JobConfig
 from training.exits import ConfigError
-from training.launch.command import trainer_args_of
 from training.modes import MODES
 from training.observe.catalog import METRICS_PORT
 from training.observe.launch import (

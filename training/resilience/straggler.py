@@ -387,5 +387,8 @@ class StragglerHooks(StepHooks):
         counted = self._spares()
         return UNKNOWN_SPARES if counted is None else counted
 
+    def loop_ended(self) -> None:
+        self.close()
+
     def close(self) -> None:
         self._timer.close()
