@@ -41,9 +41,9 @@ from ops.cluster import (
     apply,
     call,
     check_shared_objects,
-    fix_from,
     follow,
     job_state,
+    target_from_flags,
 )
 from training import allreduce_check, exits
 
@@ -102,15 +102,13 @@ def preflight_job(
 def resolve_target(ns: argparse.Namespace) -> Target:
     """The overlay's preflight Job, in the namespace and image of flags over stack outputs."""
     size = render.size_of(ns.overlay)  # an unknown overlay fails before any file is read
-    outputs = None
-    if not (ns.namespace and ns.image):
-        outputs = StackOutputs.from_file(Path(ns.outputs))
-    return Target(
-        namespace=ns.namespace or outputs.namespace,
-        image=ns.image or outputs.image,
+    return target_from_flags(
+        namespace=ns.namespace,
+        image=ns.image,
+        outputs=Path(ns.outputs),
+        needs_image=True,
         job_name=job_name(size.name),
         container=render.CONTAINER,
-        fix=fix_from(outputs),
     )
 
 

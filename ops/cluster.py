@@ -81,11 +81,30 @@ class Target:
     """How to reach the cluster when it cannot be reached (the UpdateKubeconfigCommand)."""
 
 
-def fix_from(outputs: StackOutputs | None) -> str:
-    """The hint for an unreachable cluster: the stack's own UpdateKubeconfigCommand if known."""
-    if outputs and outputs.update_kubeconfig_command:
-        return f"run `{outputs.update_kubeconfig_command}`"
-    return FIX_KUBECONFIG
+def target_from_flags(
+    *,
+    namespace: str | None,
+    image: str | None,
+    outputs: Path,
+    needs_image: bool,
+    job_name: str,
+    container: str,
+) -> Target:
+    """Flags over stack outputs: the outputs file is read only when a flag it would give is
+    missing (the image only when `needs_image`: a submission)."""
+    stack = None
+    if not (namespace and (image or not needs_image)):
+        stack = StackOutputs.from_file(outputs)
+    fix = FIX_KUBECONFIG
+    if stack and stack.update_kubeconfig_command:
+        fix = f"run `{stack.update_kubeconfig_command}`"
+    return Target(
+        namespace=namespace or stack.namespace,
+        image=image or (stack.image if stack else ""),
+        job_name=job_name,
+        container=container,
+        fix=fix,
+    )
 
 
 # --- the cluster -------------------------------------------------------------------------------

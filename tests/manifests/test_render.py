@@ -687,7 +687,7 @@ def test_trainer_pods_leave_a_lost_node_after_30_s_not_300(overlay):
 
 
 def test_the_trainer_may_only_cordon_its_own_node():
-    """The one cluster permission (training/cluster.py): `patch` on nodes, no read, bound to the
+    """The one cluster permission (ops/cordon.py): `patch` on nodes, no read, bound to the
     trainer's ServiceAccount, narrowed by an admission policy to `spec.unschedulable` on the
     caller's own node; only the trainer's pods carry a token."""
     objs = {o["kind"]: o for o in render.node_cordon_objects(namespace="ns")}

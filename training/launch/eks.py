@@ -28,33 +28,30 @@ from manifests import render
 from ops.cluster import (
     DEFAULT_OUTPUTS,
     Cluster,
-    StackOutputs,
     Target,
     UsageError,
     apply,
     check_shared_objects,
-    fix_from,
     follow,
     job_state,
     stop,
+    target_from_flags,
 )
 from training import exits
 
 # --- the target --------------------------------------------------------------------------------
 
 
-def resolve_target(ns: argparse.Namespace, *, job_name: str | None = None) -> Target:
-    """The target of `ns.overlay` (its training Job, or `job_name`), flags over stack outputs."""
+def resolve_target(ns: argparse.Namespace) -> Target:
+    """The overlay's training Job, in the namespace and image of flags over stack outputs."""
     size = render.size_of(ns.overlay)  # an unknown overlay fails before any file is read
-    outputs = None
-    if not (ns.namespace and (ns.image or ns.command != "submit")):
-        outputs = StackOutputs.from_file(Path(ns.outputs))
-    return Target(
-        namespace=ns.namespace or outputs.namespace,
-        image=ns.image or (outputs.image if outputs else ""),
-        job_name=job_name or size.job_name,
+    return target_from_flags(
+        namespace=ns.namespace,
+        image=ns.image,
+        outputs=Path(ns.outputs),
+        needs_image=ns.command == "submit",
+        job_name=size.job_name,
         container=render.CONTAINER,
-        fix=fix_from(outputs),
     )
 
 
