@@ -22,17 +22,29 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import io
 import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from manifests import render
 from manifests.sizes import OverlaySize
+from ops.cluster import (
+    Cluster,
+    StackOutputs,
+    Target,
+    UsageError,
+    apply,
+    call,
+    check_shared_objects,
+    follow,
+    job_state,
+    target_from_flags,
+)
 from training import allreduce_check, exits
 
 SUFFIX = "-preflight"
@@ -87,18 +99,17 @@ def preflight_job(
 # --- submitting ---------------------------------------------------------------------------------
 
 
-def _target_class() -> type:
-    from training.launch import eks
-
-    @dataclass(frozen=True, kw_only=True)
-    class PreflightTarget(eks.Target):
-        """The launcher's target, naming the preflight Job (status, logs, follow)."""
-
-        @property
-        def job_name(self) -> str:
-            return job_name(self.overlay)
-
-    return PreflightTarget
+def resolve_target(ns: argparse.Namespace) -> Target:
+    """The overlay's preflight Job, in the namespace and image of flags over stack outputs."""
+    size = render.size_of(ns.overlay)  # an unknown overlay fails before any file is read
+    return target_from_flags(
+        namespace=ns.namespace,
+        image=ns.image,
+        outputs=Path(ns.outputs),
+        needs_image=True,
+        job_name=job_name(size.name),
+        container=render.CONTAINER,
+    )
 
 
 class _Tee(io.TextIOBase):
@@ -142,9 +153,10 @@ def verdict(*, report: dict | None, job_code: int) -> tuple[int, str]:
 
 
 def submit_and_wait(
-    cluster: Any,
-    target: Any,
+    cluster: Cluster,
+    target: Target,
     *,
+    overlay: str,
     check_args: Sequence[str],
     out: TextIO,
     timeout_s: float | None = None,
@@ -152,19 +164,17 @@ def submit_and_wait(
 ) -> int:
     from kubernetes.client.exceptions import ApiException
 
-    from training.launch import eks
-
-    eks.preflight(cluster, target)  # the stack's namespace and FSx claim exist
-    training = eks.Target(namespace=target.namespace, image=target.image, overlay=target.overlay)
-    state = eks.job_state(cluster, training)
+    check_shared_objects(cluster, target, claim=render.PVC_NAME)
+    training = dataclasses.replace(target, job_name=render.size_of(overlay).job_name)
+    state = job_state(cluster, training)
     if state.exists and not state.done:
-        raise eks.UsageError(
+        raise UsageError(
             f"training job {target.namespace}/{state.name} is still there and holds the nodes: "
-            f"stop it first (`make eks-stop OVERLAY={target.overlay}`), then run the preflight"
+            f"stop it first (`make eks-stop OVERLAY={overlay}`), then run the preflight"
         )
     # One preflight per overlay: an earlier one (finished or not) is replaced, pods included.
     try:
-        eks._call(
+        call(
             cluster.batch.delete_namespaced_job,
             target.job_name,
             target.namespace,
@@ -173,26 +183,26 @@ def submit_and_wait(
         )
         out.write(f"deleted the previous {target.job_name}; waiting for its pods to go\n")
         for _ in range(120):
-            if not eks.job_state(cluster, target).exists:
+            if not job_state(cluster, target).exists:
                 break
             sleep(2)
     except ApiException as e:
         if e.status != 404:
             raise
     job = preflight_job(
-        overlay=target.overlay,
+        overlay=overlay,
         namespace=target.namespace,
         image=target.image,
         check_args=check_args,
     )
-    (applied,) = eks.apply(cluster, [job], fix=target.fix)
-    size = render.size_of(target.overlay)
+    (applied,) = apply(cluster, [job], fix=target.fix, field_manager=render.PROJECT)
+    size = render.size_of(overlay)
     out.write(
         f"applied {applied} in {target.namespace}: all-reduce check on {size.nodes} node(s) x "
         f"{size.nproc_per_node} GPUs\n"
     )
     tee = _Tee(out)
-    job_code = eks.follow(cluster, target, out=tee, timeout_s=timeout_s, sleep=sleep)
+    job_code = follow(cluster, target, out=tee, timeout_s=timeout_s, sleep=sleep)
     code, line = verdict(report=read_report(tee.buffer_.getvalue()), job_code=job_code)
     out.write(line + "\n")
     return code
@@ -218,7 +228,7 @@ def run(
     argv: Sequence[str],
     *,
     out: TextIO = sys.stdout,
-    cluster: Any = None,
+    cluster: Cluster | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """The CLI; unknown flags go to the check (validated here). The cluster is injectable."""
@@ -231,9 +241,7 @@ def run(
     if ns.dry_run:
         namespace, image = ns.namespace, ns.image
         if not (namespace and image) and Path(ns.outputs).is_file():
-            from training.launch import eks
-
-            stack = eks.StackOutputs.from_file(Path(ns.outputs))
+            stack = StackOutputs.from_file(Path(ns.outputs))
             namespace, image = namespace or stack.namespace, image or stack.image
         job = preflight_job(
             overlay=size.name,
@@ -243,25 +251,24 @@ def run(
         )
         out.write(render.to_yaml(job))
         return exits.OK
-    from training.launch import eks
-
-    base = eks.resolve_target(argparse.Namespace(**{**vars(ns), "command": "submit"}))
-    target = _target_class()(
-        namespace=base.namespace, image=base.image, overlay=base.overlay, fix=base.fix
-    )
+    target = resolve_target(ns)
     if cluster is None:
-        cluster = eks.Cluster.connect(kubeconfig=ns.kubeconfig, context=ns.context, fix=target.fix)
+        cluster = Cluster.connect(kubeconfig=ns.kubeconfig, context=ns.context, fix=target.fix)
     return submit_and_wait(
-        cluster, target, check_args=check_args, out=out, timeout_s=ns.timeout, sleep=sleep
+        cluster,
+        target,
+        overlay=size.name,
+        check_args=check_args,
+        out=out,
+        timeout_s=ns.timeout,
+        sleep=sleep,
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from training.launch import eks
-
     try:
         return run(sys.argv[1:] if argv is None else argv)
-    except (eks.UsageError, ValueError) as e:
+    except (UsageError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return exits.USAGE
     except Exception as e:

@@ -1,9 +1,16 @@
 """The import map of the repository: no circles, no import from a lower layer to a higher one,
-and the torch-free parts stay torch-free.
+folders that are layers, and the torch-free parts stay torch-free.
 
 Every first-party module is in ``LAYERS`` (bottom first); a module may import modules of its own
-layer or below. A new module fails ``test_every_module_has_a_layer`` until it is placed. Imports
-inside functions count too: a lazy import hides a circle from Python, not from this test.
+layer or below. A new module fails ``test_every_module_has_a_layer`` until it is placed, and a
+new top-level package fails ``test_every_package_is_scanned`` until its modules are. Imports
+inside functions count too: a lazy import hides a circle from Python, not from this test; their
+number may only shrink (``LAZY_IMPORTS``).
+
+Folders are layers too: a *room* is a top-level package, or one of ``training``'s sub-packages
+or top-level modules (``training`` is opened one level: its config sits at the bottom and its
+entry points at the top). No two rooms may import each other, directly or around a circle
+(``test_no_folder_ties``), so a package can be read, tested and moved as one piece.
 """
 
 from __future__ import annotations
@@ -18,7 +25,12 @@ import pytest
 from support import node_reason
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("training", "manifests", "infra", "planner", "facts", "bench")
+OPENED = ("training",)
+"""Top-level packages whose sub-packages and top-level modules are rooms of their own."""
+LAZY_IMPORTS = 51
+"""First-party imports inside functions (``_lazy_imports``): at most this many. Lower it when
+a move removes some; a new one needs a reason a comment at the import gives (a CLI that stays
+torch-free until a command needs torch, an optional dependency)."""
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     # leaves: standard library only
@@ -28,16 +40,17 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.durable",
         "training.tables",
         "training.modes",
-        "training.hooks",
         "training.runlog",
         "training.runlog.files",
         "training.runlog.phases",
         "training.runlog.writer",
-        # cluster actions through the Kubernetes API (standard library; the client is imported
-        # inside): the straggler policy counts the spares, the pod supervisor cordons
-        "training.cluster",
+        # the Kubernetes API (the client is imported inside): the launchers' Job client, and the
+        # pod's own cluster actions (the straggler policy counts the spares, the supervisor cordons)
+        "ops",
+        "ops.cluster",
+        "ops.cordon",
         "training.resilience",
-        "training.resilience.faults",
+        "training.faults",
         "training.checkpoint",
         "training.checkpoint.lifetime",
         "training.checkpoint.committer",
@@ -73,7 +86,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.runlog.tensorboard",
         "training.observe.view",
         "training.observe.launch",
-        "training.resilience.sections",
+        "training.hooks",
         "training.stop",
         "training.startup_check",
         "training.allreduce_check",
@@ -91,7 +104,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.checkpoint.snapshot_files",
         "training.checkpoint.tiers",
         "training.checkpoint.transfer",
-        "training.launch.command",
+        "training.command",
         "training.observe.exporter",
     ),
     (
@@ -107,6 +120,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("training.checkpoint.manager",),
     ("training.trainer",),
     ("training.run",),
+    ("training.resilience.step_hooks",),
     # restart layers around a run
     (
         "training.resilience.nvrx",
@@ -181,16 +195,21 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("bench.run_all",),
 )
 
+PACKAGES = tuple(sorted({module.split(".")[0] for layer in LAYERS for module in layer}))
+"""The top-level packages scanned: every one that ``LAYERS`` names."""
+
 TORCH_FREE = (
     "training.modes",
     "training.config",
     "training.recipes",
     "training.overrides",
-    "training.resilience.faults",
+    "training.faults",
+    "training.hooks",
     "training.runlog.report",
-    "training.launch.command",
+    "training.command",
     "training.launch.pod",
-    "training.cluster",
+    "ops.cordon",
+    "ops.cluster",
     "training.observe.exporter",
     "manifests.render",
     "manifests.kustomize",
@@ -230,6 +249,39 @@ def _import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
                 ]
             graph[module] |= {t for t in targets if t and t != module}
     return graph
+
+
+def _room(module: str) -> str:
+    """The folder a module belongs to, as a layer: see the module docstring."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] in OPENED else parts[0]
+
+
+def _room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    rooms: dict[str, set[str]] = defaultdict(set)
+    for module, targets in graph.items():
+        rooms[_room(module)] |= {_room(t) for t in targets} - {_room(module)}
+    return rooms
+
+
+def _lazy_imports(modules: dict[str, Path]) -> list[str]:
+    """``module:line`` of each first-party import inside a function body."""
+    first_party = {name.split(".")[0] for name in modules}
+    found = set()
+    for module, path in modules.items():
+        for fn in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    names = [node.module]
+                else:
+                    continue
+                if any(name.split(".")[0] in first_party for name in names):
+                    found.add(f"{module}:{node.lineno}")
+    return sorted(found)
 
 
 def _layer_of() -> dict[str, int]:
@@ -283,6 +335,12 @@ def test_every_module_has_a_layer() -> None:
     assert sorted(set(layer_of) - set(modules)) == [], "LAYERS names modules that do not exist"
 
 
+def test_every_package_is_scanned() -> None:
+    """A new top-level package (a folder with ``__init__.py``) is placed in ``LAYERS``."""
+    found = {p.parent.name for p in REPO_ROOT.glob("*/__init__.py")} - {"tests"}
+    assert sorted(found - set(PACKAGES)) == [], "place these packages' modules in LAYERS"
+
+
 def test_no_import_circles() -> None:
     assert _cycles(_import_graph(_modules())) == []
 
@@ -298,10 +356,39 @@ def test_no_module_imports_a_higher_layer() -> None:
     assert upward == []
 
 
+def test_no_folder_ties() -> None:
+    """No room imports a room that imports it back (directly or around a circle): each folder
+    sits on one band of layers. Each tie is printed with the module imports that make it."""
+    graph = _import_graph(_modules())
+    ties = []
+    for rooms in _cycles(_room_graph(graph)):
+        ties.append(" <-> ".join(rooms))
+        ties += [
+            f"    {module} -> {target}"
+            for module, targets in sorted(graph.items())
+            for target in sorted(targets)
+            if _room(module) != _room(target) and {_room(module), _room(target)} <= set(rooms)
+        ]
+    assert ties == [], "\n".join(ties)
+
+
+def test_imports_inside_functions_do_not_grow() -> None:
+    lazy = _lazy_imports(_modules())
+    assert len(lazy) <= LAZY_IMPORTS, "imports inside functions:\n" + "\n".join(lazy)
+
+
 def test_the_checker_sees_circles_and_upward_imports() -> None:
-    """The two checks above on a hand-made graph, so that they can fail."""
+    """The checks above on hand-made graphs, so that they can fail."""
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+    # Two folders whose modules import each other without a module circle: a folder tie.
+    modules = {"ops.client": {"manifests.sizes"}, "manifests.preflight": {"ops.client"}}
+    assert _cycles(modules) == []
+    assert _cycles(_room_graph(modules)) == [["manifests", "ops"]]
+    # training is opened one level: its sub-packages and top-level modules are rooms.
+    assert _room("training.launch.eks") == "training.launch"
+    assert _room("training.config") == "training.config"
+    assert _room("podsim.emulator") == "podsim"
     graph = _import_graph(_modules())
     assert "training.checkpoint.layout" in graph["training.checkpoint.manager"]
     assert "training.exits" in graph["training.config"]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from training.exits import ConfigError
+from training.faults import parse_faults
 from training.modes import MODES, RestartMode, spec
 
 CheckpointEngine = Literal["nvrx", "torch_async", "sync"]
@@ -322,7 +323,7 @@ def _refuse_idle_tiers(*, checkpoint: CheckpointConfig, restart: str) -> None:
 class ResilienceConfig:
     """The restart layers and every timeout the launchers and the ranks use.
 
-    This section is the one owner of the launcher's flags: `training.launch.command` derives
+    This section is the one owner of the launcher's flags: `training.command` derives
     `ft_launcher`'s and `torchrun`'s command lines from it, locally and in the EKS Job.
     """
 
@@ -355,7 +356,7 @@ class ResilienceConfig:
     """At the floor of calibration, the longest a hang goes undetected (seconds), both layers:
     each detector's least timeout is this less its own latency, so its detection lands within
     it (in-process: twice the watchdog's 0.05 s poll, training/resilience/hang.py; in-job: the
-    rank monitors' check interval, hang_floor_s / 4, training/launch/command.py)."""
+    rank monitors' check interval, hang_floor_s / 4, training/command.py)."""
     stop_timeout_s: float = 10.0
     """A rank asked to stop (SIGTERM) that is still blocked (e.g. in a collective with a dead
     peer) after this long exits anyway; also ft_launcher's ``--workers-stop-timeout``."""
@@ -449,7 +450,7 @@ class JobConfig:
     run_dir: str = "runs/local"
     """Metrics, events, summary and (by default) checkpoints go here."""
     faults: str = ""
-    """Fault injection spec (see training/resilience/faults.py), e.g. ``exception@rank1:step40``."""
+    """Fault injection spec (see training/faults.py), e.g. ``exception@rank1:step40``."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -470,10 +471,7 @@ class JobConfig:
         )
         _refuse_idle_tiers(checkpoint=self.checkpoint, restart=self.resilience.restart)
         if self.faults:
-            # Parse now so that a bad spec fails before any process starts.
-            from training.resilience.faults import parse_faults
-
-            parse_faults(self.faults)
+            parse_faults(self.faults)  # now: a bad spec fails before any process starts
 
     @property
     def checkpoint_dir(self) -> str:

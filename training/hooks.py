@@ -1,5 +1,9 @@
 """Step hooks: how restart layers and fault injection reach the training loop without the loop
-knowing them. Standard library only."""
+knowing them; and the names of the rank-monitor sections the trainer opens (in-job restart).
+
+`ft_launcher` refuses a section it has no timeout for (`TimeoutsCalcError: Unknown section`), so
+the launcher's `--ft-rank-section-timeouts` is built from this same table
+(`training.command`), locally and in the EKS Job. Torch-free."""
 
 from __future__ import annotations
 
@@ -7,6 +11,21 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
+
+from training.config import ResilienceConfig
+
+STEP = "step"
+"""Around each training step (forward, backward, optimizer)."""
+CHECKPOINT = "checkpoint"
+"""Around checkpoint loading and the blocking part of a save."""
+
+
+def section_timeouts(resilience: ResilienceConfig) -> dict[str, float]:
+    """Every section the trainer opens -> its timeout in seconds."""
+    return {
+        STEP: resilience.step_section_timeout_s,
+        CHECKPOINT: resilience.checkpoint_section_timeout_s,
+    }
 
 
 def liveness_report_interval_s(timeout_s: float) -> float:
@@ -65,6 +84,10 @@ class StepHooks:
         Called often (every ~50 ms of a wait): an implementation that reports to another
         process throttles."""
 
+    def loop_ended(self) -> None:
+        """The training loop returned or raised (before ``finished`` and the run's clean-up):
+        release what only the loop used (the straggler policy's CUPTI timers)."""
+
     def finished(self, result: object) -> None:
         """The run ended (completed, drained or a node evicted) with its final checkpoint
         committed, before the clean-up (``checkpoints.close``, the process group's teardown).
@@ -112,6 +135,10 @@ class HookChain(StepHooks):
     def keepalive(self) -> None:
         for hook in self.hooks:
             hook.keepalive()
+
+    def loop_ended(self) -> None:
+        for hook in self.hooks:
+            hook.loop_ended()
 
     def finished(self, result: object) -> None:
         for hook in self.hooks:

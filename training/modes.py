@@ -2,7 +2,7 @@
 
 Everything that depends on ``resilience.restart`` derives it from :data:`MODES`: the CLI's
 choices and the config's validation (``training/config.py``), the launcher and its
-``--ft-restart-policy`` (``training/launch/command.py``), the pod supervisor's exit code
+``--ft-restart-policy`` (``training/command.py``), the pod supervisor's exit code
 (``training/launch/pod.py``), the overlays' allowed modes (``manifests/sizes.py``), the
 snapshot tier a run takes (:func:`snapshot_plan`: the checkpoint manager, the pod's
 ``/dev/shm`` budget in ``manifests/render.py`` and the planner's restore sources, so the planner

@@ -47,7 +47,7 @@ def build_config(argv: list[str]) -> tuple[JobConfig, bool]:
         choices=tuple(MODES),
         help="restart layer (default: the recipe's)",
     )
-    parser.add_argument("--faults", help="fault injection spec (training/resilience/faults.py)")
+    parser.add_argument("--faults", help="fault injection spec (training/faults.py)")
     parser.add_argument("--print-config", action="store_true", help="print the config and exit")
     args, rest = parser.parse_known_args(argv)
     overrides = split_overrides(rest)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -15,9 +16,8 @@ import torch.distributed as dist
 
 from training.checkpoint.manager import CheckpointManager, needs_cpu_collectives
 from training.config import JobConfig
-from training.hooks import HookChain, StepHooks
-from training.parallel import dist_env_from_environment, init_process_group
-from training.resilience.inject import FaultInjector
+from training.hooks import StepHooks
+from training.parallel import DistEnv, dist_env_from_environment, init_process_group
 from training.runlog.metrics import EventLog
 from training.runlog.phases import MODEL_BUILT, PROCESS_GROUP_UP, emit_phase
 from training.runlog.tensorboard import start_tailer
@@ -25,6 +25,11 @@ from training.runlog.verdict import current_run_id, write_verdict
 from training.trainer import Trainer, TrainResult
 
 COLD_RESTARTS_ENV = "TRAINING_COLD_RESTARTS"
+
+StepHooksFor = Callable[[DistEnv, EventLog], StepHooks]
+"""Builds an attempt's step hooks once it knows who it is (rank, device) and where its events
+go: every hook the loop and the checkpoint manager call comes from the restart layer
+(``training.resilience.step_hooks.step_hooks_for``: its own, the faults, the straggler policy)."""
 
 # Checkpoint managers of attempts that did not finish cleanly. A fault can interrupt the clean-up
 # in ``run_training``'s ``finally`` (in-process restart raises asynchronously into the main
@@ -83,7 +88,7 @@ def release_process_group_after_fault() -> None:
 def run_training(
     config: JobConfig,
     *,
-    hooks: StepHooks | None = None,
+    hooks: StepHooksFor | None = None,
     attempt: int = 0,
     store: dist.Store | None = None,
     rank: int | None = None,
@@ -116,23 +121,7 @@ def run_training(
     emit_phase(events, phase=PROCESS_GROUP_UP, attempt=attempt, mode=mode)
     completed = False
     try:
-        faults = FaultInjector.from_spec(
-            config.faults,
-            rank=env.rank,
-            events=events,
-            checkpoint_root=Path(config.checkpoint_dir),
-        )
-        stragglers = None
-        if config.straggler.enabled:
-            from training.resilience.straggler import StragglerHooks
-
-            stragglers = StragglerHooks(
-                config=config.straggler, rank=env.rank, device=env.device, events=events
-            )
-        # The layer's hooks first: a heartbeat or section is recorded before a fault fires.
-        step_hooks = HookChain(
-            [*([hooks] if hooks is not None else []), faults, *([stragglers] if stragglers else [])]
-        )
+        step_hooks = hooks(env, events) if hooks is not None else StepHooks()
         checkpoints = CheckpointManager.for_job(
             config=config,
             rank=env.rank,
@@ -163,8 +152,7 @@ def run_training(
         try:
             result = trainer.fit(checkpoints=checkpoints)
         finally:
-            if stragglers is not None:
-                stragglers.close()
+            step_hooks.loop_ended()
         if result.eviction is not None and result.eviction.this_node:
             # For the pod's supervisor and the local launcher: this node's pod exits NODE_UNFIT.
             # Written before the clean-up below, which a restart could interrupt.

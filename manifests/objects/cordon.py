@@ -15,7 +15,7 @@ in 1.32)."""
 
 def node_cordon_objects(*, namespace: str) -> list[dict]:
     """The trainer's one permission on the cluster: cordoning the node its pod runs on, when the
-    straggler policy evicts that node (`training.cluster.cordon`), so the Job's replacement
+    straggler policy evicts that node (`ops.cordon.cordon`), so the Job's replacement
     lands elsewhere.
 
     RBAC cannot say which node or which field: a ClusterRole grants ``patch`` on every Node

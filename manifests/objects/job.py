@@ -21,8 +21,8 @@ from manifests.objects.common import (
 from manifests.objects.rdzv_store import RDZV_STORE, RDZV_STORE_PORT
 from manifests.sizes import RESTART_MODES, OverlaySize
 from training import exits
+from training.command import Rendezvous, launcher_command
 from training.config import JobConfig
-from training.launch.command import Rendezvous, launcher_command
 from training.modes import snapshot_plan
 from training.observe.catalog import METRICS_PORT, METRICS_PORT_NAME
 from training.overrides import build_config
@@ -162,7 +162,7 @@ def pod_command(
     *, size: OverlaySize, namespace: str, restart: str, train_args: Sequence[str]
 ) -> list[str]:
     """The trainer container's args: one node's launcher command, derived from the run's config
-    by `training.launch.command` (the same function the local launcher uses). `$(VAR)` is
+    by `training.command` (the same function the local launcher uses). `$(VAR)` is
     expanded by the kubelet from the container's environment."""
     args = trainer_args(size=size, restart=restart, train_args=train_args)
     return _launcher(

@@ -26,7 +26,7 @@ SPARE_READER = "fsdp-trainer-spares"
 
 def spare_reader_objects(*, namespace: str) -> list[dict]:
     """``list`` on the pods of the Job's own namespace: before the straggler policy evicts a
-    node, rank 0 counts the Ready hot spares (`training.cluster.ready_spares`); with none, the
+    node, rank 0 counts the Ready hot spares (`ops.cordon.ready_spares`); with none, the
     eviction waits (an evicted pod's replacement would stay Pending and park the job until the
     rendezvous' join timeout). Read-only, one namespace."""
     meta = {"name": SPARE_READER, "namespace": namespace, "labels": labels(TRAINER)}

@@ -77,7 +77,7 @@ def test_goodput_window_counts_only_the_last_occurrence_of_each_step(tmp_path: P
     assert stats["unrecovered"] == 0
     spec = fault_spec(kinds=("exception", "hang"), faults=3, first_s=30.0, every_s=60.0)
     assert spec == "exception@1:30s;hang@1:90s;exception@1:150s"
-    from training.resilience.faults import parse_faults
+    from training.faults import parse_faults
 
     assert [f.after_s for f in parse_faults(spec)] == [30.0, 90.0, 150.0]
 

@@ -10,7 +10,7 @@ from gpu_checks.core import Context, read_events, run_child, tail, tiny_model_ar
 
 
 def check_inprocess_restart(ctx: Context) -> dict[str, Any]:
-    from training.resilience.faults import HANG_KERNEL_S
+    from training.faults import HANG_KERNEL_S
 
     nproc = min(2, ctx.boundary.gpus())
     run_dir = ctx.work / "inprocess_run"

@@ -34,7 +34,7 @@ import pytest
 from cel_expr_python import cel
 
 from manifests import render
-from training.cluster import CORDON_PATCH
+from ops.cordon import CORDON_PATCH
 
 NAMESPACE = "training"
 TRAINER = f"system:serviceaccount:{NAMESPACE}:{render.SERVICE_ACCOUNT}"
@@ -146,7 +146,7 @@ def admit(old: dict, new: dict, request: dict, *, policy: dict | None = None) ->
 
 
 def _cordoned(node: dict) -> dict:
-    """The node after the trainer's own request body (training.cluster.CORDON_PATCH)."""
+    """The node after the trainer's own request body (ops.cordon.CORDON_PATCH)."""
     return _merge_patch(node, CORDON_PATCH)
 
 

@@ -33,8 +33,8 @@ from kubernetes import client
 from support import REPO_ROOT, subprocess_env
 
 from manifests import preflight, render
+from ops import cluster as ops_cluster
 from training import allreduce_check, exits
-from training.launch import eks
 
 NS = "training"
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/eks-fsdp-resilient:abc123"
@@ -196,10 +196,10 @@ def api():
     httpd.server_close()
 
 
-def _cluster(url: str) -> eks.Cluster:
+def _cluster(url: str) -> ops_cluster.Cluster:
     cfg = client.Configuration(host=url)
     cfg.retries = 0
-    return eks.Cluster.from_api_client(client.ApiClient(cfg))
+    return ops_cluster.Cluster.from_api_client(client.ApiClient(cfg))
 
 
 def _stack(api: FakeApi) -> None:
@@ -226,7 +226,7 @@ def _finished_preflight(api: FakeApi, *, log: str, condition: str) -> None:
         "metadata": {
             "name": f"{name}-0-abcde",
             "creationTimestamp": "2026-01-01T00:00:00Z",
-            "annotations": {eks.INDEX_ANNOTATION: "0"},
+            "annotations": {ops_cluster.INDEX_ANNOTATION: "0"},
         },
         "spec": {"nodeName": "ip-10-0-0-1"},
         "status": {"phase": "Succeeded" if condition == "Complete" else "Failed"},
@@ -296,7 +296,7 @@ def test_submit_refuses_while_the_training_job_holds_the_nodes(api: FakeApi) -> 
     running = {"spec": {"completions": 2}, "status": {"active": 2}}
     api.route("GET", f"{JOBS}/fsdp-2node", (200, running))
     api.route("GET", f"/api/v1/namespaces/{NS}/pods", (200, {"items": []}))
-    with pytest.raises(eks.UsageError, match="make eks-stop OVERLAY=2node"):
+    with pytest.raises(ops_cluster.UsageError, match="make eks-stop OVERLAY=2node"):
         _submit(api)
     assert not [c for c in api.calls if c[0] == "PATCH"]
 
@@ -315,7 +315,7 @@ def test_unreachable_cluster_says_so() -> None:
     with socket.socket() as s:  # a loopback port with nothing listening
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(eks.UsageError, match="cannot reach the cluster"):
+    with pytest.raises(ops_cluster.UsageError, match="cannot reach the cluster"):
         preflight.run(
             ["--overlay=2node", f"--namespace={NS}", f"--image={IMAGE}"],
             out=io.StringIO(),

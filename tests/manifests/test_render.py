@@ -420,10 +420,10 @@ def test_rendered_ft_launcher_command_parses_and_times_every_section(overlay, re
     has a timeout there (without one, NVRx raises `TimeoutsCalcError: Unknown section`)."""
     from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
 
-    from training.launch.command import hang_check_interval_s, injob_timeout_floor_s
+    from training.command import hang_check_interval_s, injob_timeout_floor_s
+    from training.hooks import section_timeouts
     from training.modes import MODES
     from training.overrides import build_config
-    from training.resilience.sections import section_timeouts
 
     container = _container(overlay=overlay, restart=restart)
     assert container["command"] == ["python", "-m", "training.launch.pod"]
@@ -687,7 +687,7 @@ def test_trainer_pods_leave_a_lost_node_after_30_s_not_300(overlay):
 
 
 def test_the_trainer_may_only_cordon_its_own_node():
-    """The one cluster permission (training/cluster.py): `patch` on nodes, no read, bound to the
+    """The one cluster permission (ops/cordon.py): `patch` on nodes, no read, bound to the
     trainer's ServiceAccount, narrowed by an admission policy to `spec.unschedulable` on the
     caller's own node; only the trainer's pods carry a token."""
     objs = {o["kind"]: o for o in render.node_cordon_objects(namespace="ns")}

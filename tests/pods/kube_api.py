@@ -1,6 +1,6 @@
 """The smallest fake of the Kubernetes API that a trainer pod calls: ``PATCH /api/v1/nodes/NAME``
-(the cordon, training/cluster.py) and ``GET /api/v1/namespaces/NS/pods?labelSelector=...`` (the
-Ready hot spares, ``training.cluster.ready_spares``), served over HTTPS on the emulated
+(the cordon, ops/cordon.py) and ``GET /api/v1/namespaces/NS/pods?labelSelector=...`` (the
+Ready hot spares, ``ops.cordon.ready_spares``), served over HTTPS on the emulated
 cluster's bridge.
 
 Emulated because no API server can run here (design notes). The pod side is real: the

@@ -263,7 +263,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 # Every restart mode on the smoke overlay, and every other overlay in its own default mode:
 # the mode's launcher flags are derived by one function from the run's config
-# (training/launch/command.py), so the full overlay x mode product (9 pod runs, ~4 min of CI)
+# (training/command.py), so the full overlay x mode product (9 pod runs, ~4 min of CI)
 # would run that derivation again, while each overlay's own rendered command and each mode's
 # launcher still run here once.
 OVERLAY_MODES = [

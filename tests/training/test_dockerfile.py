@@ -11,6 +11,7 @@ import re
 import tomllib
 
 from support import REPO_ROOT
+from test_architecture import _import_graph, _modules
 
 DOCKERFILE = (REPO_ROOT / "training" / "Dockerfile").read_text()
 TOP = DOCKERFILE.split("\nFROM ", 1)[0]
@@ -65,5 +66,15 @@ def test_the_image_holds_what_the_jobs_command_runs() -> None:
     for container in [*spec["initContainers"], *spec["containers"]]:
         assert container["workingDir"] == workdirs[-1]
     copied = set(re.findall(r"^COPY (\w+) \./\1$", text, flags=re.M))
-    assert {"training", "manifests", "facts"} <= copied
+    # The packages the pod's entry points import (whole import closure, lazy imports included).
+    graph = _import_graph(_modules())
+    seen, todo = set(), ["training.launch.pod", "training.__main__", "training.allreduce_check"]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph.get(module, ()))
+    imported = {module.split(".")[0] for module in seen}
+    assert {"training", "facts", "ops"} <= imported
+    assert imported <= copied, f"the image lacks {sorted(imported - copied)}"
     assert '".[train,tensorboard]"' in text

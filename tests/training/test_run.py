@@ -77,7 +77,7 @@ def test_checkpoint_worker_start_up_overlaps_the_first_steps_and_no_step_waits_f
         ]
     )
     hooks = RecordingHooks(step_s=0.02)
-    run_training(config, hooks=hooks, rank=0, world_size=1)
+    run_training(config, hooks=lambda _env, _events: hooks, rank=0, world_size=1)
     seen = hooks.seen
     spawned = next(i for i, (_, _, worker) in enumerate(seen) if worker != "none")
     assert seen[spawned - 1 : spawned + 1] == [

@@ -1,6 +1,6 @@
 """Launch N local ranks: ``make train`` runs this.
 
-The launcher command comes from ``training.launch.command`` (the function the EKS Job's command
+The launcher command comes from ``training.command`` (the function the EKS Job's command
 is rendered with): ``--restart none|inprocess`` start the ranks with torchrun (static, no
 elastic restarts: the in-process layer restarts inside the processes); ``--restart
 injob|nested`` start them with NVRx's ``ft_launcher``, which respawns failed workers within
@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 from training import exits
+from training.command import LAUNCHERS, Rendezvous, launcher_command
 from training.config import JobConfig
 from training.data import DataError
 from training.exits import ConfigError
-from training.launch.command import LAUNCHERS, Rendezvous, launcher_command
 from training.launch.reaper import Reaper
 from training.modes import snapshot_plan
 from training.observe.catalog import METRICS_PORT

@@ -1,7 +1,7 @@
 """The trainer container's entry point in the EKS Job: ``python -m training.launch.pod CMD...``.
 
 CMD is the node's launcher command, rendered by `manifests/render.py` from
-`training.launch.command` (so the flags come from the run's config). Before starting it:
+`training.command` (so the flags come from the run's config). Before starting it:
 - the trainer's arguments are validated (a bad flag exits `exits.USAGE` at once, and the pod
   failure policy fails the Job instead of retrying);
 - the node must fit the run (`training.startup_check`: torch, CUDA, driver, NCCL, GPU count,
@@ -18,7 +18,7 @@ A node the straggler policy evicted: its ranks write a verdict naming it and, un
 `ft_launcher` (``injob``, ``nested``), ask their launcher to leave the node out of the next
 rendezvous (``WorkloadAction.ExcludeThisNode``), so that launcher exits (with 0) instead of
 restarting them, while the other nodes' launchers restart their workers and wait in the
-rendezvous for the replacement. This supervisor then cordons the node (`training.cluster`) and
+rendezvous for the replacement. This supervisor then cordons the node (`ops.cordon`) and
 exits `exits.NODE_UNFIT`: the Job replaces the pod, and the scheduler puts the replacement on
 another node.
 """
@@ -34,11 +34,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from ops.cordon import cordon
 from training import exits
-from training.cluster import cordon
+from training.command import trainer_args_of
 from training.config import JobConfig
 from training.exits import ConfigError
-from training.launch.command import trainer_args_of
 from training.modes import MODES
 from training.observe.catalog import METRICS_PORT
 from training.observe.launch import (

@@ -1,4 +1,4 @@
-"""Fires the faults of ``training.resilience.faults`` in a rank, as a step hook: once per run,
+"""Fires the faults of ``training.faults`` in a rank, as a step hook: once per run,
 at their step or checkpoint point. Each fault fires once per run (``always:`` ones excepted): a
 marker file in ``<run_dir>/.faults/`` records it, so replayed steps after a restart (in-process
 or a new process) do not fire it again. Timed faults count from the run's first step, whose
@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 from training.checkpoint.layout import COMMIT, SHARDS, committed_steps, rank_files, step_dir
+from training.faults import HANG_KERNEL_S, Fault, InjectedFault, parse_faults
 from training.hooks import StepHooks
-from training.resilience.faults import HANG_KERNEL_S, Fault, InjectedFault, parse_faults
 
 
 class FaultInjector(StepHooks):

@@ -29,10 +29,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from training import exits
+from training.command import injob_timeout_floor_s
 from training.config import JobConfig
-from training.hooks import StepHooks, Throttle, liveness_report_interval_s
-from training.launch.command import injob_timeout_floor_s
-from training.resilience.sections import CHECKPOINT, STEP
+from training.hooks import CHECKPOINT, STEP, StepHooks, Throttle, liveness_report_interval_s
+from training.resilience.nvrx import rank_monitor_client
+from training.resilience.step_hooks import step_hooks_for
+from training.run import run_training
 from training.runlog import writer
 from training.runlog.files import METRICS_FILE, parse_jsonl
 from training.runlog.metrics import EventLog
@@ -309,9 +311,6 @@ def check_attempt(config: JobConfig, *, client, events: EventLog) -> int | None:
 
 
 def run_injob(config: JobConfig) -> int:
-    from training.resilience.nvrx import rank_monitor_client
-    from training.run import run_training
-
     attempt = attempt_number()
     rank = int(os.environ.get("RANK", "0"))
     events = EventLog(run_dir=Path(config.run_dir), rank=rank)
@@ -338,7 +337,9 @@ def run_injob(config: JobConfig) -> int:
             heartbeat_every_s=liveness_report_interval_s(config.resilience.heartbeat_timeout_s),
         )
         try:
-            result = run_training(config, hooks=hooks, attempt=attempt)
+            result = run_training(
+                config, hooks=step_hooks_for(config, layer=hooks), attempt=attempt
+            )
         except BaseException:
             # This rank saw the fault (its own, or a collective that failed with a dead peer)
             # and leaves now; the launcher restarts the workers.

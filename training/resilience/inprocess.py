@@ -31,7 +31,12 @@ import torch.distributed as dist
 from training import exits
 from training.config import JobConfig
 from training.hooks import HookChain, StepHooks, Throttle, liveness_report_interval_s
+from training.parallel import await_rank0_store
 from training.resilience.hang import CalibratedHangWatchdog
+from training.resilience.injob import attempt_number, check_attempt, leave_if_evicted
+from training.resilience.nvrx import inprocess_wrapper, rank_monitor_client, report_hang
+from training.resilience.step_hooks import step_hooks_for
+from training.run import release_leftovers, run_training
 from training.runlog.metrics import EventLog
 from training.runlog.phases import (
     DETECTED,
@@ -205,11 +210,6 @@ def store_ports() -> set[int]:
 def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
     """In-process restarts; with `nested`, inside ft_launcher (which respawns dead or frozen
     ranks and enforces the job-wide restart cap, see `training.resilience.injob`)."""
-    from training.parallel import await_rank0_store
-    from training.resilience.injob import attempt_number, check_attempt, leave_if_evicted
-    from training.resilience.nvrx import inprocess_wrapper, rank_monitor_client, report_hang
-    from training.run import release_leftovers, run_training
-
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     master_addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
@@ -290,20 +290,23 @@ def run_inprocess(config: JobConfig, *, nested: bool = False) -> int:
         try:
             return run_training(
                 config,
-                hooks=HookChain(
-                    [
-                        PingHooks(
-                            call_wrapper,
-                            monitor=monitor,
-                            io_budget_s=r.checkpoint_section_timeout_s,
-                            # The soft timeout is the shorter of the two it reports to
-                            # (ft_launcher's heartbeat timeout outlasts soft + hard when
-                            # nested: launch/command.py).
-                            interval_s=liveness_report_interval_s(r.soft_timeout_s),
-                            watchdog=watchdog,
-                        ),
-                        ended,
-                    ]
+                hooks=step_hooks_for(
+                    config,
+                    layer=HookChain(
+                        [
+                            PingHooks(
+                                call_wrapper,
+                                monitor=monitor,
+                                io_budget_s=r.checkpoint_section_timeout_s,
+                                # The soft timeout is the shorter of the two it reports to
+                                # (ft_launcher's heartbeat timeout outlasts soft + hard when
+                                # nested: training/command.py).
+                                interval_s=liveness_report_interval_s(r.soft_timeout_s),
+                                watchdog=watchdog,
+                            ),
+                            ended,
+                        ]
+                    ),
                 ),
                 attempt=iteration,
                 store=store,

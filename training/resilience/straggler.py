@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from training.cluster import in_cluster, ready_spares
+from ops.cordon import in_cluster, ready_spares
 from training.config import StragglerConfig
 from training.hooks import NodeEviction, StepHooks
 from training.runlog.files import STRAGGLER_EVICTION_EVENT, STRAGGLER_REPORT_EVENT
@@ -77,7 +77,7 @@ LOCAL_SECTION = "optimizer"
 REPORT_EVENT = STRAGGLER_REPORT_EVENT
 EVICTION_EVENT = STRAGGLER_EVICTION_EVENT
 EVICTION_DEFERRED_EVENT = "straggler_eviction_deferred"
-"""A due eviction that waits: no Ready hot spare (``training.cluster.ready_spares``)."""
+"""A due eviction that waits: no Ready hot spare (``ops.cordon.ready_spares``)."""
 UNKNOWN_SPARES = -1
 """In a pod, the API could not count the spares (no permission, no answer): the eviction
 waits as with none (an eviction that cannot be replaced costs the whole job)."""
@@ -386,6 +386,9 @@ class StragglerHooks(StepHooks):
             return None
         counted = self._spares()
         return UNKNOWN_SPARES if counted is None else counted
+
+    def loop_ended(self) -> None:
+        self.close()
 
     def close(self) -> None:
         self._timer.close()

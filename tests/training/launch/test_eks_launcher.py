@@ -26,6 +26,7 @@ import pytest
 from kubernetes import client
 
 from manifests import render
+from ops import cluster as ops_cluster
 from training.launch import eks
 
 NS = "training"
@@ -109,10 +110,10 @@ def fake():
     httpd.server_close()
 
 
-def _cluster(url: str) -> eks.Cluster:
+def _cluster(url: str) -> ops_cluster.Cluster:
     cfg = client.Configuration(host=url)
     cfg.retries = 0
-    return eks.Cluster.from_api_client(client.ApiClient(cfg))
+    return ops_cluster.Cluster.from_api_client(client.ApiClient(cfg))
 
 
 @pytest.fixture
@@ -311,10 +312,10 @@ def test_outputs_file_needs_one_stack_with_our_outputs(tmp_path):
     path = tmp_path / "o.json"
     path.write_text(json.dumps({"A": {"TrainingNamespace": "x"}, "B": {"TrainingNamespace": "y"}}))
     with pytest.raises(eks.UsageError, match="exactly one stack"):
-        eks.StackOutputs.from_file(path)
+        ops_cluster.StackOutputs.from_file(path)
     path.write_text(json.dumps({"A": {"TrainingNamespace": "x"}}))
     with pytest.raises(eks.UsageError, match="ImageUri missing"):
-        eks.StackOutputs.from_file(path)
+        ops_cluster.StackOutputs.from_file(path)
 
 
 def _pod(name: str, index: int, phase: str, created: str) -> dict:
@@ -322,7 +323,7 @@ def _pod(name: str, index: int, phase: str, created: str) -> dict:
         "metadata": {
             "name": name,
             "creationTimestamp": created,
-            "annotations": {eks.INDEX_ANNOTATION: str(index)},
+            "annotations": {ops_cluster.INDEX_ANNOTATION: str(index)},
         },
         "spec": {"nodeName": "ip-10-0-0-1"},
         "status": {"phase": phase, "containerStatuses": [{"name": "trainer", "restartCount": 0}]},

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from support import REPO_ROOT, requires_tool, subprocess_env, tail
 
-from training.launch.command import LAUNCHERS
+from training.command import LAUNCHERS
 from training.modes import spec
 
 MARK = "PYTEST_LOCAL_RUN_ENDS"

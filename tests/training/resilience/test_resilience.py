@@ -340,7 +340,7 @@ def test_inprocess_hang_in_native_code_releases_the_peer_before_the_call_returns
     step's collective, is aborted and starts its restart about 2 s after the fault, not when
     rank 1's call returns (a report raised in rank 1's main thread would wait those 15 s); the
     run still ends bit-identical."""
-    from training.resilience.faults import HANG_KERNEL_S
+    from training.faults import HANG_KERNEL_S
 
     run_dir = tmp_path / "run"
     proc = launch(

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from training.exits import ConfigError
-from training.resilience.faults import InjectedFault, parse_faults
+from training.faults import InjectedFault, parse_faults
 from training.resilience.gloo_abort import shutdown_peer_sockets
 from training.resilience.inject import FaultInjector
 from training.resilience.injob import best_step_so_far, stuck

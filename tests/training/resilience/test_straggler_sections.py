@@ -64,7 +64,7 @@ def test_every_step_opens_each_section(tmp_path: Path, corpus: Path, one_rank_gr
         ]
     )
     hooks = CountingTimings()
-    run_training(config, hooks=hooks, rank=0, world_size=1)
+    run_training(config, hooks=lambda _env, _events: hooks, rank=0, world_size=1)
     assert hooks.entered == {
         "step": steps,
         "forward": steps * accum,

@@ -3,7 +3,7 @@
 Before, a due eviction stopped the node at once; with no spare, the replacement pod stayed
 Pending and the survivors waited in the open rendezvous until ``join_timeout_s`` (1800 s), then
 the Job failed (shared/reviews/checkpoint-tiers.md, "7. Stragglers"). Now rank 0 counts the
-Ready pods of the spares' Deployment (``training.cluster.ready_spares``) when a report would
+Ready pods of the spares' Deployment (``training.cordon.ready_spares``) when a report would
 evict; with none (or no answer) every rank trains on and rank 0 writes a
 ``straggler_eviction_deferred`` event; the first report that finds a spare evicts.
 
@@ -25,7 +25,7 @@ import pytest
 import torch.multiprocessing as mp
 from support import free_port
 
-from training import cluster
+from ops import cordon
 
 WORLD = 2
 
@@ -72,7 +72,7 @@ def test_the_selector_is_the_spare_deployments_pod_labels() -> None:
         if o["kind"] == "Deployment"
     ]
     labels = deployment["spec"]["template"]["metadata"]["labels"]
-    assert ",".join(f"{k}={v}" for k, v in labels.items()) == cluster.SPARE_SELECTOR
+    assert ",".join(f"{k}={v}" for k, v in labels.items()) == cordon.SPARE_SELECTOR
 
 
 def test_the_trainer_may_list_the_pods_of_its_namespace() -> None:
@@ -90,12 +90,12 @@ def test_ready_spares_counts_ready_pods_not_being_deleted(capsys) -> None:
     api = PodListApi(
         [_pod(ready=True), _pod(ready=False), _pod(ready=True, deleting=True), _pod(ready=True)]
     )
-    assert cluster.ready_spares(api=api, namespace="training") == 2
+    assert cordon.ready_spares(api=api, namespace="training") == 2
     ((namespace, kwargs),) = api.calls
-    assert namespace == "training" and kwargs["label_selector"] == cluster.SPARE_SELECTOR
-    assert kwargs["_request_timeout"] == cluster.API_TIMEOUT_S
+    assert namespace == "training" and kwargs["label_selector"] == cordon.SPARE_SELECTOR
+    assert kwargs["_request_timeout"] == cordon.API_TIMEOUT_S
     failing = PodListApi(RuntimeError("403 Forbidden"))
-    assert cluster.ready_spares(api=failing, namespace="training") is None
+    assert cordon.ready_spares(api=failing, namespace="training") is None
     assert "could not be counted" in capsys.readouterr().err
 
 

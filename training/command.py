@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from training.config import JobConfig, ResilienceConfig
+from training.hooks import section_timeouts
 from training.modes import MODES
-from training.resilience.sections import section_timeouts
 
 LAUNCHERS = {mode: s.launcher for mode, s in MODES.items()}
 """Each restart mode's launcher (``training.modes.MODES``)."""
