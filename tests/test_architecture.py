@@ -49,6 +49,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.observe.efa",
         "training.resilience.gloo_abort",
         "training.resilience.hang",
+        "training.replica",
+        "training.replica.topology",
         "facts",
         "facts.checkpoint",
         "facts.fsx",
@@ -106,6 +108,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ),
     ("training.checkpoint.manager",),
     ("training.trainer",),
+    ("training.replica.trainer",),
     ("training.run",),
     # restart layers around a run
     (
