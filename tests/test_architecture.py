@@ -79,6 +79,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.stop",
         "training.startup_check",
         "training.allreduce_check",
+        "training.replica.launch",
     ),
     # the pieces of a training run
     (

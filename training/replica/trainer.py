@@ -28,7 +28,9 @@ batch; the sampler's position travels with the healed state.
 
 from __future__ import annotations
 
+import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -56,6 +58,26 @@ def trainer_for(config: JobConfig) -> Callable[..., Trainer]:
         return Trainer
     topology = ReplicaTopology.from_environment(groups=config.resilience.replica_groups)
     return partial(ReplicaTrainer, topology=topology)
+
+
+def replica_layout(
+    *,
+    topology: ReplicaTopology,
+    group_size: int,
+    rank: int,
+    micro_batch_size: int,
+    grad_accum_steps: int,
+) -> BatchLayout:
+    """The batch layout of group rank ``rank``: one data-parallel world across every group, so
+    each group reads its own share of each global batch (group ``g``'s ranks hold positions
+    ``g * group_size .. (g + 1) * group_size - 1``) and the global batch is the same as a run
+    of ``groups x group_size`` plain data-parallel ranks."""
+    return BatchLayout(
+        world_size=topology.groups * group_size,
+        rank=topology.group * group_size + rank,
+        micro_batch_size=micro_batch_size,
+        grad_accum_steps=grad_accum_steps,
+    )
 
 
 def _manager_store() -> tuple[str, int]:
@@ -113,9 +135,10 @@ class ReplicaTrainer(Trainer):
 
         self.topology = topology
         env, t, r = self.env, self.config.train, self.config.resilience
-        self.layout = BatchLayout(
-            world_size=topology.groups * env.world_size,
-            rank=topology.group * env.world_size + env.rank,
+        self.layout = replica_layout(
+            topology=topology,
+            group_size=env.world_size,
+            rank=env.rank,
             micro_batch_size=t.micro_batch_size,
             grad_accum_steps=t.grad_accum_steps,
         )
@@ -152,6 +175,7 @@ class ReplicaTrainer(Trainer):
             if isinstance(module, FSDPModule):
                 module.set_all_reduce_hook(self._average_across_groups)
         self._participants = 0
+        self._quorum_id: int | None = None
         self._healed: tuple[int, int] | None = None  # (step, bytes) of the last heal
 
     # -- across groups -----------------------------------------------------------------------
@@ -210,29 +234,56 @@ class ReplicaTrainer(Trainer):
             )
         started = time.perf_counter()
         behind = self.step
-        self.manager.start_quorum(timeout=timedelta(seconds=self.config.resilience.replica_wait_s))
+        wait = timedelta(seconds=self.config.resilience.replica_wait_s)
+        self._keeping_alive(partial(self.manager.start_quorum, timeout=wait))
         elapsed = time.perf_counter() - started
         participants = self.manager.num_participants()
         if self._healed is not None:
             step, nbytes = self._healed
             self._healed = None
-            self.events.emit(
+            self._emit(
                 "replica_heal",
                 step=step,
-                group=self.topology.group,
                 from_step=behind,
                 heal_s=round(elapsed, 4),
                 bytes=nbytes,
             )
-        if participants != self._participants:
-            self.events.emit(
+        # A new quorum id: the members changed (a group out or back; torchft reconfigures its
+        # process group then). Private in torchft 2026.10.26, read only for the event.
+        quorum_id = getattr(self.manager, "_quorum_id", None)
+        if participants != self._participants or quorum_id != self._quorum_id:
+            self._quorum_id = quorum_id
+            self._emit(
                 "replica_quorum",
                 step=self.step,
-                group=self.topology.group,
                 participants=participants,
                 wait_s=round(elapsed, 4),
             )
             self._participants = participants
+
+    def _keeping_alive(self, wait: Callable[[], None]) -> None:
+        """Run ``wait`` (a quorum, which blocks while a group is out) in a thread while this one
+        reports liveness (``StepHooks.keepalive``: the in-job layer's heartbeat), so the rank
+        monitor does not take a survivor waiting for its peers for a hung rank. The main thread
+        does nothing meanwhile: the heal torchft applies in ``wait`` touches no state it uses."""
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                wait()
+            except BaseException as err:  # re-raised in the main thread
+                failure.append(err)
+
+        thread = threading.Thread(target=run, name="replica-quorum", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(timeout=0.05)
+            self.hooks.keepalive()
+        if failure:
+            raise failure[0]
+
+    def _emit(self, kind: str, **extra: Any) -> None:
+        self.events.emit(kind, group=self.topology.group, pid=os.getpid(), **extra)
 
     # -- the step ----------------------------------------------------------------------------
     def begin_step(self) -> None:
@@ -253,10 +304,9 @@ class ReplicaTrainer(Trainer):
             # A group failed during this step: nothing of it is kept, and every group redoes it.
             self.sampler.load_state_dict(sampler_state)
             torch.set_rng_state(rng)
-            self.events.emit(
+            self._emit(
                 "replica_step_discarded",
                 step=self.step + 1,
-                group=self.topology.group,
                 cause=str(self.manager.errored() or "should_commit is False"),
             )
             started = time.perf_counter()
@@ -267,10 +317,9 @@ class ReplicaTrainer(Trainer):
                     f"replica group {self.topology.group} healed in the middle of step {step + 1}"
                     f" (to step {self.step}): its own step counter would be wrong; restarting it"
                 )
-            self.events.emit(
+            self._emit(
                 "replica_stall",
                 step=self.step + 1,
-                group=self.topology.group,
                 stall_s=round(time.perf_counter() - started, 4),
             )
 
