@@ -120,6 +120,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("training.resilience.layer",),
     # the Kubernetes objects (they embed the launcher command), then what deploys them
     ("manifests.render",),
+    ("manifests.replica",),
     (
         "manifests.kustomize",
         "infra.config",
