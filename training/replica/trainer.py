@@ -169,6 +169,8 @@ class ReplicaTrainer(Trainer):
             store_port=port,
             lighthouse_addr=topology.lighthouse,
             replica_id=f"group{topology.group}",
+            # What the other groups dial for the heal (EKS: the pod IP, render's POD_IP env).
+            hostname=os.environ.get("POD_IP") or socket.gethostname(),
             init_sync=False,  # every group initialises the same weights from the same seed
         )
         for module in self.model.modules():
@@ -307,7 +309,7 @@ class ReplicaTrainer(Trainer):
             self._emit(
                 "replica_step_discarded",
                 step=self.step + 1,
-                cause=str(self.manager.errored() or "should_commit is False"),
+                cause=str(self.manager.errored() or "should_commit is False").split("\n")[0][:300],
             )
             started = time.perf_counter()
             step = self.step
