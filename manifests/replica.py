@@ -1,7 +1,7 @@
 """The Kubernetes objects of a ``replica`` run: one Job per replica group as a JobSet, and the
 torchft Lighthouse the groups meet at.
 
-Each group's Job is the overlay's ordinary training Job (``manifests.render.job_objects``: the
+Each group's Job is the overlay's ordinary training Job (``manifests.render``'s: the
 same pod, launcher command and restart layers), made a JobSet's replicated Job with
 ``replicas = groups`` (the JobSet API, ``jobset.x-k8s.io/v1alpha2``: kubernetes-sigs/jobset,
 ``api/jobset/v1alpha2/jobset_types.go``). What a group's failure restarts:
@@ -29,14 +29,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 
-from manifests.render import (
-    FSX_MOUNT,
-    SERVICE_ACCOUNT,
-    TRAINER,
-    _labels,
-    job_objects,
-    size_of,
-)
+from manifests import render
+from manifests.render import FSX_MOUNT, SERVICE_ACCOUNT, TRAINER, _labels, size_of
 from training.replica.topology import GROUP_ENV, LIGHTHOUSE_ENV, lighthouse_command
 
 LIGHTHOUSE = "fsdp-lighthouse"
@@ -182,10 +176,17 @@ def jobset_objects(
         groups=groups,
         train_args=size.train_args if train_args is None else train_args,
     )
-    jobs = job_objects(
-        overlay=overlay, namespace=namespace, image=image, restart="replica", train_args=args
+    # The overlay's Job as ``render.job_objects`` builds it, for the replica mode, which
+    # ``job_objects`` refuses (a plain Indexed Job cannot run it: ``sizes.RESTART_MODES``).
+    trainer = render.trainer_args(size=size, restart="replica", train_args=args)
+    config = render._job_config(size=size, args=trainer)
+    job = render._job(
+        size=size,
+        namespace=namespace,
+        image=image,
+        command=render._launcher(size=size, namespace=namespace, args=trainer, config=config),
+        memory_env=render.pod_memory_env(size=size, config=config),
     )
-    (job,) = [o for o in jobs if o["kind"] == "Job"]
     spec = copy.deepcopy(job["spec"])
     pod = spec["template"]["spec"]
     for container in pod["containers"]:

@@ -81,3 +81,12 @@ def test_each_group_is_the_overlays_job_with_its_own_index_directories_and_rende
     assert [c["resources"] for c in pod["containers"]] == [
         c["resources"] for c in plain_pod["containers"]
     ]
+
+
+def test_a_plain_indexed_job_refuses_the_replica_mode() -> None:
+    """Its ranks would start without a group or a Lighthouse: the overlay's Job is refused
+    with the modes it can run (``sizes.RESTART_MODES``), before anything is rendered."""
+    import pytest
+
+    with pytest.raises(ValueError, match="restart must be one of injob, inprocess, nested"):
+        render.job_objects(overlay="2node", namespace="training", image="img:1", restart="replica")
