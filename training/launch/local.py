@@ -95,7 +95,9 @@ def run_replica_groups(
         groups=groups, port=lighthouse_port, bin_path=_bin(LIGHTHOUSE_BIN)
     )
     address = f"http://127.0.0.1:{lighthouse_port}"
-    events.emit("replica_lighthouse", state="up", address=address, groups=groups)
+    events.emit(
+        "replica_lighthouse", state="up", address=address, groups=groups, pid=lighthouse.pid
+    )
 
     def command_of(group_args: list[str], per_group: int, group: int) -> list[str]:
         port = free_port()

@@ -54,7 +54,7 @@ COMMON = (
 )
 
 
-def start(run_dir: Path, corpus: Path) -> tuple[subprocess.Popen, Path]:
+def start(run_dir: Path, corpus: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
     command = [
         sys.executable,
         "-m",
@@ -66,6 +66,7 @@ def start(run_dir: Path, corpus: Path) -> tuple[subprocess.Popen, Path]:
         str(run_dir),
         f"--data.path={corpus}",
         *COMMON,
+        *extra,
     ]
     log = run_dir.parent / f"{run_dir.name}.log"
     handle = open(log, "w")  # noqa: SIM115 (closed with the process)
@@ -108,14 +109,17 @@ def wait(proc: subprocess.Popen, log: Path, *, timeout: float) -> None:
     assert proc.returncode == 0, tail(log, 120)
 
 
-def test_sigkill_in_one_group_restarts_it_alone_and_the_run_stays_bit_identical(
-    tmp_path: Path, corpus: Path
-) -> None:
-    reference_dir = tmp_path / "reference"
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> dict:
+    reference_dir = tmp_path_factory.mktemp("reference") / "run"
     proc, log = start(reference_dir, corpus)
     wait(proc, log, timeout=400)
-    reference = final_state(reference_dir / "group-0")
+    return final_state(reference_dir / "group-0")
 
+
+def test_sigkill_in_one_group_restarts_it_alone_and_the_run_stays_bit_identical(
+    tmp_path: Path, corpus: Path, reference: dict
+) -> None:
     run_dir = tmp_path / "faulty"
     group0, group1 = run_dir / "group-0", run_dir / "group-1"
     proc, log = start(run_dir, corpus)
@@ -149,3 +153,39 @@ def test_sigkill_in_one_group_restarts_it_alone_and_the_run_stays_bit_identical(
     # Waiting semantics: both groups end exactly where the fault-free run ends.
     assert_identical(final_state(group0), reference, steps=STEPS)
     assert_identical(final_state(group1), reference, steps=STEPS)
+
+
+def test_a_lost_lighthouse_is_no_worse_than_a_global_restart(
+    tmp_path: Path, corpus: Path, reference: dict
+) -> None:
+    """With the Lighthouse gone no quorum forms: every group's ranks fail their next quorum,
+    their launchers give up (``max_restarts=0``), and the job's cold restart brings up a new
+    Lighthouse and every group from its checkpoints, ending bit-identical all the same."""
+    run_dir = tmp_path / "lost-lighthouse"
+    proc, log = start(
+        run_dir,
+        corpus,
+        "--cold-restarts=1",
+        "--resilience.max_restarts=0",
+        "--checkpoint.interval=4",
+        "--resilience.replica_timeout_s=10",
+    )
+    deadline = time.monotonic() + 300
+    while committed_steps(run_dir / "group-0") < 6:
+        assert proc.poll() is None, tail(log, 120)
+        assert time.monotonic() < deadline, "group 0 never reached the step of the fault"
+        time.sleep(0.1)
+    (up,) = [e for e in events(run_dir) if e["kind"] == "replica_lighthouse"]
+    os.kill(up["pid"], signal.SIGKILL)
+    wait(proc, log, timeout=600)
+
+    launcher = events(run_dir)
+    assert [e["state"] for e in launcher if e["kind"] == "replica_lighthouse"] == [
+        "up",
+        "down",
+        "up",
+        "down",
+    ]
+    assert [e["mode"] for e in launcher if e["kind"] == "restart_begin"] == ["cold"]
+    for group in ("group-0", "group-1"):
+        assert_identical(final_state(run_dir / group), reference, steps=STEPS)
