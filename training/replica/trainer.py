@@ -152,7 +152,11 @@ class ReplicaTrainer(Trainer):
         timeout = timedelta(seconds=r.replica_timeout_s)
         # NCCL in a subprocess on GPUs (torchft's recommendation for aborting a stuck
         # communicator); gloo on CPU.
-        pg = ProcessGroupBabyNCCL(timeout=timeout) if env.is_cuda else ProcessGroupGloo(timeout)
+        pg = (
+            ProcessGroupBabyNCCL(timeout=timeout)
+            if env.is_cuda
+            else ProcessGroupGloo(timeout=timeout)
+        )
         host, port = _manager_store()
         self.manager = Manager(
             pg=pg,
