@@ -81,7 +81,11 @@ from training.modes import MODES as RESTART_MODES
 from training.recipes import recipe_config
 from training.runlog.files import EVENTS_FILE, METRICS_FILE, STRAGGLER_REPORT_EVENT
 
-MODES = tuple(mode for mode in RESTART_MODES if mode != "nested")
+MODES = tuple(
+    mode
+    for mode, row in RESTART_MODES.items()
+    if mode != "nested" and not row.replica_groups  # replica: its own launch (not measured here)
+)
 """``none``: plain torchrun with every default feature off (the floor, :data:`FEATURES_OFF`);
 ``inprocess``, ``injob``: the restart layers with every feature at its default."""
 LAYERS = tuple(mode for mode in MODES if mode != "none")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from facts.hardware import P5_48XLARGE, NodeType
-from training.modes import RESILIENT_MODES
+from training.modes import MODES, RESILIENT_MODES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,9 +72,11 @@ class OverlaySize:
         return self.nodes + self.spares
 
 
-RESTART_MODES = tuple(sorted(RESILIENT_MODES))
+RESTART_MODES = tuple(sorted(m for m in RESILIENT_MODES if not MODES[m].replica_groups))
 """The modes an overlay may run: every mode with a restart layer (``none`` leaves a fault to
-the Job's ``backoffLimit``), in name order (``training.modes.MODES`` owns them)."""
+the Job's ``backoffLimit``), in name order (``training.modes.MODES`` owns them). Not replica
+groups: their ranks need the JobSet and the Lighthouse of ``manifests/replica.py``, which a
+plain Indexed Job does not give them."""
 
 SIZES: dict[str, OverlaySize] = {
     s.name: s

@@ -59,13 +59,15 @@ from training.resilience.nvrx import (
 # The trainer's own settings (their owners: training/config.py, training/resilience/nvrx.py).
 _RESILIENCE = ResilienceConfig()
 
-MODES: tuple[str, ...] = tuple(PRODUCT_MODES)
-"""The restart modes this project ships (training/modes.py)."""
+MODES: tuple[str, ...] = tuple(m for m in PRODUCT_MODES if m in tiers.ROWS)
+"""The restart modes this project ships (training/modes.py) that the tier model evaluates
+(replica groups have the first-order ``replica`` row: ``tiers.ROWS``)."""
 NOT_SHIPPED: tuple[str, ...] = ("reserve", "replica")
 """Modes users would buy next, modelled to show what would close the gap; not in the product."""
 MODE_LABELS: dict[str, str] = {
     **{mode: spec.summary for mode, spec in tiers.ROWS.items()},
-    "replica": "NOT SHIPPED: replica-group recovery (torchft-like, no global NCCL re-init)",
+    "replica": "replica groups, first-order model (shipped as --restart replica, not yet "
+    "measured into this model)",
 }
 GB = 1e9
 

@@ -57,8 +57,14 @@ RESERVE = ModeSpec(
 )
 """The planner's own scenario: ``inprocess`` whose lost node's ranks are replaced by reserve
 ranks on a hot spare while one is free (planner.costs)."""
-ROWS: dict[str, ModeSpec] = {**MODES, "reserve": RESERVE}
-"""Every mode the planner evaluates: the product's rows (training/modes.py), then its own."""
+ROWS: dict[str, ModeSpec] = {
+    **{mode: row for mode, row in MODES.items() if not row.replica_groups},
+    "reserve": RESERVE,
+}
+"""Every mode the planner evaluates: the product's rows (training/modes.py), then its own.
+Replica groups are not among them: this model restarts every rank on a fault, so it would
+price them as a global in-job restart; the planner's first-order ``replica`` row
+(``planner/plan.py``) models them instead (docs/replica-groups.md)."""
 
 
 def row(mode: str) -> ModeSpec:

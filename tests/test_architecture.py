@@ -62,6 +62,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.observe.efa",
         "training.resilience.gloo_abort",
         "training.resilience.hang",
+        "training.replica",
+        "training.replica.topology",
         "facts",
         "facts.checkpoint",
         "facts.fsx",
@@ -90,6 +92,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.stop",
         "training.startup_check",
         "training.allreduce_check",
+        "training.replica.launch",
     ),
     # the pieces of a training run
     (
@@ -119,6 +122,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ),
     ("training.checkpoint.manager",),
     ("training.trainer",),
+    ("training.replica.trainer",),
     ("training.run",),
     ("training.resilience.step_hooks",),
     # restart layers around a run
@@ -139,6 +143,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "manifests.objects.shared",
     ),
     ("manifests.render",),
+    ("manifests.replica",),
     (
         "manifests.kustomize",
         "infra.config",

@@ -367,6 +367,16 @@ class ResilienceConfig:
     """Rendezvous join timeout: how long the launchers wait for every node to arrive."""
     monitor_interval_s: float = 0.5
     """How often the launcher polls its workers."""
+    replica_groups: int = 2
+    """``restart=replica``: how many replica groups the job's ranks form (each group holds a
+    whole FSDP2-sharded copy of the model; the job's world size divides into them)."""
+    replica_wait_s: float = 600.0
+    """``restart=replica``: how long the surviving groups wait at a step's quorum for a failed
+    group to come back (waiting semantics: every group redoes the step, so the run stays
+    bit-identical to a fault-free one). It must outlast a group's in-job restart."""
+    replica_timeout_s: float = 60.0
+    """``restart=replica``: torchft's timeout for one cross-group all-reduce, ``should_commit``
+    and the heal's checkpoint transfer."""
 
     def __post_init__(self) -> None:
         s = "resilience"
@@ -384,8 +394,11 @@ class ResilienceConfig:
             "term_timeout_s",
             "join_timeout_s",
             "monitor_interval_s",
+            "replica_wait_s",
+            "replica_timeout_s",
         ):
             _require(getattr(self, name) > 0, s, name, "must be > 0")
+        _require(self.replica_groups >= 1, s, "replica_groups", "must be >= 1")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
 
-RestartMode = Literal["none", "injob", "inprocess", "nested"]
+RestartMode = Literal["none", "injob", "inprocess", "nested", "replica"]
 """``resilience.restart``; the order of :data:`MODES` (the planner's columns)."""
 Launcher = Literal["torchrun", "ft_launcher"]
 TierName = Literal["memory", "pod_memory", "peer", "local", "storage"]
@@ -49,6 +49,11 @@ class ModeSpec:
     keeps_nodes: bool
     """When one node is lost, the other nodes' pods are kept and their launchers wait for its
     replacement (``ft_launcher``'s rendezvous), instead of the whole job restarting."""
+    replica_groups: bool = False
+    """The ranks form ``resilience.replica_groups`` replica groups (HSDP: FSDP2 shards inside a
+    group, torchft's Manager averages gradients across groups, ``training/replica/``): a fault
+    restarts only its own group (its launcher's in-job restart), which heals from a live peer
+    group; the other groups keep their processes and wait at the step's quorum."""
     spare_ranks: bool = False
     """Reserve ranks wait on the hot spares and take a lost node's place inside the running
     processes (NVRx in-process's reserve ranks). No shipped mode has them: the planner's
@@ -97,6 +102,17 @@ MODES: dict[RestartMode, ModeSpec] = {
         keeps_processes=True,
         keeps_pod=True,
         keeps_nodes=True,
+    ),
+    # One ft_launcher per group (any-failed inside it); across groups torchft's per-step quorum
+    # (docs/replica-groups.md).
+    "replica": ModeSpec(
+        summary="replica groups (HSDP, torchft across groups)",
+        launcher="ft_launcher",
+        ft_restart_policy="any-failed",
+        keeps_processes=False,
+        keeps_pod=True,
+        keeps_nodes=True,
+        replica_groups=True,
     ),
 }
 

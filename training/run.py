@@ -18,11 +18,12 @@ from training.checkpoint.manager import CheckpointManager, needs_cpu_collectives
 from training.config import JobConfig
 from training.hooks import StepHooks
 from training.parallel import DistEnv, dist_env_from_environment, init_process_group
+from training.replica.trainer import trainer_for
 from training.runlog.metrics import EventLog
 from training.runlog.phases import MODEL_BUILT, PROCESS_GROUP_UP, emit_phase
 from training.runlog.tensorboard import start_tailer
 from training.runlog.verdict import current_run_id, write_verdict
-from training.trainer import Trainer, TrainResult
+from training.trainer import TrainResult
 
 COLD_RESTARTS_ENV = "TRAINING_COLD_RESTARTS"
 
@@ -131,7 +132,7 @@ def run_training(
             keepalive=step_hooks.keepalive,
         )
         resume = checkpoints.resume_expected()
-        trainer = Trainer(
+        trainer = trainer_for(config)(
             config=config,
             env=env,
             events=events,

@@ -176,6 +176,11 @@ class Trainer:
         self.step = int(state["step"])
         torch.set_rng_state(state["rng"])
 
+    def begin_step(self) -> None:
+        """Called at the top of every iteration of ``fit``, before the step's number is taken:
+        where a layer that may replace the state between steps does it (replica groups: the
+        step's quorum, and a heal from a peer group, ``training/replica/trainer.py``)."""
+
     # -- one optimizer step ----------------------------------------------------------------------
     def _lr(self, step: int) -> float:
         o = self.config.optim
@@ -284,6 +289,7 @@ class Trainer:
             loss = None
             while self.step < c.train.steps:
                 iteration_started = time.perf_counter()
+                self.begin_step()
                 next_step = self.step + 1
                 self.hooks.before_step(next_step)
                 started = time.perf_counter()

@@ -124,17 +124,23 @@ def job_objects(
         restart=restart,
         train_args=size.train_args if train_args is None else train_args,
     )
-    config = _job_config(size=size, args=args)
     return [
         _service(size=size, namespace=namespace),
-        _job(
-            size=size,
-            namespace=namespace,
-            image=image,
-            command=_launcher(size=size, namespace=namespace, args=args, config=config),
-            memory_env=pod_memory_env(size=size, config=config),
-        ),
+        job_for_args(size=size, namespace=namespace, image=image, args=args),
     ]
+
+
+def job_for_args(*, size: OverlaySize, namespace: str, image: str, args: list[str]) -> dict:
+    """The overlay's Job for the trainer arguments ``args`` (:func:`trainer_args`), any restart
+    mode: the Indexed Job above, and each replica group's Job in ``manifests/replica.py``."""
+    config = _job_config(size=size, args=args)
+    return _job(
+        size=size,
+        namespace=namespace,
+        image=image,
+        command=_launcher(size=size, namespace=namespace, args=args, config=config),
+        memory_env=pod_memory_env(size=size, config=config),
+    )
 
 
 def trainer_args(*, size: OverlaySize, restart: str, train_args: Sequence[str]) -> list[str]:

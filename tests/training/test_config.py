@@ -176,7 +176,7 @@ def test_configs_are_frozen() -> None:
         (
             ["--checkpoint.interval=10", "--checkpoint.peer_copy=true"],
             "checkpoint.peer_copy",
-            "resilience.restart=none never takes (only injob, inprocess, nested do): set "
+            "resilience.restart=none never takes (only injob, inprocess, nested, replica do): set "
             "--restart to one of them",
         ),
         (

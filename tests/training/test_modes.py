@@ -40,6 +40,7 @@ def test_with_the_default_settings_every_restart_that_keeps_the_pod_uses_pod_mem
         "injob": "pod_memory",
         "inprocess": "pod_memory",
         "nested": "pod_memory",
+        "replica": "pod_memory",
     }
 
 

@@ -26,10 +26,12 @@ from training.config import JobConfig
 from training.data import DataError
 from training.exits import ConfigError
 from training.launch.reaper import Reaper
-from training.modes import snapshot_plan
+from training.modes import snapshot_plan, spec
 from training.observe.catalog import METRICS_PORT
 from training.observe.launch import exporter_command, start_exporter, stop_exporter
 from training.overrides import build_config
+from training.replica.launch import group_dir, group_launches, run_groups, start_lighthouse, stop
+from training.replica.topology import LIGHTHOUSE_BIN, group_sizes
 from training.run import COLD_RESTARTS_ENV
 from training.runlog.metrics import EventLog
 from training.runlog.verdict import read_verdict
@@ -71,6 +73,52 @@ def pod_memory_root(*, config: JobConfig, run_id: str) -> Path | None:
     return run_root(config.checkpoint.pod_memory_dir, owner)
 
 
+def report_dirs(config: JobConfig) -> list[Path]:
+    """The run directories with a report: the run's, or each replica group's own."""
+    if not spec(config.resilience.restart).replica_groups:
+        return [Path(config.run_dir)]
+    return [group_dir(config.run_dir, g) for g in range(config.resilience.replica_groups)]
+
+
+def run_replica_groups(
+    *, config: JobConfig, nproc: int, train_args: list[str], env: dict[str, str], reaper: Reaper
+) -> int:
+    """``restart=replica``: the Lighthouse, one in-job launch per group, the Lighthouse stopped
+    at the end (training/replica/launch.py)."""
+    events = EventLog(run_dir=Path(config.run_dir), rank=-1)
+    groups = config.resilience.replica_groups
+    lighthouse_port = free_port()
+    lighthouse = start_lighthouse(
+        groups=groups, port=lighthouse_port, bin_path=_bin(LIGHTHOUSE_BIN)
+    )
+    address = f"http://127.0.0.1:{lighthouse_port}"
+    events.emit(
+        "replica_lighthouse", state="up", address=address, groups=groups, pid=lighthouse.pid
+    )
+
+    def command_of(group_args: list[str], per_group: int, group: int) -> list[str]:
+        port = free_port()
+        group_config, _ = build_config(group_args)
+        shm = pod_memory_root(config=group_config, run_id=f"local-{port}")
+        if shm is not None:
+            reaper.remove_at_end(shm)
+        return rank_command(config=group_config, nproc=per_group, train_args=group_args, port=port)
+
+    try:
+        launches = group_launches(
+            config=config,
+            train_args=train_args,
+            nproc=nproc,
+            lighthouse=address,
+            command_of=command_of,
+            env=env,
+        )
+        return run_groups(launches, log=lambda line: print(line, flush=True))
+    finally:
+        stop(lighthouse)
+        events.emit("replica_lighthouse", state="down", address=address)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.launch.local")
     parser.add_argument("--nproc", type=int, default=2, help="ranks to start (CPU processes)")
@@ -92,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.nproc < 1:
             raise ConfigError("--nproc", f"must be >= 1, got {args.nproc}")
         config, _ = build_config(train_args)
+        if spec(config.resilience.restart).replica_groups:
+            group_sizes(world_size=args.nproc, groups=config.resilience.replica_groups)
         from training.data import TokenShards
 
         TokenShards(
@@ -137,13 +187,23 @@ def _launch(
         )
     attempts = 0
     while True:
+        env[COLD_RESTARTS_ENV] = str(attempts)
+        if spec(config.resilience.restart).replica_groups:
+            code = run_replica_groups(
+                config=config, nproc=args.nproc, train_args=train_args, env=env, reaper=reaper
+            )
+            verdict = None
+            if code == 0 or attempts >= args.cold_restarts:
+                break
+            attempts += 1
+            launcher_events.emit("restart_begin", mode="cold", exit_code=code)
+            continue
         port = free_port()
         command = rank_command(config=config, nproc=args.nproc, train_args=train_args, port=port)
         shm = pod_memory_root(config=config, run_id=f"local-{port}")
         if shm is not None:
             reaper.remove_at_end(shm)
         print("+ " + " ".join(command), flush=True)
-        env[COLD_RESTARTS_ENV] = str(attempts)
         code = subprocess.call(command, env=env)
         verdict = read_verdict(run_dir=run_dir, run_id=f"local-{port}") if code else None
         if verdict is not None:
@@ -168,7 +228,8 @@ def _launch(
         from training.runlog.report import format_summary, write_report
 
         try:
-            print(format_summary(write_report(run_dir=run_dir)), flush=True)
+            for report_dir in report_dirs(config):
+                print(format_summary(write_report(run_dir=report_dir)), flush=True)
         except Exception as err:  # the run's own exit code matters more than the report
             print(f"(no report: {err})", file=sys.stderr)
     return code

@@ -1,0 +1,217 @@
+"""The Kubernetes objects of a ``replica`` run: one Job per replica group as a JobSet, and the
+torchft Lighthouse the groups meet at.
+
+Each group's Job is the overlay's ordinary training Job (``manifests.objects.job``: the
+same pod, launcher command and restart layers), made a JobSet's replicated Job with
+``replicas = groups`` (the JobSet API, ``jobset.x-k8s.io/v1alpha2``: kubernetes-sigs/jobset,
+``api/jobset/v1alpha2/jobset_types.go``). What a group's failure restarts:
+
+- a dead or hung rank: the group's own ``ft_launcher`` restarts the group's workers in their
+  pods (the in-job layer); the other groups' pods and processes are untouched;
+- a lost pod: the group's Job replaces it (its own ``podFailurePolicy``/``backoffLimit``),
+  other Jobs are untouched;
+- a group's Job failing outright: the JobSet's failure policy restarts every Job
+  (``RestartJobSet`` is the only restart action JobSet has, kubernetes-sigs/jobset
+  ``FailurePolicyAction``), so the groups fall back to their restore tiers: never worse than a
+  global restart.
+
+Per group: its rendezvous is its Job's own (``$(JOB_UID)``, each child Job's uid), its run and
+checkpoint directories are ``.../group-$(REPLICA_GROUP_ID)`` (later flags win), and
+``REPLICA_GROUP_ID`` is the Job's index in the JobSet (the ``jobset.sigs.k8s.io/job-index``
+label JobSet puts on each Job's pods).
+
+Not run against a cluster here (no API server with the JobSet CRD): the core objects are
+checked with kubernetes-validate, the JobSet by its structure.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+from manifests.objects.common import FSX_MOUNT, SERVICE_ACCOUNT, TRAINER, size_of
+from manifests.objects.common import labels as component_labels
+from manifests.objects.job import job_for_args, trainer_args
+from training.replica.topology import GROUP_ENV, LIGHTHOUSE_ENV, lighthouse_command
+
+LIGHTHOUSE = "fsdp-lighthouse"
+LIGHTHOUSE_PORT = 29510  # torchft_lighthouse's default --bind port
+LIGHTHOUSE_PRIORITY_CLASS = "fsdp-lighthouse"
+LIGHTHOUSE_PRIORITY = 1_000_000
+"""As the rendezvous store's (``objects.rdzv_store.RDZV_PRIORITY``): above every trainer pod."""
+JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+REPLICATED_JOB = "group"
+JOBSET_MAX_RESTARTS = 3
+"""Whole-JobSet restarts (all groups from their restore tiers) after a group's Job fails."""
+
+
+def lighthouse_address(namespace: str) -> str:
+    return f"http://{LIGHTHOUSE}.{namespace}:{LIGHTHOUSE_PORT}"
+
+
+def lighthouse_objects(*, namespace: str, image: str, groups: int) -> list[dict]:
+    """The Lighthouse as the rendezvous store is deployed (``objects.rdzv_store``): one replica on
+    the system nodes, recreated not rolled, above the trainers' priority, no voluntary
+    eviction, reachable only from trainer pods, no egress (it only answers)."""
+    labels = component_labels("lighthouse")
+    return [
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": LIGHTHOUSE_PRIORITY_CLASS, "labels": labels},
+            "value": LIGHTHOUSE_PRIORITY,
+            "globalDefault": False,
+            "preemptionPolicy": "PreemptLowerPriority",
+            "description": "The replica groups' torchft Lighthouse: every step's quorum needs it.",
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": LIGHTHOUSE, "namespace": namespace, "labels": labels},
+            "spec": {
+                "replicas": 1,
+                # Two Lighthouses behind one Service would form two quorums.
+                "strategy": {"type": "Recreate"},
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "serviceAccountName": SERVICE_ACCOUNT,
+                        "priorityClassName": LIGHTHOUSE_PRIORITY_CLASS,
+                        "affinity": {
+                            "nodeAffinity": {
+                                "requiredDuringSchedulingIgnoredDuringExecution": {
+                                    "nodeSelectorTerms": [
+                                        {
+                                            "matchExpressions": [
+                                                {
+                                                    "key": "nvidia.com/gpu.present",
+                                                    "operator": "DoesNotExist",
+                                                }
+                                            ]
+                                        }
+                                    ]
+                                }
+                            }
+                        },
+                        "containers": [
+                            {
+                                "name": "lighthouse",
+                                "image": image,
+                                "command": lighthouse_command(groups=groups, port=LIGHTHOUSE_PORT),
+                                "ports": [{"name": "lighthouse", "containerPort": LIGHTHOUSE_PORT}],
+                                "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
+                                "readinessProbe": {
+                                    "tcpSocket": {"port": LIGHTHOUSE_PORT},
+                                    "periodSeconds": 5,
+                                },
+                            }
+                        ],
+                    },
+                },
+            },
+        },
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": LIGHTHOUSE, "namespace": namespace, "labels": labels},
+            "spec": {
+                "minAvailable": 1,
+                "selector": {"matchLabels": labels},
+                "unhealthyPodEvictionPolicy": "AlwaysAllow",
+            },
+        },
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": LIGHTHOUSE, "namespace": namespace, "labels": labels},
+            "spec": {
+                "podSelector": {"matchLabels": labels},
+                "policyTypes": ["Ingress", "Egress"],
+                "egress": [],
+                "ingress": [
+                    {
+                        "from": [{"podSelector": {"matchLabels": component_labels(TRAINER)}}],
+                        "ports": [{"protocol": "TCP", "port": LIGHTHOUSE_PORT}],
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": LIGHTHOUSE, "namespace": namespace, "labels": labels},
+            "spec": {
+                "selector": labels,
+                "ports": [
+                    {"name": "lighthouse", "port": LIGHTHOUSE_PORT, "targetPort": LIGHTHOUSE_PORT}
+                ],
+            },
+        },
+    ]
+
+
+def group_train_args(*, job_name: str, groups: int, train_args: Sequence[str]) -> list[str]:
+    group = f"group-$({GROUP_ENV})"
+    return [
+        *train_args,
+        f"--resilience.replica_groups={groups}",
+        f"--run-dir={FSX_MOUNT}/runs/{job_name}/{group}",
+        f"--checkpoint.dir={FSX_MOUNT}/checkpoints/{job_name}/{group}",
+    ]
+
+
+def jobset_objects(
+    *,
+    overlay: str,
+    namespace: str,
+    image: str,
+    groups: int,
+    train_args: Sequence[str] | None = None,
+) -> list[dict]:
+    """The Lighthouse's objects and the JobSet of ``groups`` copies of the overlay's Job: each
+    group has the overlay's nodes, so the run holds ``groups x nodes`` nodes."""
+    size = size_of(overlay)
+    args = group_train_args(
+        job_name=size.job_name,
+        groups=groups,
+        train_args=size.train_args if train_args is None else train_args,
+    )
+    # The overlay's Job as ``job_objects`` builds it, for the replica mode, which
+    # ``job_objects`` refuses (a plain Indexed Job cannot run it: ``sizes.RESTART_MODES``).
+    trainer = trainer_args(size=size, restart="replica", train_args=args)
+    job = job_for_args(size=size, namespace=namespace, image=image, args=trainer)
+    spec = copy.deepcopy(job["spec"])
+    pod = spec["template"]["spec"]
+    for container in pod["containers"]:
+        container["env"] = [
+            {
+                "name": GROUP_ENV,
+                "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOB_INDEX_LABEL}']"}},
+            },
+            {"name": LIGHTHOUSE_ENV, "value": lighthouse_address(namespace)},
+            *container.get("env", []),
+        ]
+    jobset = {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {
+            "name": size.job_name,
+            "namespace": namespace,
+            "labels": job["metadata"].get("labels", {}),
+        },
+        "spec": {
+            "failurePolicy": {"maxRestarts": JOBSET_MAX_RESTARTS},
+            "replicatedJobs": [
+                {
+                    "name": REPLICATED_JOB,
+                    "replicas": groups,
+                    "template": {
+                        "metadata": {"labels": job["metadata"].get("labels", {})},
+                        "spec": spec,
+                    },
+                }
+            ],
+        },
+    }
+    return [*lighthouse_objects(namespace=namespace, image=image, groups=groups), jobset]
