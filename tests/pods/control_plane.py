@@ -80,6 +80,9 @@ EKS = NodeLossTimes(
     podgc_s=60,
     boot_and_pull_s=600,
 )
+EKS_DEFAULT_REPAIR_WAIT_S = 30 * 60
+"""EKS node auto repair's default wait on a bad `Ready` (node-repair.html): the fencer test keeps
+it, so the fencer alone moves the pod."""
 SCALE = 1 / 30
 """Emulated seconds per production second: 1 s here is 30 s on EKS."""
 
