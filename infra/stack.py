@@ -21,6 +21,7 @@ from infra.gpu_nodegroup import GpuNodeGroup
 from infra.image import TrainerImage
 from infra.images import ImagesStack
 from infra.network import Network
+from infra.node_fencer import NodeFencer, max_in_flight
 from infra.observability import Observability
 from infra.storage import LustreStorage
 from infra.workloads import TrainingWorkloads
@@ -115,6 +116,15 @@ class TrainingClusterStack(Stack):
             store_image=image.store_image_uri,
             csi_driver=storage.csi_driver,
         )
+        fencer = NodeFencer(
+            self,
+            "NodeFencer",
+            cluster=cluster.cluster,
+            nodegroup=gpu.nodegroup,
+            image=image.fencer_image_uri,
+            max_in_flight=max_in_flight(config.gpu.overlay),
+            pod_identity_agent=cluster.pod_identity_agent,
+        )
         observability = Observability(
             self,
             "Observability",
@@ -128,6 +138,7 @@ class TrainingClusterStack(Stack):
             nodegroups=[cluster.system_nodegroup, gpu.nodegroup],
             csi_role=storage.csi_role,
             cni_role=cluster.cni_role,
+            fencer_role=fencer.role,
         )
 
         name = config.cluster.cluster_name
