@@ -169,8 +169,12 @@ class NodeFencer(Construct):
             service_account=NAME,
             description="Node fencer: terminates this cluster's silent GPU nodes (Pod Identity)",
         )
+        # The name alone: `Nodegroup.nodegroup_name` is the resource's Ref ("cluster/nodegroup",
+        # AWS::EKS::Nodegroup return values) unless the @aws-cdk/aws-eks:nodegroupNameAttribute
+        # feature flag is on (aws-cdk-lib aws-eks-v2 managed-nodegroup); the tag holds the name.
+        nodegroup_name = nodegroup.node.default_child.attr_nodegroup_name  # type: ignore[union-attr]
         for statement in policy_statements(
-            cluster_name=cluster.cluster_name, nodegroup_name=nodegroup.nodegroup_name
+            cluster_name=cluster.cluster_name, nodegroup_name=nodegroup_name
         ):
             self.role.add_to_policy(statement)
         self.association = eks.CfnPodIdentityAssociation(
@@ -187,7 +191,7 @@ class NodeFencer(Construct):
             *kubernetes_objects(
                 image=image,
                 region=Aws.REGION,
-                nodegroup_name=nodegroup.nodegroup_name,
+                nodegroup_name=nodegroup_name,
                 max_in_flight=max_in_flight,
             ),
         )

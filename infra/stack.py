@@ -160,7 +160,12 @@ class TrainingClusterStack(Stack):
                 "ECR repository of the images (infra/images.py); CI may push here too",
             ),
             "TrainingNamespace": (config.workload.namespace, "Namespace of the training job"),
-            "GpuNodegroupName": (gpu.nodegroup.nodegroup_name, "p5.48xlarge node group"),
+            # The name, not `nodegroup_name` ("cluster/nodegroup" without the CDK feature flag
+            # @aws-cdk/aws-eks:nodegroupNameAttribute: aws/aws-cdk#22442).
+            "GpuNodegroupName": (
+                gpu.nodegroup.node.default_child.attr_nodegroup_name,  # type: ignore[union-attr]
+                "p5.48xlarge node group",
+            ),
             "PrometheusWorkspaceId": (
                 observability.workspace.attr_workspace_id,
                 "Metrics workspace (Amazon Managed Service for Prometheus)",
