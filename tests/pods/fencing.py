@@ -7,7 +7,8 @@ Emulated because no AWS account can be used here. The fencer's side is real: its
 Kubernetes side reads and patches Node objects that `NodeApi` builds from the emulated control
 plane (the shapes of the API's JSON: ``status.conditions[Ready]``, ``spec.providerID``,
 ``spec.taints``). Moto cannot share the project's venv (botocore pins python-dateutil<3,
-kubernetes needs >=3): it runs from its own, ``.venv-moto`` (``make moto-venv``).
+kubernetes needs >=3): it runs from its own, ``.venv-moto`` (``make moto-venv``). The fencer
+reaches moto through `ec2_front`, where the hypervisor's side of a termination happens.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -101,11 +105,57 @@ def aws_environment(endpoint: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
+@contextlib.contextmanager
+def ec2_front(moto_url: str, *, on_terminate: Callable[[list[str]], None]) -> Iterator[str]:
+    """The EC2 endpoint the fencer is given: every request goes on to moto unchanged, but a
+    TerminateInstances first calls `on_terminate(instance ids)`, the hypervisor stopping those
+    instances. So the instances are gone before EC2 can report them ``terminated`` (moto moves
+    ``shutting-down`` to ``terminated`` at the next DescribeInstances, which may be the
+    fencer's own), as on EC2, where ``terminated`` is reported only once the instance has
+    stopped (EC2 User Guide, "Instance state changes")."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            form = urllib.parse.parse_qs(body.decode())
+            if form.get("Action") == ["TerminateInstances"]:
+                on_terminate([v[0] for k, v in form.items() if k.startswith("InstanceId.")])
+            headers = {
+                k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")
+            }
+            request = urllib.request.Request(
+                moto_url + self.path, data=body, method="POST", headers=headers
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    code, data = response.status, response.read()
+            except urllib.error.HTTPError as err:
+                code, data = err.code, err.read()
+            self.send_response(code)
+            self.send_header("Content-Type", "text/xml")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @dataclass
 class Cloud:
     """One EC2 instance per emulated node (launched as the node group would have, with its
-    tags), and the hypervisor's side of TerminateInstances: the node's processes die once EC2
-    reports the instance terminated (EC2 User Guide, "Terminate Amazon EC2 instances")."""
+    tags), and the hypervisor's side of TerminateInstances (`terminated`, called by
+    `ec2_front`): every process of the instance's node dies (EC2 User Guide, "Terminate Amazon
+    EC2 instances")."""
 
     plane: ControlPlane
     ec2: Ec2
@@ -113,7 +163,6 @@ class Cloud:
     """Node name -> instance id."""
     killed: dict[str, float] = field(default_factory=dict)
     """Node name -> time.time() its processes were killed by the termination."""
-    _stop: threading.Event = field(default_factory=threading.Event)
 
     def instance(self, node: str) -> str:
         if node not in self.instances:
@@ -136,28 +185,13 @@ class Cloud:
             self.instances[node] = root.findtext(".//{*}instancesSet/{*}item/{*}instanceId")
         return self.instances[node]
 
-    def watch(self) -> None:
-        while not self._stop.wait(0.1):
-            live = {n: i for n, i in self.instances.items() if n not in self.killed}
-            if not live:
-                continue
-            states = self.ec2.states(list(live.values()))
-            for node, iid in live.items():
-                if states.get(iid) == "terminated":
-                    (emulated,) = [n for n in self.plane.cluster.nodes if n.name == node]
-                    self.plane.cluster.kill_netns(emulated.netns)
-                    self.killed[node] = time.time()
-                    self.plane._event(f"EC2: {iid} terminated: {node}'s processes killed")
-
-    @contextlib.contextmanager
-    def running(self) -> Iterator[Cloud]:
-        thread = threading.Thread(target=self.watch, daemon=True)
-        thread.start()
-        try:
-            yield self
-        finally:
-            self._stop.set()
-            thread.join(timeout=5)
+    def terminated(self, instance_ids: list[str]) -> None:
+        for node, iid in self.instances.items():
+            if iid in instance_ids and node not in self.killed:
+                (emulated,) = [n for n in self.plane.cluster.nodes if n.name == node]
+                self.plane.cluster.kill_netns(emulated.netns)
+                self.killed[node] = time.time()
+                self.plane._event(f"EC2: {iid} terminating: {node}'s processes killed")
 
 
 @dataclass

@@ -772,7 +772,8 @@ def test_a_lost_node_is_fenced_its_pod_moves_to_a_spare_and_its_zombie_writes_no
     (fencing.NodeApi over the emulated control plane), sees `Ready=Unknown` past its wait,
     terminates the node's instance through its own SigV4-signed EC2 calls to the EC2 stand-in
     (moto in server mode), and taints the node out-of-service only once EC2 reports the
-    instance terminated; the emulated cloud kills the node's processes at that report. PodGC
+    instance terminated; the emulated hypervisor kills the node's processes at the
+    TerminateInstances, before EC2 can report it terminated (fencing.ec2_front). PodGC
     then fails the pod, the Job's replacement preempts the spare, and the run ends
     bit-identical. The frozen node, thawed after the Job (its network up, SIGCONT), has nothing
     left to run: it writes nothing. Timers: the shipped ones (infra/fencer/settings.py and the
@@ -788,7 +789,10 @@ def test_a_lost_node_is_fenced_its_pod_moves_to_a_spare_and_its_zombie_writes_no
     state: dict = {}
     stop = threading.Event()
     with contextlib.ExitStack() as stack:
-        endpoint = stack.enter_context(fencing.moto_server(tmp_path))
+        moto = stack.enter_context(fencing.moto_server(tmp_path))
+        endpoint = stack.enter_context(
+            fencing.ec2_front(moto, on_terminate=lambda ids: state["cloud"].terminated(ids))
+        )
         stack.enter_context(fencing.aws_environment(endpoint))
         ec2 = Ec2(region=os.environ["AWS_REGION"])
 
@@ -802,7 +806,6 @@ def test_a_lost_node_is_fenced_its_pod_moves_to_a_spare_and_its_zombie_writes_no
                 root=tmp_path,
             )
             state["cloud"] = cloud = fencing.Cloud(plane=p, ec2=ec2)
-            stack.enter_context(cloud.running())
             state["fencer"] = fencer = Fencer(
                 nodes=fencing.NodeApi(plane=p, cloud=cloud),
                 ec2=ec2,
