@@ -210,12 +210,6 @@ DEFAULTS: dict[str, Param] = {
         source="soci",
         help="pull the training image on a new node (15-20 GB: 4-6 min)",
     ),
-    "host_repair_wait_s": Param(
-        value=1800.0,
-        unit="s",
-        source="eks-repair",
-        help="EKS node auto-repair waits this long on a failed Ready condition (host faults)",
-    ),
     "fence_wait_s": Param(
         value=FENCER.wait_s,
         unit="s",
@@ -241,13 +235,6 @@ DEFAULTS: dict[str, Param] = {
         source="estimate",
         estimate=True,
         help="EC2 reports the fenced (hung) instance terminated",
-    ),
-    "podgc_s": Param(
-        value=60.0,
-        unit="s",
-        source="k8s-podgc",
-        help="PodGC fails the pod of a deleted node (40 s quarantine + a 20 s loop, at most): "
-        "only then does the Job replace it, spare or not",
     ),
     "manual_intervention_s": Param(
         value=7200.0,
