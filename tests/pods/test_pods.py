@@ -763,21 +763,11 @@ def test_a_slow_node_is_cordoned_and_moved_to_a_spare(tmp_path: Path, reference:
 # --- a lost node fenced by the stack itself (infra/fencer, docs/node-loss.md) ---------------------
 
 
-@pytest.mark.requires(reason=fencing.moto_reason())
-def test_a_lost_node_is_fenced_its_pod_moves_to_a_spare_and_its_zombie_writes_nothing(
-    tmp_path: Path, reference: dict
-) -> None:
-    """Pod 1's node stops answering at step 6 (network cut, processes frozen). EKS node repair
-    keeps its default 30-minute wait, so only the fencer can act: it reads the Nodes
-    (fencing.NodeApi over the emulated control plane), sees `Ready=Unknown` past its wait,
-    terminates the node's instance through its own SigV4-signed EC2 calls to the EC2 stand-in
-    (moto in server mode), and taints the node out-of-service only once EC2 reports the
-    instance terminated; the emulated hypervisor kills the node's processes at the
-    TerminateInstances, before EC2 can report it terminated (fencing.ec2_front). PodGC
-    then fails the pod, the Job's replacement preempts the spare, and the run ends
-    bit-identical. The frozen node, thawed after the Job (its network up, SIGCONT), has nothing
-    left to run: it writes nothing. Timers: the shipped ones (infra/fencer/settings.py and the
-    node lifecycle's), scaled by SCALE. Emulated: EC2 (moto), the API server, PodGC."""
+def _fenced_node_loss_run(tmp_path: Path, *, restart: str = "injob"):
+    """The 2-node Job with one spare; pod 1's node lost at step 6 and fenced by the node fencer
+    (infra/fencer) through the EC2 stand-in; EKS repair at its default 30-minute wait. After
+    the Job, the fenced node is thawed (`state["thawed"]`: the pids SIGCONT reached,
+    `state["log_grew"]`: bytes its old pod's log grew). Returns (result, job, state, times)."""
     from dataclasses import replace
 
     from infra.fencer.controller import Fencer
@@ -840,16 +830,37 @@ def test_a_lost_node_is_fenced_its_pod_moves_to_a_spare_and_its_zombie_writes_no
             time.sleep(2)
             state["log_grew"] = log.stat().st_size - before
 
-        _, job, _ = _objects(TWO_NODES, restart="injob", train_args=[*FAST])
+        _, job, _ = _objects(TWO_NODES, restart=restart, train_args=[*FAST])
         result, job = _run(
             tmp_path,
             TWO_NODES,
-            restart="injob",
+            restart=restart,
             env=TWO_PODS,
             when_step=(6, lose),
             control_plane=plane,
             after=thaw,
         )
+    return result, job, state, times
+
+
+@pytest.mark.requires(reason=fencing.moto_reason())
+def test_a_lost_node_is_fenced_its_pod_moves_to_a_spare_and_its_zombie_writes_nothing(
+    tmp_path: Path, reference: dict
+) -> None:
+    """Pod 1's node stops answering at step 6 (network cut, processes frozen). EKS node repair
+    keeps its default 30-minute wait, so only the fencer can act: it reads the Nodes
+    (fencing.NodeApi over the emulated control plane), sees `Ready=Unknown` past its wait,
+    terminates the node's instance through its own SigV4-signed EC2 calls to the EC2 stand-in
+    (moto in server mode), and taints the node out-of-service only once EC2 reports the
+    instance terminated; the emulated hypervisor kills the node's processes at the
+    TerminateInstances, before EC2 can report it terminated (fencing.ec2_front). PodGC
+    then fails the pod, the Job's replacement preempts the spare, and the run ends
+    bit-identical. The frozen node, thawed after the Job (its network up, SIGCONT), has nothing
+    left to run: it writes nothing. Timers: the shipped ones (infra/fencer/settings.py and the
+    node lifecycle's), scaled by SCALE. Emulated: EC2 (moto), the API server, PodGC."""
+    from infra.fencer.settings import FENCER
+
+    result, job, state, times = _fenced_node_loss_run(tmp_path)
     log = _logs(tmp_path)
     assert result.status == "Complete", f"{result}\n{log}"
     plane, cloud, fencer = state["plane"], state["cloud"], state["fencer"]
