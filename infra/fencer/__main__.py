@@ -35,21 +35,25 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        policy = FencePolicy(
+            wait_s=float(os.environ["FENCE_WAIT_S"]),
+            max_in_flight=int(os.environ["FENCE_MAX_IN_FLIGHT"]),
+            max_bad_fraction=float(os.environ["FENCE_MAX_BAD_FRACTION"]),
+        )
+        poll_s = float(os.environ["FENCE_POLL_S"])
+    except ValueError as err:  # a number that is not one, or out of range: the field named
+        print(f"fencer: {err}; the Deployment sets it (infra/node_fencer.py)", file=sys.stderr)
+        return 2
     from kubernetes import client, config
 
     config.load_incluster_config()
-    policy = FencePolicy(
-        wait_s=float(os.environ["FENCE_WAIT_S"]),
-        max_in_flight=int(os.environ["FENCE_MAX_IN_FLIGHT"]),
-        max_bad_fraction=float(os.environ["FENCE_MAX_BAD_FRACTION"]),
-    )
     fencer = Fencer(
         nodes=client.CoreV1Api(),
         ec2=Ec2(region=os.environ["AWS_REGION"]),
         policy=policy,
         label_selector=os.environ["FENCE_NODE_SELECTOR"],
     )
-    poll_s = float(os.environ["FENCE_POLL_S"])
     log("Started", policy=str(policy), selector=fencer.label_selector)
     while True:
         try:

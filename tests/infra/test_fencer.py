@@ -178,3 +178,34 @@ def test_the_fencer_terminates_then_taints_through_the_ec2_api(tmp_path: Path) -
         assert fencer.fenced == ["lost"]
         fencer.reconcile()
         assert len(nodes.patches) == 1 and fencer.fenced == ["lost"]
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({}, "AWS_REGION"),
+        ({"FENCE_MAX_IN_FLIGHT": "0"}, "max_in_flight"),
+        ({"FENCE_WAIT_S": "soon"}, "soon"),
+    ],
+)
+def test_bad_settings_exit_2_naming_the_field(
+    env: dict, named: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from infra.fencer import __main__ as fencer_main
+
+    good = {
+        "AWS_REGION": "us-east-2",
+        "FENCE_NODE_SELECTOR": fencing.SELECTOR,
+        "FENCE_WAIT_S": "30",
+        "FENCE_MAX_IN_FLIGHT": "1",
+        "FENCE_MAX_BAD_FRACTION": "0.2",
+        "FENCE_POLL_S": "5",
+    }
+    for key, value in {**good, **env}.items():
+        monkeypatch.setenv(key, value)
+    if not env:
+        monkeypatch.delenv("AWS_REGION")
+    assert fencer_main.main() == 2
+    err = capsys.readouterr().err
+    assert named in err and "infra/node_fencer.py" in err
+    assert "Traceback" not in err
