@@ -23,7 +23,7 @@ ARGS    ?=
 OVERLAY ?= smoke
 DATA    := data/stdlib
 
-.PHONY: help setup train test test-fast lint format clean synth diff deploy gpu-nodes destroy alert-test bench report planner data eks-status eks-logs eks-stop eks-preflight gpu-check gpu-wheels
+.PHONY: moto-venv help setup train test test-fast lint format clean synth diff deploy gpu-nodes destroy alert-test bench report planner data eks-status eks-logs eks-stop eks-preflight gpu-check gpu-wheels
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -56,6 +56,13 @@ setup: $(VENV)/.stamp node_modules/.stamp ## Create .venv with pinned packages a
 lock: ## Re-pin every Python package into requirements.lock (after changing pyproject.toml)
 	$(PY) -m pip install -q -e '.[train,infra,dev]'
 	$(PY) -m pip freeze --exclude-editable | grep -v '^-e ' > requirements.lock
+
+# The EC2 stand-in for the node fencer's tests (tests/pods/fencing.py): moto in server mode, in a
+# venv of its own (botocore pins python-dateutil<3; the project's kubernetes client needs >=3).
+moto-venv: .venv-moto/bin/moto_server ## The EC2 stand-in the node-fencer tests use (moto server)
+.venv-moto/bin/moto_server:
+	python3 -m venv .venv-moto
+	.venv-moto/bin/pip install -q 'moto[server]==5.2.6' 'boto3==1.44.18'
 
 # --- training -------------------------------------------------------------------------------
 $(DATA)/meta.json: | $(VENV)/.stamp

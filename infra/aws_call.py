@@ -1,5 +1,5 @@
 """One SigV4-signed HTTPS call to an AWS API, for the operator tools (`make alert-test`,
-`python -m infra.addon_versions check`).
+`python -m infra.addon_versions check`) and the node fencer (infra/fencer).
 
 Signed by `awscrt` (AWS's common runtime, what boto3's CRT mode and the AWS CLI v2 sign with):
 boto3/botocore cannot be installed beside `kubernetes` (botocore pins python-dateutil<3,
@@ -32,6 +32,20 @@ def signed_request(
     headers: dict[str, str] | None = None,
 ) -> Any:
     """One SigV4-signed request; the JSON answer (None when empty)."""
+    text = signed_bytes(method, url, service=service, region=region, body=body, headers=headers)
+    return json.loads(text) if text.strip() else None
+
+
+def signed_bytes(
+    method: str,
+    url: str,
+    *,
+    service: str,
+    region: str,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+) -> bytes:
+    """One SigV4-signed request; the answer's bytes (EC2's Query API answers XML)."""
     from awscrt import auth, http
 
     parts = urllib.parse.urlsplit(url)
@@ -64,4 +78,4 @@ def signed_request(
         raise AwsCallError(f"{method} {url}: HTTP {err.code} {detail}") from None
     except urllib.error.URLError as err:
         raise AwsCallError(f"{method} {url}: {err.reason}") from None
-    return json.loads(text) if text.strip() else None
+    return text

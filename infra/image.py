@@ -1,5 +1,6 @@
-"""The two container images: the trainer's (training/Dockerfile) and the rendezvous store's
-(infra/rdzv-store.Dockerfile), each a Docker image asset built at deploy time (synth only
+"""The container images: the trainer's (training/Dockerfile), the rendezvous store's
+(infra/rdzv-store.Dockerfile) and the node fencer's (infra/fencer.Dockerfile), each a Docker
+image asset built at deploy time (synth only
 fingerprints the files; it needs no Docker).
 
 Each asset's hash covers its own build context only: the trainer's is the repository root
@@ -29,6 +30,17 @@ STORE_CONTEXT = (
     "training/launch/__init__.py",
     "training/launch/rdzv_store.py",
 )
+FENCER_DOCKERFILE = "infra/fencer.Dockerfile"
+# The node fencer's build context (infra/node_fencer.py deploys it): what its Dockerfile copies.
+FENCER_CONTEXT = (
+    FENCER_DOCKERFILE,
+    "infra/__init__.py",
+    "infra/aws_call.py",
+    *(
+        f"infra/fencer/{name}.py"
+        for name in ("__init__", "__main__", "controller", "decide", "ec2", "settings")
+    ),
+)
 
 
 def _asset(
@@ -55,7 +67,8 @@ def _asset(
 
 class TrainerImage(Construct):
     """Attributes: `image_uri` (what the training pods run: the configured prebuilt image, or
-    the asset CDK builds and publishes), `store_image_uri` (the rendezvous store's own image)
+    the asset CDK builds and publishes), `store_image_uri` (the rendezvous store's own image),
+    `fencer_image_uri` (the node fencer's)
     and `tags` (the image tags the stack runs, which the repository's lifecycle keeps)."""
 
     def __init__(
@@ -77,5 +90,11 @@ class TrainerImage(Construct):
             self, "StoreAsset", directory=directory, file=STORE_DOCKERFILE, only=STORE_CONTEXT
         )
         self.store_image_uri = self.store_asset.image_uri
+        self.fencer_asset = _asset(
+            self, "FencerAsset", directory=directory, file=FENCER_DOCKERFILE, only=FENCER_CONTEXT
+        )
+        self.fencer_image_uri = self.fencer_asset.image_uri
         # The synthesizer tags each asset with its hash (no tag prefix is configured).
-        self.tags = tuple(a.asset_hash for a in (self.asset, self.store_asset) if a is not None)
+        self.tags = tuple(
+            a.asset_hash for a in (self.asset, self.store_asset, self.fencer_asset) if a is not None
+        )

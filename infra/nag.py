@@ -38,6 +38,7 @@ def acknowledge(
     nodegroups: Sequence[IConstruct],
     csi_role: IConstruct,
     cni_role: IConstruct,
+    fencer_role: IConstruct | None = None,
 ) -> None:
     """Acknowledge, each on the construct it concerns and with its reason, the findings this
     design accepts. Nothing is acknowledged stack-wide: a new finding anywhere fails synth."""
@@ -48,6 +49,7 @@ def acknowledge(
         *((nodegroup, NODE_ROLE) for nodegroup in nodegroups),
         (csi_role, FSX_CSI_ROLE),
         (cni_role, VPC_CNI_ROLE),
+        *(((fencer_role, FENCER_ROLE),) if fencer_role is not None else ()),
     ):
         for rule, reason in acknowledgments.items():
             Validations.of(scope).acknowledge(
@@ -184,3 +186,17 @@ def eks_cluster_findings(template: dict[str, Any]) -> list[str]:
 
 
 LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
+FENCER_ROLE = {
+    "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:ec2:<AWS::Region>:<AWS::AccountId>:"
+    "instance/*]": (
+        "The node fencer terminates the GPU node that stopped answering, whose id is known only "
+        "then; the statement's condition narrows it to instances tagged with this cluster's "
+        "name and its GPU node group's name (eks:cluster-name, eks:nodegroup-name), so no other "
+        "instance can be terminated (infra/node_fencer.py)."
+    ),
+    "AwsSolutions-IAM5[Resource::*]": (
+        "ec2:DescribeInstances takes no resource-level permissions (Service Authorization "
+        "Reference, Amazon EC2): '*' is the only resource it accepts; it is read-only and is "
+        "the fencer's only other AWS permission."
+    ),
+}

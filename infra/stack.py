@@ -21,6 +21,7 @@ from infra.gpu_nodegroup import GpuNodeGroup
 from infra.image import TrainerImage
 from infra.images import ImagesStack
 from infra.network import Network
+from infra.node_fencer import NodeFencer, max_in_flight
 from infra.observability import Observability
 from infra.storage import LustreStorage
 from infra.workloads import TrainingWorkloads
@@ -115,6 +116,15 @@ class TrainingClusterStack(Stack):
             store_image=image.store_image_uri,
             csi_driver=storage.csi_driver,
         )
+        fencer = NodeFencer(
+            self,
+            "NodeFencer",
+            cluster=cluster.cluster,
+            nodegroup=gpu.nodegroup,
+            image=image.fencer_image_uri,
+            max_in_flight=max_in_flight(config.gpu.overlay),
+            pod_identity_agent=cluster.pod_identity_agent,
+        )
         observability = Observability(
             self,
             "Observability",
@@ -128,6 +138,7 @@ class TrainingClusterStack(Stack):
             nodegroups=[cluster.system_nodegroup, gpu.nodegroup],
             csi_role=storage.csi_role,
             cni_role=cluster.cni_role,
+            fencer_role=fencer.role,
         )
 
         name = config.cluster.cluster_name
@@ -149,7 +160,12 @@ class TrainingClusterStack(Stack):
                 "ECR repository of the images (infra/images.py); CI may push here too",
             ),
             "TrainingNamespace": (config.workload.namespace, "Namespace of the training job"),
-            "GpuNodegroupName": (gpu.nodegroup.nodegroup_name, "p5.48xlarge node group"),
+            # The name, not `nodegroup_name` ("cluster/nodegroup" without the CDK feature flag
+            # @aws-cdk/aws-eks:nodegroupNameAttribute: aws/aws-cdk#22442).
+            "GpuNodegroupName": (
+                gpu.nodegroup.node.default_child.attr_nodegroup_name,  # type: ignore[union-attr]
+                "p5.48xlarge node group",
+            ),
             "PrometheusWorkspaceId": (
                 observability.workspace.attr_workspace_id,
                 "Metrics workspace (Amazon Managed Service for Prometheus)",

@@ -46,6 +46,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from facts import hardware, prices
+from infra.fencer.settings import FENCER
 from planner import tiers
 from planner.failures import Outcome
 from training.config import ResilienceConfig
@@ -211,11 +212,18 @@ DEFAULTS: dict[str, Param] = {
         source="soci",
         help="pull the training image on a new node (15-20 GB: 4-6 min)",
     ),
-    "host_repair_wait_s": Param(
-        value=1800.0,
+    "fence_wait_s": Param(
+        value=FENCER.wait_s,
         unit="s",
-        source="eks-repair",
-        help="EKS node auto-repair waits this long on a failed Ready condition (host faults)",
+        source="fencer",
+        help="the node fencer terminates a node whose Ready stayed Unknown this long",
+    ),
+    "podgc_loop_s": Param(
+        value=20.0,
+        unit="s",
+        source="k8s-podgc",
+        help="PodGC fails a fenced node's pods at its next loop (out-of-service taint: no "
+        "quarantine)",
     ),
     "node_monitor_grace_s": Param(
         value=50.0,
@@ -224,18 +232,11 @@ DEFAULTS: dict[str, Param] = {
         help="a silent node's Ready condition turns Unknown after the node-monitor grace period",
     ),
     "instance_terminate_s": Param(
-        value=60.0,
+        value=FENCER.terminate_s,
         unit="s",
         source="estimate",
         estimate=True,
-        help="node repair terminates the hung instance and deletes its Node object",
-    ),
-    "podgc_s": Param(
-        value=60.0,
-        unit="s",
-        source="k8s-podgc",
-        help="PodGC fails the pod of a deleted node (40 s quarantine + a 20 s loop, at most): "
-        "only then does the Job replace it, spare or not",
+        help="EC2 reports the fenced (hung) instance terminated",
     ),
     "manual_intervention_s": Param(
         value=7200.0,
@@ -448,27 +449,30 @@ def terms(*, model: CostModel, job: Job) -> dict[str, Term]:
         p["node_repair_wait_s"] + p["node_boot_s"] + p["image_pull_s"] + p["pod_start_s"],
         s["node_repair_wait_s"],
     )
+    # A silent node is fenced (infra/fencer: terminated, then out of service); the node group
+    # launches its replacement at the termination (docs/node-loss.md, "The fencer").
     out["node_replace_host_s"] = Term(
         "node_replace_host_s",
         p["node_monitor_grace_s"]
-        + p["host_repair_wait_s"]
+        + p["fence_wait_s"]
         + p["instance_terminate_s"]
         + p["node_boot_s"]
         + p["image_pull_s"]
         + p["pod_start_s"],
-        s["host_repair_wait_s"],
+        s["fence_wait_s"],
     )
     out["spare_swap_s"] = Term("spare_swap_s", p["pod_start_s"], s["pod_start_s"])
-    # A silent node's pod is replaced only once it is Failed: after the repair deletes the node
-    # and PodGC fails the pod (docs/node-loss.md, steps 1-8), with a spare as without one.
+    # A silent node's pod is replaced only once it is Failed: after the fencer terminated the
+    # instance and tainted the node out of service, at PodGC's next loop (docs/node-loss.md,
+    # "The fencer"), with a spare as without one.
     out["spare_swap_host_s"] = Term(
         "spare_swap_host_s",
         p["node_monitor_grace_s"]
-        + p["host_repair_wait_s"]
+        + p["fence_wait_s"]
         + p["instance_terminate_s"]
-        + p["podgc_s"]
+        + p["podgc_loop_s"]
         + p["pod_start_s"],
-        s["host_repair_wait_s"],
+        s["fence_wait_s"],
     )
     shard_gpu = job.ckpt_bytes / job.gpus
     shard_node = job.ckpt_bytes / job.nodes

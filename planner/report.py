@@ -67,7 +67,7 @@ def _term_source(model: costs.CostModel, term: str) -> str:
         "node_replace_s": ["node_repair_wait_s", "node_boot_s", "image_pull_s", "pod_start_s"],
         "node_replace_host_s": [
             "node_monitor_grace_s",
-            "host_repair_wait_s",
+            "fence_wait_s",
             "instance_terminate_s",
             "node_boot_s",
             "image_pull_s",
@@ -75,9 +75,9 @@ def _term_source(model: costs.CostModel, term: str) -> str:
         "spare_swap_s": ["pod_start_s"],
         "spare_swap_host_s": [
             "node_monitor_grace_s",
-            "host_repair_wait_s",
+            "fence_wait_s",
             "instance_terminate_s",
-            "podgc_s",
+            "podgc_loop_s",
         ],
         "ckpt_stall_s": ["save_fixed_s", "d2h_gbps"],
         "restore_memory_s": ["d2h_gbps"],

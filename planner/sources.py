@@ -54,6 +54,11 @@ SOURCES: dict[str, str] = {
         "(docs.aws.amazon.com/eks/latest/userguide/node-repair.html): a node whose "
         "AcceleratedHardwareReady condition fails is replaced or rebooted after 10 min"
     ),
+    "fencer": (
+        "infra/fencer/settings.py (FENCER.wait_s), the node fencer this stack ships: a GPU node "
+        "whose Ready stays Unknown this long is terminated, then tainted out-of-service "
+        "(docs/node-loss.md, 'The fencer')"
+    ),
     "soci": (
         'AWS Machine Learning Blog, "Reducing container cold start times using SOCI index on '
         'DLAMI and DLC": standard pulls of 15-20 GB images take 4-6 min per instance'

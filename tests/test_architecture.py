@@ -73,6 +73,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "manifests",
         "manifests.sizes",
         "planner",
+        # the node fencer's policy and shipped settings (standard library)
+        "infra.fencer",
+        "infra.fencer.settings",
+        "infra.fencer.decide",
     ),
     # configuration, and what reads a run directory
     (
@@ -154,6 +158,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "infra.addon_versions",
         "infra.replacements",
         "infra.pod_identity",
+        "infra.fencer.ec2",
     ),
     (
         "infra.first_deploy",
@@ -165,8 +170,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "infra.gpu_nodegroup",
         "infra.workloads",
         "infra.observability",
+        "infra.node_fencer",
+        "infra.fencer.controller",
     ),
     ("infra.addons", "infra.deployed"),
+    ("infra.fencer.__main__",),
     ("infra.stack", "infra.deploy_target", "infra.alert_probe", "infra.guard", "infra"),
     # launchers and command lines
     (

@@ -15,8 +15,9 @@ exits with one of two codes (training/exits.py), which the Job's pod failure pol
   the image, /fsx not the expected file system, read-only or full): the Job fails at once;
 - ``NODE_UNFIT`` for what is this node's own (CUDA sees no GPU or too few, a driver older than
   the CUDA build, no EFA device, a write to /fsx that fails with an I/O error or does not
-  finish): the pod fails and counts against ``backoffLimit``; its replacement may land on
-  another node (cordoning the bad node is the node-loss work's job, not this check's).
+  finish): the pod fails and counts against ``backoffLimit``; in a pod, the check first cordons
+  its node (``training.cluster.cordon``, the trainer's one node permission), so the replacement
+  never lands on the same bad node (the fencer replaces a node only when it stops answering).
 
 Checks on ``cuda``: CUDA available, ``torch.cuda.device_count() >= NPROC_PER_NODE``, NCCL built
 in, the CUDA driver at least the torch build's CUDA major (CUDA 13 needs an R580+ driver:
@@ -44,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training import exits
+from training import cluster, exits
 from training.runlog.verdict import NODE_NAME_ENV
 
 # Minimum NVIDIA driver major per CUDA major (CUDA release notes, "CUDA Toolkit and Minimum
@@ -547,6 +548,8 @@ def main(argv: list[str] | None = None) -> int:
                 Path(path).write_text(termination_message(report))
             except OSError as err:
                 print(f"startup_check: cannot write {path}: {err}", file=sys.stderr)
+    if report.code == exits.NODE_UNFIT and cluster.in_cluster():
+        cluster.cordon(node)  # a warning when it fails: the exit code stands
     return report.code
 
 

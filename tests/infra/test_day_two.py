@@ -330,6 +330,12 @@ UPGRADE_FROM_BAFC8B0 = [
     # The trainer's read of the hot spares (an eviction waits for a Ready one: straggler.py).
     ("Role", "add", ()),
     ("RoleBinding", "add", ()),
+    # The node fencer (infra/node_fencer.py): its role and policy, its Pod Identity
+    # association, and its Kubernetes objects (one new manifest resource).
+    ("AWS::IAM::Role", "add", ()),
+    ("AWS::IAM::Policy", "add", ()),
+    ("AWS::EKS::PodIdentityAssociation", "add", ()),
+    ("Custom::AWSCDK-EKS-KubernetesResource", "add", ()),
 ]
 
 

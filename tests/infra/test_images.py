@@ -57,7 +57,8 @@ def test_image_repository_and_asset(
     image = Capture()
     default_assertions.has_output("ImageUri", {"Value": image})
     trainer_tag = json.dumps(image.as_object()).rsplit(":", 1)[1].strip('"}')
-    assert trainer_tag in running["tagPatternList"] and running["countNumber"] == 2
+    # The trainer's, the rendezvous store's and the node fencer's.
+    assert trainer_tag in running["tagPatternList"] and running["countNumber"] == 3
     assert rules[-1]["selection"] == {
         "tagStatus": "any",
         "countType": "imageCountMoreThan",

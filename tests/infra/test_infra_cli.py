@@ -65,7 +65,7 @@ def test_cdk_synth_offline_without_credentials(tmp_path: Path) -> None:
     }
     # The image is fingerprinted, not built: synth ran without Docker.
     assets = json.loads((out / "EksFsdpResilient.assets.json").read_text())
-    assert len(assets["dockerImages"]) == 2  # the trainer and the rendezvous store
+    assert len(assets["dockerImages"]) == 3  # the trainer, the rendezvous store, the node fencer
     # Published to the images stack's repository, never to CDK's bootstrap repository.
     repository = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]["imageRepositoryName"]
     for image in assets["dockerImages"].values():

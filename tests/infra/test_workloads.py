@@ -22,9 +22,11 @@ from manifests import render
 
 def k8s_manifests(template: Template) -> dict[str, dict[str, Any]]:
     """The workloads' two KubernetesResource custom resources: the namespace, then the shared
-    objects (the only ones: AMP gives the metrics scraper its access itself)."""
-    template.resource_count_is(K8S_RESOURCE, 2)  # no training job without -c train=...
-    return dict(template.find_resources(K8S_RESOURCE))
+    objects (AMP gives the metrics scraper its access itself). The third is the node fencer's
+    (infra/node_fencer.py, tests/infra/test_node_fencer.py)."""
+    template.resource_count_is(K8S_RESOURCE, 3)  # no training job without -c train=...
+    found = template.find_resources(K8S_RESOURCE)
+    return {k: r for k, r in found.items() if "NodeFencer" not in k}
 
 
 def manifest_text(resource: dict[str, Any]) -> str:

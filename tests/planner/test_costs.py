@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.fencer.settings import FENCER
 from planner.costs import (
     DEFAULTS,
     MODES,
@@ -150,16 +151,17 @@ def test_host_manual_and_not_shipped_paths_by_hand_at_16k() -> None:
     rdzv, nccl, load = 100 / 6, 265 / 6, 84.0
     host = Outcome(kind="host", share=0.1, needs_node=True, hangs=True, host=True)
     manual = Outcome(kind="manual", share=0.01, needs_node=False, hangs=True, manual=True)
-    # Ready turns Unknown after 50 s; EKS waits 30 min on it, terminates the instance; a new
-    # one boots and pulls the image.
-    host_node = 50 + 1800 + 60 + 300 + 300 + 5
+    # Ready turns Unknown after 50 s; the fencer waits 30 s (FENCER.wait_s), EC2 terminates
+    # the instance (60 s, an estimate); a new one boots and pulls the image.
+    host_node = 50 + FENCER.wait_s + 60 + 300 + 300 + 5
     assert recovery_s(model=model, job=job, mode="injob", outcome=host) == pytest.approx(
         30 + 5 + host_node + 30 + rdzv + nccl + load
     )
     # A spare does not shorten the wait for a silent node's pod: the Job replaces it only once
-    # PodGC has failed it, after the repair deleted the node (docs/node-loss.md).
+    # PodGC has failed it, at its next loop after the fencer's out-of-service taint
+    # (docs/node-loss.md, "The fencer").
     host_spare = replace(host, spare=True)
-    pod_failed = 50 + 1800 + 60 + 60
+    pod_failed = 50 + FENCER.wait_s + 60 + 20
     assert recovery_s(model=model, job=job, mode="injob", outcome=host_spare) == pytest.approx(
         30 + 5 + pod_failed + 5 + 30 + rdzv + nccl + load
     )

@@ -177,7 +177,7 @@ def test_brief_and_full(capsys: pytest.CaptureFixture[str]) -> None:
         ("rendezvous / TCPStore at N", "tcpstore"),
         ("checkpoint load from FSx", "fsx"),
         ("node replacement, GPU fault", "eks-repair"),
-        ("node replacement, host fault", "eks-repair"),
+        ("node replacement, host fault", "fencer"),
         ("in-process store barrier", "nvrx-latency"),
         ("start worker processes", "estimate*"),
         ("hot spare refill", "estimate*"),

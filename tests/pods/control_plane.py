@@ -61,6 +61,9 @@ class NodeLossTimes:
     """PodGC: 40 s quarantine + up to 20 s until its next loop (pkg/controller/podgc)."""
     boot_and_pull_s: float
     """A new p5 boots, joins and pulls the 15-20 GB image: an estimate of 10 min."""
+    podgc_loop_s: float = 20.0
+    """PodGC's loop (`gcCheckPeriod`): a terminating pod on a node tainted out-of-service is
+    force-deleted, marked Failed, at its next pass (`gcTerminating`), with no quarantine."""
 
     def scaled(self, factor: float) -> NodeLossTimes:
         return replace(self, **{f.name: getattr(self, f.name) * factor for f in fields(self)})
@@ -77,6 +80,9 @@ EKS = NodeLossTimes(
     podgc_s=60,
     boot_and_pull_s=600,
 )
+EKS_DEFAULT_REPAIR_WAIT_S = 30 * 60
+"""EKS node auto repair's default wait on a bad `Ready` (node-repair.html): the fencer test keeps
+it, so the fencer alone moves the pod."""
 SCALE = 1 / 30
 """Emulated seconds per production second: 1 s here is 30 s on EKS."""
 
@@ -98,6 +104,8 @@ class _Loss:
     at: float
     """time.time() of the loss."""
     reported: bool = False
+    out_of_service_at: float | None = None
+    """time.time() the fencer tainted the node out-of-service (infra/fencer), if it did."""
 
 
 class ControlPlane:
@@ -131,8 +139,11 @@ class ControlPlane:
         self.events: list[tuple[float, str]] = []
         self.cordoned: set[str] = set()
         self.bound_at: dict[str, float] = {}
+        self.deleted: set[str] = set()
+        """Node objects deleted (their instance terminated)."""
         """Pod name -> time.time() the kubelet started its container (the latest start)."""
         self._lock = threading.Lock()
+        self.started = time.time()
 
     def _event(self, what: str, at: float | None = None) -> None:
         self.events.append((time.time() if at is None else at, what))
@@ -231,6 +242,56 @@ class ControlPlane:
         self.cluster.kill_netns(loss.node.netns)
         return loss.process.wait()
 
+    # --- what the fencer (infra/fencer) reads and writes ----------------------------------------
+
+    def node_states(self) -> list[tuple[str, str, str, list[dict]]]:
+        """Every Node object: (name, its Ready status, the status's lastTransitionTime as
+        RFC 3339 with microseconds, its taints). A lost node reads `Unknown` from the
+        node-monitor grace period after its loss on (the node lifecycle controller), tainted
+        unreachable:NoExecute, plus the out-of-service taint once the fencer set it."""
+        from datetime import UTC, datetime
+
+        def stamp(at: float) -> str:
+            return datetime.fromtimestamp(at, tz=UTC).isoformat()
+
+        now = time.time()
+        with self._lock:
+            losses = {loss.node.name: loss for loss in self.losses}
+            out = []
+            for node in self.cluster.nodes:
+                if node.name in self.deleted:
+                    continue
+                loss = losses.get(node.name)
+                unknown = loss.at + self.times.monitor_grace_s if loss else None
+                if unknown is None or now < unknown:
+                    out.append((node.name, "True", stamp(self.started), []))
+                    continue
+                taints = [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]
+                if loss.out_of_service_at is not None:
+                    taints.append(
+                        {
+                            "key": "node.kubernetes.io/out-of-service",
+                            "value": "nodeshutdown",
+                            "effect": "NoExecute",
+                        }
+                    )
+                out.append((node.name, "Unknown", stamp(unknown), taints))
+        return out
+
+    def out_of_service(self, name: str) -> None:
+        """The fencer tainted `name` node.kubernetes.io/out-of-service:NoExecute."""
+        with self._lock:
+            (loss,) = [loss for loss in self.losses if loss.node.name == name]
+            loss.out_of_service_at = time.time()
+        self._event(f"{name} tainted out-of-service by the fencer")
+
+    def silent(self, pod: Pod) -> bool:
+        """`pod` runs on a lost node: whatever its processes do, no kubelet reports it."""
+        with self._lock:
+            return any(
+                loss.pod == pod.name and loss.node.netns == pod.netns for loss in self.losses
+            )
+
     def spare_nodes(self) -> list[str]:
         """The nodes a placeholder holds now."""
         with self._lock:
@@ -251,6 +312,20 @@ class ControlPlane:
                 self._event(f"{node.name} joined: the spares' placeholder lands on it")
             for loss in self.losses:
                 if loss.reported:
+                    continue
+                if loss.out_of_service_at is not None:
+                    failed = loss.out_of_service_at + t.podgc_loop_s
+                    if now < failed:
+                        continue
+                    loss.reported = True
+                    # The node group replaced the terminated instance; the cloud node lifecycle
+                    # controller deletes the Node of an instance that no longer runs.
+                    self.joins.append(loss.out_of_service_at + t.boot_and_pull_s)
+                    self.deleted.add(loss.node.name)
+                    self._event(
+                        f"{loss.pod} Failed by PodGC (out-of-service), force-deleted", failed
+                    )
+                    out[loss.pod] = (loss.node.name, ("DisruptionTarget",))
                     continue
                 unknown = loss.at + t.monitor_grace_s
                 evicted = unknown + t.toleration_s

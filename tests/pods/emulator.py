@@ -643,6 +643,8 @@ def run_job(
                 # node nobody can reach. No exit code: the pod's conditions decide.
                 code, conditions = None, lost[pod.name][1]
             else:
+                if control_plane is not None and control_plane.silent(pod):
+                    continue  # no kubelet reports anything from a lost node
                 returncode = pod.process.poll()
                 if returncode is None:
                     continue

@@ -28,9 +28,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import emulator
+import fencing
 import kube_api
 import pytest
-from control_plane import EKS, SCALE, ControlPlane
+from control_plane import EKS, EKS_DEFAULT_REPAIR_WAIT_S, SCALE, ControlPlane
 from support import TINY_MODEL, CpuQuota, assert_identical, cpu_quota_reason, final_state
 
 from manifests import render, sizes
@@ -757,3 +758,172 @@ def test_a_slow_node_is_cordoned_and_moved_to_a_spare(tmp_path: Path, reference:
         f"[straggler] {slow_node} evicted at step {eviction['step']}, cordoned; "
         f"replacement on {new_node}\n{state['plane'].timeline(since=state['plane'].events[0][0])}"
     )
+
+
+# --- a lost node fenced by the stack itself (infra/fencer, docs/node-loss.md) ---------------------
+
+
+def _fenced_node_loss_run(tmp_path: Path, *, restart: str = "injob"):
+    """The 2-node Job with one spare; pod 1's node lost at step 6 and fenced by the node fencer
+    (infra/fencer) through the EC2 stand-in; EKS repair at its default 30-minute wait. After
+    the Job, the fenced node is thawed (`state["thawed"]`: the pids SIGCONT reached,
+    `state["log_grew"]`: bytes its old pod's log grew). Returns (result, job, state, times)."""
+    from dataclasses import replace
+
+    from infra.fencer.controller import Fencer
+    from infra.fencer.decide import FencePolicy
+    from infra.fencer.ec2 import Ec2
+    from infra.fencer.settings import FENCER
+
+    times = replace(EKS, repair_wait_s=EKS_DEFAULT_REPAIR_WAIT_S).scaled(SCALE)
+    state: dict = {}
+    stop = threading.Event()
+    with contextlib.ExitStack() as stack:
+        moto = stack.enter_context(fencing.moto_server(tmp_path))
+        endpoint = stack.enter_context(
+            fencing.ec2_front(moto, on_terminate=lambda ids: state["cloud"].terminated(ids))
+        )
+        stack.enter_context(fencing.aws_environment(endpoint))
+        ec2 = Ec2(region=os.environ["AWS_REGION"])
+
+        def plane(pods: emulator.Cluster, spare_objects: list[dict]) -> ControlPlane:
+            state["plane"] = p = ControlPlane(
+                pods,
+                nodes=2,
+                spares=1,
+                spare_command=_spare_command(spare_objects),
+                times=times,
+                root=tmp_path,
+            )
+            state["cloud"] = cloud = fencing.Cloud(plane=p, ec2=ec2)
+            state["fencer"] = fencer = Fencer(
+                nodes=fencing.NodeApi(plane=p, cloud=cloud),
+                ec2=ec2,
+                policy=FencePolicy(
+                    wait_s=FENCER.wait_s * SCALE,
+                    max_in_flight=1,  # the overlay's one spare
+                    max_bad_fraction=FENCER.max_bad_fraction,
+                ),
+                label_selector=fencing.SELECTOR,
+            )
+
+            def loop() -> None:
+                while not stop.wait(FENCER.poll_s * SCALE):
+                    fencer.reconcile()
+
+            state["loop"] = threading.Thread(target=loop, daemon=True)
+            state["loop"].start()
+            return p
+
+        def lose(_: emulator.Cluster) -> None:
+            state["time"] = time.time()
+            state["node"] = state["plane"].lose(1)
+
+        def thaw(pods: emulator.Cluster) -> None:
+            stop.set()
+            state["loop"].join(timeout=10)
+            node = state["node"]
+            log = tmp_path / f"{job['metadata']['name']}-1-0.log"
+            before = log.stat().st_size
+            pods.set_link(node, up=True)
+            state["thawed"] = pods.signal_netns(node.netns, signal.SIGCONT)
+            time.sleep(2)
+            state["log_grew"] = log.stat().st_size - before
+
+        _, job, _ = _objects(TWO_NODES, restart=restart, train_args=[*FAST])
+        result, job = _run(
+            tmp_path,
+            TWO_NODES,
+            restart=restart,
+            env=TWO_PODS,
+            when_step=(6, lose),
+            control_plane=plane,
+            after=thaw,
+        )
+    return result, job, state, times
+
+
+@pytest.mark.requires(reason=fencing.moto_reason())
+def test_a_lost_node_is_fenced_its_pod_moves_to_a_spare_and_its_zombie_writes_nothing(
+    tmp_path: Path, reference: dict
+) -> None:
+    """Pod 1's node stops answering at step 6 (network cut, processes frozen). EKS node repair
+    keeps its default 30-minute wait, so only the fencer can act: it reads the Nodes
+    (fencing.NodeApi over the emulated control plane), sees `Ready=Unknown` past its wait,
+    terminates the node's instance through its own SigV4-signed EC2 calls to the EC2 stand-in
+    (moto in server mode), and taints the node out-of-service only once EC2 reports the
+    instance terminated; the emulated hypervisor kills the node's processes at the
+    TerminateInstances, before EC2 can report it terminated (fencing.ec2_front). PodGC
+    then fails the pod, the Job's replacement preempts the spare, and the run ends
+    bit-identical. The frozen node, thawed after the Job (its network up, SIGCONT), has nothing
+    left to run: it writes nothing. Timers: the shipped ones (infra/fencer/settings.py and the
+    node lifecycle's), scaled by SCALE. Emulated: EC2 (moto), the API server, PodGC."""
+    from infra.fencer.settings import FENCER
+
+    result, job, state, times = _fenced_node_loss_run(tmp_path)
+    log = _logs(tmp_path)
+    assert result.status == "Complete", f"{result}\n{log}"
+    plane, cloud, fencer = state["plane"], state["cloud"], state["fencer"]
+    lost = state["node"].name
+    timeline = plane.timeline(since=state["time"])
+    assert fencer.fenced == [lost], timeline
+    assert fencer.alert is None
+    (loss,) = plane.losses
+    # Fenced first, then out of service: the processes died before the taint.
+    assert cloud.killed[lost] <= loss.out_of_service_at, timeline
+    silent = loss.out_of_service_at - (loss.at + times.monitor_grace_s)
+    assert silent >= FENCER.wait_s * SCALE, timeline
+    # Long before EKS's repair would have replaced the node.
+    assert loss.out_of_service_at < loss.at + times.monitor_grace_s + times.repair_wait_s
+    assert result.exit_codes == {0: [0], 1: [None, 0]}, result.exit_codes
+    lost_node, new_node = result.nodes[1]
+    assert lost_node == lost and new_node != lost
+    assert plane.bound_at[f"{job['metadata']['name']}-1"] > cloud.killed[lost]
+    _assert_identical(_final_state(tmp_path, job), reference)
+    # The zombie: nothing of the old incarnation was left to wake.
+    assert state["thawed"] == [] and state["log_grew"] == 0, state
+    recovery = _recovery_s(tmp_path, job, fault_time=state["time"])
+    print(
+        f"\n[fenced] fault -> first step {recovery:.1f} s (x{SCALE:.4f}: out of service "
+        f"{loss.out_of_service_at - loss.at:.1f} s after the fault)\n{timeline}"
+    )
+
+
+def test_a_node_unfit_pods_node_is_cordoned_and_its_replacement_lands_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """One node and one spare; the node's Lustre client is stuck (its probe file a FIFO), so
+    the start-up check exits NODE_UNFIT. It cordons its node first (training.cluster.cordon
+    through the emulated API), so the Job's replacement skips the node, free again, and
+    preempts the spare, where it trains to the end. Without the cordon the replacement would
+    land on the same bad node (the emulated scheduler takes a free node before a spare)."""
+
+    def plane(pods: emulator.Cluster, spare_objects: list[dict]) -> ControlPlane:
+        state["plane"] = ControlPlane(
+            pods,
+            nodes=1,
+            spares=1,
+            spare_command=_spare_command(spare_objects),
+            times=EKS.scaled(SCALE),
+            root=tmp_path,
+        )
+        return state["plane"]
+
+    state: dict = {}
+    bad = "node-0"  # the plane's first node (emulator.Cluster.add_node)
+    fifo = tmp_path / "fsx" / startup_check.FSX_PROBE_DIR / bad
+    fifo.parent.mkdir(parents=True)
+    os.mkfifo(fifo)
+    result, _ = _run(
+        tmp_path,
+        TWO_NODES,
+        restart="injob",
+        env={**ONE_POD, "FSX_PROBE_TIMEOUT_S": "3"},
+        nodes=1,
+        control_plane=plane,
+    )
+    log = _logs(tmp_path)
+    assert result.status == "Complete", f"{result}\n{log}"
+    assert result.exit_codes == {0: [exits.NODE_UNFIT, 0]}, log
+    assert state["plane"].cordoned == {bad}, log
+    assert result.nodes[0][0] == bad and result.nodes[0][1] != bad, result.nodes

@@ -1,0 +1,25 @@
+"""The fencer's shipped settings: one owner. The Deployment's environment (infra/node_fencer.py),
+the pod emulation (tests/pods, scaled), docs/node-loss.md's timeline, bench/node_loss.py and the
+planner's silent-node term all read these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class FencerSettings:
+    wait_s: float = 30.0
+    """Ready=Unknown this long (after the 50 s node-monitor grace, 80 s of silence in all, 8
+    missed 10 s Lease renewals) before the instance is terminated. Shorter fences nodes that
+    a brief network blip silenced; every second of it is paid by every lost node."""
+    poll_s: float = 5.0
+    """Seconds between passes over the Nodes."""
+    max_bad_fraction: float = 0.2
+    """EKS node repair's own default threshold (node-repair.html): above it, stop and alert."""
+    terminate_s: float = 60.0
+    """TerminateInstances to the instance reported ``terminated``: an estimate for a hung p5
+    (only a real cluster can measure it; moto answers at once)."""
+
+
+FENCER = FencerSettings()
