@@ -61,7 +61,7 @@ lock: ## Re-pin every Python package into requirements.lock (after changing pypr
 # venv of its own (botocore pins python-dateutil<3; the project's kubernetes client needs >=3).
 moto-venv: .venv-moto/bin/moto_server ## The EC2 stand-in the node-fencer tests use (moto server)
 .venv-moto/bin/moto_server:
-	python3 -m venv .venv-moto
+	$(PYTHON) -m venv .venv-moto
 	.venv-moto/bin/pip install -q 'moto[server]==5.2.6' 'boto3==1.44.18'
 
 # --- training -------------------------------------------------------------------------------
@@ -135,7 +135,7 @@ format: $(VENV)/.stamp ## Apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-test: setup lint ## Run the whole test suite (CPU; GPU tests are skipped without a GPU)
+test: setup lint moto-venv ## Run the whole test suite (CPU; GPU tests are skipped without a GPU)
 	$(VENV)/bin/pytest $(ARGS)
 
 # --- the lent GPU machine (docs/gpu.md) ---------------------------------------------------------
@@ -169,4 +169,4 @@ clean: ## Remove build outputs and local runs (keeps .venv; `make distclean` rem
 	find . -name __pycache__ -not -path './.venv/*' -not -path './node_modules/*' -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV) node_modules data
+	rm -rf $(VENV) .venv-moto node_modules data
