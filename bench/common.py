@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import summary
+from podsim.model import TINY_MODEL  # noqa: F401  (re-exported: the benchmarks' tiny model)
 from training.durable import write_json_atomic
 from training.runlog import files as runlog_files
 from training.tables import text_table
@@ -25,15 +26,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # Overridable so that tests never overwrite the committed results the planner reads.
 RESULTS_DIR = Path(os.environ.get("BENCH_RESULTS_DIR", REPO_ROOT / "bench" / "results"))
 RUNS_DIR = Path(os.environ.get("BENCH_RUNS_DIR", REPO_ROOT / "runs" / "bench"))
-
-# A model small enough that a 2-rank CPU step takes ~0.1 s: restart benchmarks then measure the
-# restart machinery, not training.
-TINY_MODEL: tuple[str, ...] = (
-    "--model.dim=64",
-    "--model.n_layers=2",
-    "--data.seq_len=32",
-    "--model.max_seq_len=64",
-)
 
 
 # The hang timeouts of the fault benchmarks (restart, goodput): short fixed ones, so that a hang

@@ -18,7 +18,7 @@ import pytest
 from support import node_reason
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("training", "manifests", "infra", "planner", "facts", "bench")
+PACKAGES = ("training", "manifests", "infra", "planner", "facts", "podsim", "bench")
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     # leaves: standard library only
@@ -157,6 +157,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("planner.plot", "planner.report", "planner.sanity", "planner.overlays"),
     ("planner.cli",),
     ("planner.__main__",),
+    # the pod emulation (tests/pods and bench.node_loss run it): above the manifests it renders
+    # and the trainer it starts, below the benchmarks
+    ("podsim", "podsim.model", "podsim.machine", "podsim.state"),
+    ("podsim.cluster", "podsim.kube_api", "podsim.cpu_quota"),
+    ("podsim.control_plane",),
+    ("podsim.jobs",),
     # benchmarks: above everything they measure
     ("bench", "bench.common", "bench.summary"),
     (
