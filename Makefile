@@ -128,8 +128,14 @@ format: $(VENV)/.stamp ## Apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-test: setup lint ## Run the whole test suite (CPU; GPU tests are skipped without a GPU)
-	$(VENV)/bin/pytest $(ARGS)
+# Independent tests run side by side on TEST_WORKERS processes (pytest-xdist; TEST_WORKERS=0: one
+# process); tests that share a machine-wide resource carry an xdist_group (tests/conftest.py)
+# and run one after the other on one worker.
+TEST_WORKERS ?= 2
+PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
+
+test: setup lint ## Run the whole test suite (CPU; GPU tests are skipped without a GPU; <= 20 min on 2 cores)
+	$(VENV)/bin/pytest $(PYTEST_WORKERS) $(ARGS)
 
 # --- the lent GPU machine (docs/gpu.md) ---------------------------------------------------------
 # It is offline, with its own python3 and torch: gpu-check builds no .venv there. What it lacks
@@ -154,8 +160,8 @@ gpu-wheels: ## Fetch the wheels the lent GPU machine lacks into .whl/ (carry .wh
 gpu-check: ## On the lent GPU machine, offline: the carried wheels + the device check, one JSON report (<= 8 min)
 	$(GPU_PYTHON) tests/gpu_check.py --wheels $(WHEEL_DIR) --site $(GPU_SITE) $(ARGS)
 
-test-fast: setup ## Tests without the slow ones
-	$(VENV)/bin/pytest -m "not slow" $(ARGS)
+test-fast: setup ## The edit loop (< 5 min): every test but the slow ones (tests/conftest.py FAST_LEAVES_OUT)
+	$(VENV)/bin/pytest $(PYTEST_WORKERS) -m "not slow" $(ARGS)
 
 clean: ## Remove build outputs and local runs (keeps .venv; `make distclean` removes it too)
 	rm -rf cdk.out runs .pytest_cache .ruff_cache

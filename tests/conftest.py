@@ -26,6 +26,34 @@ def pytest_configure(config: pytest.Config) -> None:
         "requires(reason): what the test needs from the machine is missing when reason is set "
         "(support.requires_tool / requires_root): skipped, or failed under TESTS_REQUIRE_ALL=1",
     )
+    # pytest-xdist's own marker, named here too so that a run without xdist accepts it.
+    config.addinivalue_line(
+        "markers", "xdist_group(name): tests of one group run on one worker, one after the other"
+    )
+
+
+XDIST_GROUPS: dict[str, tuple[str, ...]] = {
+    # `make train` builds data/stdlib when a fresh clone lacks it (two makes would both write
+    # it) and its exporter binds the default metrics port (training.observe.catalog).
+    "make-train": (
+        "training/launch/test_make_train.py",
+        "training/launch/test_local_run_ends.py",
+    ),
+    # One synth per configuration for the session (tests/infra/conftest.py): on one worker.
+    "infra": ("infra/",),
+    # Modules whose tests assert one module fixture's runs: on one worker, the runs happen once.
+    "parallel-runs": ("training/test_parallel.py",),
+    "resilience-reference": ("training/resilience/test_resilience.py",),
+    "timelines-runs": ("training/checkpoint/test_timelines.py",),
+    "peer-runs": ("training/checkpoint/test_peer.py",),
+    "setup-wheels": ("test_setup_install.py",),
+}
+"""Tests that must run on one worker, one after the other, by group (path prefixes under
+tests/): `make test` runs tests side by side on pytest-xdist workers (``--dist loadgroup``).
+Everything else a test takes is its own per worker: ports from ``free_port``, tmp_path run
+dirs, and the pod emulation's bridge, namespaces, /dev/shm and cgroup names (the worker's pid,
+podsim/cluster.py RUN). tests/pods is not grouped: its module reference run happens once per
+worker (twice in all), cheaper than its ~20 pod runs in a row on one worker."""
 
 
 INFRA = Path(__file__).with_name("infra")
@@ -59,6 +87,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests = Path(__file__).parent
+    for item in items:
+        if not item.path.is_relative_to(tests):
+            continue  # a test this conftest is lent to (tests/test_machine_requirements.py)
+        where = item.path.relative_to(tests).as_posix()
+        for group, prefixes in XDIST_GROUPS.items():
+            if where.startswith(prefixes):
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
     if not any("gpu" in item.keywords for item in items):
         return  # torch is imported only when a gpu test was collected
     import torch
