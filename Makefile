@@ -160,8 +160,11 @@ gpu-wheels: ## Fetch the wheels the lent GPU machine lacks into .whl/ (carry .wh
 gpu-check: ## On the lent GPU machine, offline: the carried wheels + the device check, one JSON report (<= 8 min)
 	$(GPU_PYTHON) tests/gpu_check.py --wheels $(WHEEL_DIR) --site $(GPU_SITE) $(ARGS)
 
-test-fast: setup ## The edit loop (< 5 min): every test but the slow ones (tests/conftest.py FAST_LEAVES_OUT)
-	$(VENV)/bin/pytest $(PYTEST_WORKERS) -m "not slow" $(ARGS)
+# The edit loop: leaves out the tests marked `distributed` (real torch.distributed process groups,
+# emulated pods: the restart layers, fault matrices, checkpoint tiers across ranks) and `slow`
+# (> ~30 s each: in their files, and tests/conftest.py SLOW_FILES); `make test` runs them all.
+test-fast: setup ## The edit loop (< 5 min): the suite less its distributed and slow tests
+	$(VENV)/bin/pytest $(PYTEST_WORKERS) -m "not slow and not distributed" $(ARGS)
 
 clean: ## Remove build outputs and local runs (keeps .venv; `make distclean` removes it too)
 	rm -rf cdk.out runs .pytest_cache .ruff_cache

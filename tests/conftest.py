@@ -56,6 +56,16 @@ podsim/cluster.py RUN). tests/pods is not grouped: its module reference run happ
 worker (twice in all), cheaper than its ~20 pod runs in a row on one worker."""
 
 
+SLOW_FILES: tuple[str, ...] = (
+    # The CDK CLI, make and the AWS CLI against the emulated CloudFormation, several times a
+    # test: 5 s to 4 min each on 2 cores.
+    "infra/test_day_two.py",
+)
+"""Files (under tests/) every test of which is marked ``slow`` here, beside the tests marked
+in their own files: ``make test-fast`` (``-m "not slow and not distributed"``) leaves them
+out."""
+
+
 INFRA = Path(__file__).with_name("infra")
 """Imports aws-cdk-lib, whose jsii runtime starts Node.js at import: without Node.js no test
 there can even be collected, so the directory is left out, with the reason in the summary."""
@@ -92,6 +102,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if not item.path.is_relative_to(tests):
             continue  # a test this conftest is lent to (tests/test_machine_requirements.py)
         where = item.path.relative_to(tests).as_posix()
+        if where.startswith(SLOW_FILES):
+            item.add_marker(pytest.mark.slow)
         for group, prefixes in XDIST_GROUPS.items():
             if where.startswith(prefixes):
                 item.add_marker(pytest.mark.xdist_group(group))
