@@ -33,11 +33,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 XDIST_GROUPS: dict[str, tuple[str, ...]] = {
-    # `make train` builds data/stdlib when a fresh clone lacks it (two makes would both write
-    # it) and its exporter binds the default metrics port (training.observe.catalog).
-    "make-train": (
+    # They build the repo's data/stdlib when a fresh clone lacks it (`make train`, and
+    # bench.run_all's ensure_corpus: two would write it at once), and `make train`'s exporter
+    # binds the default metrics port (training.observe.catalog).
+    "repo-corpus": (
         "training/launch/test_make_train.py",
         "training/launch/test_local_run_ends.py",
+        "bench/test_bench_smoke.py",
     ),
     # One synth per configuration for the session (tests/infra/conftest.py): on one worker.
     "infra": ("infra/",),
