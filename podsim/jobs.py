@@ -234,14 +234,14 @@ def spare_command(spare_objects: list[dict]) -> list[str]:
 
 
 def node_loss_run(
-    tmp_path: Path, *, restart: str, spares: int, after=None, extra: tuple[str, ...] = ()
+    root: Path, *, restart: str, spares: int, after=None, extra: tuple[str, ...] = ()
 ):
     """The 2-node Job on the emulated control plane with `spares` spare nodes; pod 1's node is
     lost at step 6. Returns the Job's result, the Job, the control plane and the fault time."""
     state: dict = {}
 
     def plane(pods: emulator.Cluster, spare_objects: list[dict]) -> ControlPlane:
-        state["plane"] = two_node_plane(pods, spare_objects, spares=spares, root=tmp_path)
+        state["plane"] = two_node_plane(pods, spare_objects, spares=spares, root=root)
         return state["plane"]
 
     def lose(_: emulator.Cluster) -> None:
@@ -249,7 +249,7 @@ def node_loss_run(
         state["node"] = state["plane"].lose(1)
 
     result, job = run(
-        tmp_path,
+        root,
         TWO_NODES,
         restart=restart,
         env=TWO_PODS,
