@@ -162,7 +162,7 @@ gpu-check: ## On the lent GPU machine, offline: the carried wheels + the device 
 
 # The edit loop: leaves out the tests marked `distributed` (real torch.distributed process groups,
 # emulated pods: the restart layers, fault matrices, checkpoint tiers across ranks) and `slow`
-# (> ~30 s each: in their files, and tests/conftest.py SLOW_FILES); `make test` runs them all.
+# (> ~30 s each: in their files, and tests/conftest.py SLOW); `make test` runs them all.
 test-fast: setup ## The edit loop (< 5 min): the suite less its distributed and slow tests
 	$(VENV)/bin/pytest $(PYTEST_WORKERS) -m "not slow and not distributed" $(ARGS)
 

@@ -58,14 +58,26 @@ podsim/cluster.py RUN). tests/pods is not grouped: its module reference run happ
 worker (twice in all), cheaper than its ~20 pod runs in a row on one worker."""
 
 
-SLOW_FILES: tuple[str, ...] = (
+SLOW: tuple[str, ...] = (
     # The CDK CLI, make and the AWS CLI against the emulated CloudFormation, several times a
-    # test: 5 s to 4 min each on 2 cores.
+    # test: 5 s to 4 min each.
     "infra/test_day_two.py",
+    # Each over ~40 s on 2 cores with a second worker beside it: torch.compile, whole checks
+    # and CLIs in subprocesses, a real Prometheus, cdk-nag over the stack.
+    "training/test_parallel.py::test_compiled_checkpointed_block_keeps_the_math",
+    "training/test_gpu_check.py::test_in_process_checks_run_with_cuda_faked_at_the_boundary",
+    "observability/test_prometheus_scrape.py",
+    "infra/test_infra_validation.py::test_cdk_nag_and_builtin_validation_pass",
+    "infra/test_infra_config.py::test_app_exits_non_zero_with_the_message",
+    "infra/test_image_context.py::test_store_context_holds_exactly_what_its_dockerfile_copies",
+    "planner/test_tiers.py::test_answer_shows_tiers_overlays_and_the_emulation",
+    "training/test_startup_check.py::test_a_stuck_fsx_client_exits_node_unfit_naming_the_node",
+    "training/test_startup_check.py::test_fsx_mount_without_its_type_is_a_job_setting_error",
+    "training/launch/test_cli.py::test_launcher_rejects_nproc_0",
+    "manifests/test_preflight.py::test_submit_applies_the_job_follows_rank0_and_passes",
 )
-"""Files (under tests/) every test of which is marked ``slow`` here, beside the tests marked
-in their own files: ``make test-fast`` (``-m "not slow and not distributed"``) leaves them
-out."""
+"""Tests (node id prefixes under tests/) marked ``slow`` here, beside those marked in their
+own files: ``make test-fast`` (``-m "not slow and not distributed"``) leaves them out."""
 
 
 INFRA = Path(__file__).with_name("infra")
@@ -104,7 +116,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if not item.path.is_relative_to(tests):
             continue  # a test this conftest is lent to (tests/test_machine_requirements.py)
         where = item.path.relative_to(tests).as_posix()
-        if where.startswith(SLOW_FILES):
+        if f"{where}::{item.name}".startswith(SLOW):
             item.add_marker(pytest.mark.slow)
         for group, prefixes in XDIST_GROUPS.items():
             if where.startswith(prefixes):
