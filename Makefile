@@ -57,7 +57,7 @@ lock: ## Re-pin every Python package into requirements.lock (after changing pypr
 	$(PY) -m pip install -q -e '.[train,infra,dev]'
 	$(PY) -m pip freeze --exclude-editable | grep -v '^-e ' > requirements.lock
 
-# The EC2 stand-in for the node fencer's tests (tests/pods/fencing.py): moto in server mode, in a
+# The EC2 stand-in for the node fencer's tests (podsim/ec2.py): moto in server mode, in a
 # venv of its own (botocore pins python-dateutil<3; the project's kubernetes client needs >=3).
 moto-venv: .venv-moto/bin/moto_server ## The EC2 stand-in the node-fencer tests use (moto server)
 .venv-moto/bin/moto_server:
@@ -135,8 +135,14 @@ format: $(VENV)/.stamp ## Apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-test: setup lint moto-venv ## Run the whole test suite (CPU; GPU tests are skipped without a GPU)
-	$(VENV)/bin/pytest $(ARGS)
+# Independent tests run side by side on TEST_WORKERS processes (pytest-xdist; TEST_WORKERS=0: one
+# process); tests that share a machine-wide resource carry an xdist_group (tests/conftest.py)
+# and run one after the other on one worker.
+TEST_WORKERS ?= 2
+PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
+
+test: setup lint moto-venv ## Run the whole test suite (CPU; GPU tests are skipped without a GPU; <= 20 min on 2 cores)
+	$(VENV)/bin/pytest $(PYTEST_WORKERS) $(ARGS)
 
 # --- the lent GPU machine (docs/gpu.md) ---------------------------------------------------------
 # It is offline, with its own python3 and torch: gpu-check builds no .venv there. What it lacks
@@ -161,8 +167,11 @@ gpu-wheels: ## Fetch the wheels the lent GPU machine lacks into .whl/ (carry .wh
 gpu-check: ## On the lent GPU machine, offline: the carried wheels + the device check, one JSON report (<= 8 min)
 	$(GPU_PYTHON) tests/gpu_check.py --wheels $(WHEEL_DIR) --site $(GPU_SITE) $(ARGS)
 
-test-fast: setup ## Tests without the slow ones
-	$(VENV)/bin/pytest -m "not slow" $(ARGS)
+# The edit loop: leaves out the tests marked `distributed` (real torch.distributed process groups,
+# emulated pods: the restart layers, fault matrices, checkpoint tiers across ranks) and `slow`
+# (> ~30 s each: in their files, and tests/conftest.py SLOW); `make test` runs them all.
+test-fast: setup ## The edit loop (< 5 min): the suite less its distributed and slow tests
+	$(VENV)/bin/pytest $(PYTEST_WORKERS) -m "not slow and not distributed" $(ARGS)
 
 clean: ## Remove build outputs and local runs (keeps .venv; `make distclean` removes it too)
 	rm -rf cdk.out runs .pytest_cache .ruff_cache

@@ -40,10 +40,11 @@ from typing import Any
 
 from bench.common import (
     RUNS_DIR,
-    call_logged,
+    add_worker_options,
     machine,
     median,
     ratio,
+    run_workers,
     table,
     target,
     targets_table,
@@ -475,26 +476,17 @@ def run(*, quick: bool = False, repeats: int | None = None, timeout_s: float = 9
     root = RUNS_DIR / "checkpoint"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    out = root / "raw.json"
-    command = [
-        str(Path(sys.executable).parent / "torchrun"),
-        "--standalone",
-        "--nproc-per-node=2",
-        "-m",
+    raw = run_workers(
         "bench.checkpoint",
-        "--worker",
-        f"--dim={sizes['dim']}",
-        f"--layers={sizes['layers']}",
-        f"--repeats={sizes['repeats']}",
-        f"--root={root}",
-        f"--out={out}",
-    ]
-    code = call_logged(command, log_path=root / "torchrun.log", timeout_s=timeout_s)
-    if code != 0 or not out.is_file():
-        tail = (root / "torchrun.log").read_text()[-3000:]
-        raise RuntimeError(f"checkpoint benchmark failed (exit {code}):\n{tail}")
+        log_dir=root,
+        timeout_s=timeout_s,
+        dim=sizes["dim"],
+        layers=sizes["layers"],
+        repeats=sizes["repeats"],
+        root=root,
+    )
     result = analyse(
-        json.loads(out.read_text()),
+        raw,
         dim=sizes["dim"],
         layers=sizes["layers"],
         repeats=sizes["repeats"],
@@ -513,11 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.checkpoint", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small state, 2 rounds")
     parser.add_argument("--repeats", type=int, help="rounds (first + warm ones)")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--dim", type=int, default=FULL["dim"], help=argparse.SUPPRESS)
-    parser.add_argument("--layers", type=int, default=FULL["layers"], help=argparse.SUPPRESS)
-    parser.add_argument("--root", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    add_worker_options(parser, dim=FULL["dim"], layers=FULL["layers"], root=Path)
     args = parser.parse_args(argv)
     if args.worker:
         worker(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
 import os
 import platform
 import shutil
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import summary
+from podsim.model import TINY_MODEL  # noqa: F401  (re-exported: the benchmarks' tiny model)
 from training.durable import write_json_atomic
 from training.runlog import files as runlog_files
 from training.tables import text_table
@@ -25,15 +28,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # Overridable so that tests never overwrite the committed results the planner reads.
 RESULTS_DIR = Path(os.environ.get("BENCH_RESULTS_DIR", REPO_ROOT / "bench" / "results"))
 RUNS_DIR = Path(os.environ.get("BENCH_RUNS_DIR", REPO_ROOT / "runs" / "bench"))
-
-# A model small enough that a 2-rank CPU step takes ~0.1 s: restart benchmarks then measure the
-# restart machinery, not training.
-TINY_MODEL: tuple[str, ...] = (
-    "--model.dim=64",
-    "--model.n_layers=2",
-    "--data.seq_len=32",
-    "--model.max_seq_len=64",
-)
 
 
 # The hang timeouts of the fault benchmarks (restart, goodput): short fixed ones, so that a hang
@@ -143,6 +137,45 @@ def call_logged(
             kill_tree(proc.pid, marker=marker)
             proc.wait()
             return 124
+
+
+# --- benchmarks whose measuring runs inside a 2-rank torchrun job (checkpoint, restore, peer) ---
+
+
+def add_worker_options(parser: argparse.ArgumentParser, **options: int | type[Path]) -> None:
+    """The hidden options a benchmark's torchrun ranks are started with (`run_workers`):
+    ``--worker``, each of `options` (an int: its default; ``Path``: a path without one), and
+    ``--out``, the JSON rank 0 writes."""
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    for name, spec in options.items():
+        flag = "--" + name.replace("_", "-")
+        if spec is Path:
+            parser.add_argument(flag, type=Path, help=argparse.SUPPRESS)
+        else:
+            parser.add_argument(flag, type=int, default=spec, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+
+
+def run_workers(module: str, *, log_dir: Path, timeout_s: float, **options: Any) -> dict[str, Any]:
+    """``torchrun --standalone --nproc-per-node=2 -m MODULE --worker --NAME=VALUE... --out=...``
+    with its output in ``log_dir/torchrun.log``; returns the JSON rank 0 wrote (``raw.json``
+    there), or raises with the log's tail when the job failed or wrote nothing."""
+    out = log_dir / "raw.json"
+    command = [
+        str(Path(sys.executable).parent / "torchrun"),
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        module,
+        "--worker",
+        *(f"--{name.replace('_', '-')}={value}" for name, value in options.items()),
+        f"--out={out}",
+    ]
+    log = log_dir / "torchrun.log"
+    code = call_logged(command, log_path=log, timeout_s=timeout_s)
+    if code != 0 or not out.is_file():
+        raise RuntimeError(f"{module} failed (exit {code}):\n{log.read_text()[-3000:]}")
+    return json.loads(out.read_text())
 
 
 @dataclass(frozen=True, kw_only=True)

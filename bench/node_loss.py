@@ -1,10 +1,11 @@
 """Node-loss benchmark: a lost node's phases, from the fault to the first step after it.
 
-The pod emulation's lost-node scenario (tests/pods: the EKS Job's exact command in emulated
-pods; pod 1's node lost at step 6, its network cut and its processes frozen; the control
-plane's node lifecycle, taint eviction, repair and PodGC rules emulated with the production
-durations of docs/node-loss.md scaled by 1/``TIMER_SCALE``), in ``injob`` and ``nested`` mode,
-with one spare node and with none. Each run must end bit-identical to a fault-free run of the
+The pod emulation's lost-node scenario (podsim.jobs.node_loss_run, the one tests/pods runs: the
+EKS Job's exact command in emulated pods; pod 1's node lost at step 6, its network cut and its
+processes frozen; the control plane's node lifecycle, taint eviction, repair and PodGC rules
+emulated with the production durations of docs/node-loss.md scaled by 1/``TIMER_SCALE``), in
+``injob`` and ``nested`` mode, with one spare node and with none, and with the node fencer
+(podsim.jobs.fenced_node_loss_run). Each run must end bit-identical to a fault-free run of the
 same Job (one fault-free run first).
 
 Phases, cumulative seconds from the fault, emulation wall time (p50 over the runs of a case):
@@ -23,13 +24,16 @@ reads it).
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO_ROOT, write_result
+from bench.common import RESULTS_DIR, write_result
+from infra.fencer.settings import FENCER
+from podsim import control_plane, jobs
 
 CASES = {
     "injob/spare": ("injob", 1),
@@ -48,8 +52,6 @@ def eks_estimate_s(*, fenced: bool, restart_s: float) -> float:
     grace, the fencer's wait and one poll, EC2's termination (an estimate), PodGC's next loop,
     a pod start. Else EKS repair's 30-minute `Ready` wait, the termination, PodGC's orphan
     quarantine and loop, a pod start."""
-    from infra.fencer.settings import FENCER
-
     grace, podgc_loop, podgc_orphan, pod_start = 50.0, 20.0, 60.0, 5.0
     if fenced:
         control = grace + FENCER.wait_s + FENCER.poll_s + FENCER.terminate_s + podgc_loop
@@ -58,35 +60,23 @@ def eks_estimate_s(*, fenced: bool, restart_s: float) -> float:
     return control + pod_start + restart_s
 
 
-def _pods():
-    """The pod emulation's modules (tests/pods, tests/support.py)."""
-    for path in (REPO_ROOT / "tests", REPO_ROOT / "tests" / "pods"):
-        if str(path) not in sys.path:
-            sys.path.insert(0, str(path))
-    import control_plane
-    import test_pods
-
-    return test_pods, control_plane
-
-
 def one_run(
     root: Path, *, restart: str, spares: int, reference: dict, fenced: bool = False
 ) -> dict[str, Any]:
-    test_pods, control_plane = _pods()
     if fenced:
-        result, job, state, _ = test_pods._fenced_node_loss_run(root, restart=restart)
+        result, job, state, _ = jobs.fenced_node_loss_run(root, restart=restart)
     else:
-        result, job, state = test_pods._node_loss_run(root, restart=restart, spares=spares)
+        result, job, state = jobs.node_loss_run(root, restart=restart, spares=spares)
     if result.status != "Complete":
-        raise RuntimeError(f"{restart} spares={spares}: {result}\n{test_pods._logs(root)}")
+        raise RuntimeError(f"{restart} spares={spares}: {result}\n{jobs.logs(root)}")
     fault = state["time"]
     plane = state["plane"]
-    first_step = test_pods._recovery_s(root, job, fault_time=fault)
+    first_step = jobs.recovery_s(root, job, fault_time=fault)
     times = control_plane.EKS.scaled(control_plane.SCALE)
     failed = sorted(at for at, what in plane.events if "Failed by PodGC" in what)
     replacement = plane.bound_at[f"{job['metadata']['name']}-1"]
     try:
-        test_pods._assert_identical(test_pods._final_state(root, job), reference)
+        jobs.assert_identical(jobs.final_state(root, job), reference)
         identical = True
     except AssertionError:
         identical = False
@@ -100,17 +90,14 @@ def one_run(
 
 
 def run(*, quick: bool = False, runs: int = 1, only: list[str] | None = None) -> dict[str, Any]:
-    test_pods, control_plane = _pods()
     cases: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="node-loss-") as tmp:
         root = Path(tmp)
         ref_root = root / "reference"
-        result, job = test_pods._run(
-            ref_root, test_pods.TWO_NODES, restart="injob", env=test_pods.TWO_PODS
-        )
+        result, job = jobs.run(ref_root, jobs.TWO_NODES, restart="injob", env=jobs.TWO_PODS)
         if result.status != "Complete":
             raise RuntimeError(f"fault-free run: {result}")
-        reference = test_pods._final_state(ref_root, job)
+        reference = jobs.final_state(ref_root, job)
         for name, (restart, spares) in CASES.items():
             if only and name not in only:
                 continue
@@ -182,10 +169,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", action="append", choices=list(CASES), help="only these cases")
     args = parser.parse_args(argv)
     if args.table:
-        import json
-
-        from bench.common import RESULTS_DIR
-
         print(table(json.loads((RESULTS_DIR / "node_loss.json").read_text())))
         return 0
     print(table(run(runs=args.runs, only=args.case)))

@@ -38,7 +38,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import RUNS_DIR, call_logged, fmt, machine, median, ratio, table, write_result
+from bench.common import (
+    RUNS_DIR,
+    add_worker_options,
+    fmt,
+    machine,
+    median,
+    ratio,
+    run_workers,
+    table,
+    write_result,
+)
 
 FULL = {"mib": 192, "rounds": 7, "bucket_mib": 16}
 QUICK = {"mib": 16, "rounds": 3, "bucket_mib": 4}
@@ -303,28 +313,19 @@ def run(*, quick: bool = False, rounds: int | None = None, timeout_s: float = 90
     root.mkdir(parents=True)
     shm_base = Path("/dev/shm") if Path("/dev/shm").is_dir() else root
     shm = shm_base / f"bench-peer-{uuid.uuid4().hex[:12]}"
-    out = root / "raw.json"
-    command = [
-        str(Path(sys.executable).parent / "torchrun"),
-        "--standalone",
-        "--nproc-per-node=2",
-        "-m",
-        "bench.peer",
-        "--worker",
-        f"--mib={sizes['mib']}",
-        f"--rounds={sizes['rounds']}",
-        f"--bucket-mib={sizes['bucket_mib']}",
-        f"--shm={shm}",
-        f"--out={out}",
-    ]
     try:
-        code = call_logged(command, log_path=root / "torchrun.log", timeout_s=timeout_s)
+        raw = run_workers(
+            "bench.peer",
+            log_dir=root,
+            timeout_s=timeout_s,
+            mib=sizes["mib"],
+            rounds=sizes["rounds"],
+            bucket_mib=sizes["bucket_mib"],
+            shm=shm,
+        )
     finally:
         shutil.rmtree(shm, ignore_errors=True)
-    if code != 0 or not out.is_file():
-        tail = (root / "torchrun.log").read_text()[-3000:]
-        raise RuntimeError(f"peer benchmark failed (exit {code}):\n{tail}")
-    result = analyse(json.loads(out.read_text()), sizes=sizes)
+    result = analyse(raw, sizes=sizes)
     result["machine"] = machine()
     result["quick"] = quick
     print(report(result), flush=True)
@@ -336,13 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.peer", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small state, 3 rounds")
     parser.add_argument("--rounds", type=int, help="interleaved rounds")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--mib", type=int, default=FULL["mib"], help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--bucket-mib", type=int, default=FULL["bucket_mib"], help=argparse.SUPPRESS
-    )
-    parser.add_argument("--shm", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    add_worker_options(parser, mib=FULL["mib"], bucket_mib=FULL["bucket_mib"], shm=Path)
     args = parser.parse_args(argv)
     if args.worker:
         worker(

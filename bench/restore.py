@@ -40,11 +40,12 @@ from typing import Any
 
 from bench.common import (
     RUNS_DIR,
-    call_logged,
+    add_worker_options,
     fmt,
     machine,
     median,
     ratio,
+    run_workers,
     table,
     target,
     targets_table,
@@ -276,30 +277,21 @@ def run(*, quick: bool = False, rounds: int | None = None, timeout_s: float = 90
     root.mkdir(parents=True)
     shm_base = Path("/dev/shm") if Path("/dev/shm").is_dir() else root
     shm = shm_base / f"bench-restore-{uuid.uuid4().hex[:12]}"
-    out = root / "raw.json"
-    command = [
-        str(Path(sys.executable).parent / "torchrun"),
-        "--standalone",
-        "--nproc-per-node=2",
-        "-m",
-        "bench.restore",
-        "--worker",
-        f"--dim={sizes['dim']}",
-        f"--layers={sizes['layers']}",
-        f"--rounds={sizes['rounds']}",
-        f"--root={root}",
-        f"--shm={shm}",
-        f"--out={out}",
-    ]
     try:
-        code = call_logged(command, log_path=root / "torchrun.log", timeout_s=timeout_s)
+        raw = run_workers(
+            "bench.restore",
+            log_dir=root,
+            timeout_s=timeout_s,
+            dim=sizes["dim"],
+            layers=sizes["layers"],
+            rounds=sizes["rounds"],
+            root=root,
+            shm=shm,
+        )
     finally:
         shutil.rmtree(shm, ignore_errors=True)
-    if code != 0 or not out.is_file():
-        tail = (root / "torchrun.log").read_text()[-3000:]
-        raise RuntimeError(f"restore benchmark failed (exit {code}):\n{tail}")
     result = analyse(
-        json.loads(out.read_text()),
+        raw,
         dim=sizes["dim"],
         layers=sizes["layers"],
         rounds=sizes["rounds"],
@@ -316,12 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.restore", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small state, 2 rounds")
     parser.add_argument("--rounds", type=int, help="rounds of the three ways")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--dim", type=int, default=FULL["dim"], help=argparse.SUPPRESS)
-    parser.add_argument("--layers", type=int, default=FULL["layers"], help=argparse.SUPPRESS)
-    parser.add_argument("--root", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--shm", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    add_worker_options(parser, dim=FULL["dim"], layers=FULL["layers"], root=Path, shm=Path)
     args = parser.parse_args(argv)
     if args.worker:
         worker(

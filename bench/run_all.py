@@ -1,17 +1,18 @@
 """Run the benchmarks one after the other and print one combined table (``make bench``).
 
-    python -m bench.run_all                # checkpoint, overhead, restore, peer, goodput: ~39 min
+    python -m bench.run_all                # checkpoint, overhead, restore, peer, goodput: ~25 min
     python -m bench.run_all --with-restart           # + the restart benchmark (+~4 min)
     python -m bench.run_all --quick                  # smoke sizes, ~7 min
     python -m bench.run_all --only checkpoint,restart
     python -m bench.run_all --collect      # the summary from bench/results/*.json: runs none
 
-On a 2-core machine the goodput benchmark alone trains each of its 6 modes (the restart modes,
-and in-job and nested with the restore tiers off and on) for 5 minutes (~33 min with
-start-ups); the restore benchmark takes ~30 s, the peer exchange's ~2 min. The restart
-benchmark (~4 min) is left out by default: the goodput runs report the cost of every fault of
-each kind too, and
-``bench/results/restart.json`` (which the planner reads) keeps its last full run.
+On a 2-core machine the goodput benchmark alone trains each of its 6 modes (the restart modes, and
+in-job and nested with the restore tiers off and on) for 3 minutes, one fault of each kind (~19
+min with start-ups); the checkpoint benchmark takes ~1 min, the overhead one ~3; the restore
+benchmark takes ~30 s, the peer exchange's ~2 min. The restart benchmark (~4 min) is left out by
+default: the goodput runs report the cost of every fault of each kind too, and
+``bench/results/restart.json`` (which the planner reads) keeps its last full run. The total is
+printed at the end (``wall: ...; total N min``).
 
 Each benchmark prints its own table and writes bench/results/<name>.json; this writes
 bench/results/summary.json (headline numbers and every target's verdict) and then prints the

@@ -26,6 +26,58 @@ def pytest_configure(config: pytest.Config) -> None:
         "requires(reason): what the test needs from the machine is missing when reason is set "
         "(support.requires_tool / requires_root): skipped, or failed under TESTS_REQUIRE_ALL=1",
     )
+    # pytest-xdist's own marker, named here too so that a run without xdist accepts it.
+    config.addinivalue_line(
+        "markers", "xdist_group(name): tests of one group run on one worker, one after the other"
+    )
+
+
+XDIST_GROUPS: dict[str, tuple[str, ...]] = {
+    # They build the repo's data/stdlib when a fresh clone lacks it (`make train`, and
+    # bench.run_all's ensure_corpus: two would write it at once), and `make train`'s exporter
+    # binds the default metrics port (training.observe.catalog).
+    "repo-corpus": (
+        "training/launch/test_make_train.py",
+        "training/launch/test_local_run_ends.py",
+        "bench/test_bench_smoke.py",
+    ),
+    # One synth per configuration for the session (tests/infra/conftest.py): on one worker.
+    "infra": ("infra/",),
+    # Modules whose tests assert one module fixture's runs: on one worker, the runs happen once.
+    "parallel-runs": ("training/test_parallel.py",),
+    "resilience-reference": ("training/resilience/test_resilience.py",),
+    "timelines-runs": ("training/checkpoint/test_timelines.py",),
+    "peer-runs": ("training/checkpoint/test_peer.py",),
+    "setup-wheels": ("test_setup_install.py",),
+}
+"""Tests that must run on one worker, one after the other, by group (path prefixes under
+tests/): `make test` runs tests side by side on pytest-xdist workers (``--dist loadgroup``).
+Everything else a test takes is its own per worker: ports from ``free_port``, tmp_path run
+dirs, and the pod emulation's bridge, namespaces, /dev/shm and cgroup names (the worker's pid,
+podsim/cluster.py RUN). tests/pods is not grouped: its module reference run happens once per
+worker (twice in all), cheaper than its ~20 pod runs in a row on one worker."""
+
+
+SLOW: tuple[str, ...] = (
+    # The CDK CLI, make and the AWS CLI against the emulated CloudFormation, several times a
+    # test: 5 s to 4 min each.
+    "infra/test_day_two.py",
+    # Each over ~40 s on 2 cores with a second worker beside it: torch.compile, whole checks
+    # and CLIs in subprocesses, a real Prometheus, cdk-nag over the stack.
+    "training/test_parallel.py::test_compiled_checkpointed_block_keeps_the_math",
+    "training/test_gpu_check.py::test_in_process_checks_run_with_cuda_faked_at_the_boundary",
+    "observability/test_prometheus_scrape.py",
+    "infra/test_infra_validation.py::test_cdk_nag_and_builtin_validation_pass",
+    "infra/test_infra_config.py::test_app_exits_non_zero_with_the_message",
+    "infra/test_image_context.py::test_store_context_holds_exactly_what_its_dockerfile_copies",
+    "planner/test_tiers.py::test_answer_shows_tiers_overlays_and_the_emulation",
+    "training/test_startup_check.py::test_a_stuck_fsx_client_exits_node_unfit_naming_the_node",
+    "training/test_startup_check.py::test_fsx_mount_without_its_type_is_a_job_setting_error",
+    "training/launch/test_cli.py::test_launcher_rejects_nproc_0",
+    "manifests/test_preflight.py::test_submit_applies_the_job_follows_rank0_and_passes",
+)
+"""Tests (node id prefixes under tests/) marked ``slow`` here, beside those marked in their
+own files: ``make test-fast`` (``-m "not slow and not distributed"``) leaves them out."""
 
 
 INFRA = Path(__file__).with_name("infra")
@@ -59,6 +111,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests = Path(__file__).parent
+    for item in items:
+        if not item.path.is_relative_to(tests):
+            continue  # a test this conftest is lent to (tests/test_machine_requirements.py)
+        where = item.path.relative_to(tests).as_posix()
+        if f"{where}::{item.name}".startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
+        for group, prefixes in XDIST_GROUPS.items():
+            if where.startswith(prefixes):
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
     if not any("gpu" in item.keywords for item in items):
         return  # torch is imported only when a gpu test was collected
     import torch

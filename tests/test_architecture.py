@@ -193,6 +193,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("planner.plot", "planner.report", "planner.sanity", "planner.overlays"),
     ("planner.cli",),
     ("planner.__main__",),
+    # the pod emulation (tests/pods and bench.node_loss run it): above the manifests it renders
+    # and the trainer it starts, below the benchmarks
+    ("podsim", "podsim.model", "podsim.machine", "podsim.state"),
+    ("podsim.cluster", "podsim.kube_api", "podsim.cpu_quota"),
+    ("podsim.control_plane",),
+    ("podsim.ec2",),
+    ("podsim.jobs",),
     # benchmarks: above everything they measure
     ("bench", "bench.common", "bench.summary"),
     (

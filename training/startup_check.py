@@ -16,7 +16,7 @@ exits with one of two codes (training/exits.py), which the Job's pod failure pol
 - ``NODE_UNFIT`` for what is this node's own (CUDA sees no GPU or too few, a driver older than
   the CUDA build, no EFA device, a write to /fsx that fails with an I/O error or does not
   finish): the pod fails and counts against ``backoffLimit``; in a pod, the check first cordons
-  its node (``training.cluster.cordon``, the trainer's one node permission), so the replacement
+  its node (``ops.cordon.cordon``, the trainer's one node permission), so the replacement
   never lands on the same bad node (the fencer replaces a node only when it stops answering).
 
 Checks on ``cuda``: CUDA available, ``torch.cuda.device_count() >= NPROC_PER_NODE``, NCCL built
@@ -45,7 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training import cluster, exits
+from ops import cordon as cluster
+from training import exits
 from training.runlog.verdict import NODE_NAME_ENV
 
 # Minimum NVIDIA driver major per CUDA major (CUDA release notes, "CUDA Toolkit and Minimum

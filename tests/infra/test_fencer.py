@@ -10,19 +10,16 @@ server returns it), EC2 (moto; it enforces no IAM).
 from __future__ import annotations
 
 import os
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pods"))
-import fencing
-
 from infra.fencer.controller import Fencer, view
 from infra.fencer.decide import FencePolicy, NodeView, decide, instance_id
 from infra.fencer.ec2 import Ec2
+from podsim import ec2 as fencing
 
 NOW = 1_000_000.0
 POLICY = FencePolicy(wait_s=30, max_in_flight=1, max_bad_fraction=0.2)

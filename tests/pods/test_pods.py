@@ -1,4 +1,4 @@
-"""The EKS Job's exact trainer command, run in emulated pods (see tests/pods/emulator.py).
+"""The EKS Job's exact trainer command, run in emulated pods (see podsim/cluster.py).
 
 Run: sudo .venv/bin/pytest tests/pods -s   (root: network and mount namespaces; CI is root;
 about 20 minutes on 2 cores, the node-loss tests 3-4 minutes each; `-s` prints each fault's
@@ -16,25 +16,23 @@ bit for bit: model and optimizer, `torch.equal` per tensor.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import emulator
-import fencing
-import kube_api
 import pytest
-from control_plane import EKS, EKS_DEFAULT_REPAIR_WAIT_S, SCALE, ControlPlane
-from support import TINY_MODEL, CpuQuota, assert_identical, cpu_quota_reason, final_state
 
+from infra.fencer.settings import FENCER
 from manifests import render, sizes
+from podsim import cluster as emulator
+from podsim import ec2 as ec2_stand_in
+from podsim import jobs
+from podsim.control_plane import EKS, SCALE, ControlPlane
+from podsim.cpu_quota import CpuQuota, cpu_quota_reason
+from podsim.jobs import FAST, ONE_POD, STEPS, TWO_NODES, TWO_PODS
 from training import exits, startup_check
 from training.checkpoint.layout import committed_steps
 
@@ -45,28 +43,6 @@ pytestmark = [
     pytest.mark.timeout(600),
 ]
 
-STEPS = 12
-TWO_NODES = "2node"
-FAST = [
-    *TINY_MODEL,
-    # debug_cpu's own head counts, spelled out: the renderer validates the args against each
-    # overlay's GPU recipe too, and 64 / 64 heads (p5_70b) would leave an odd head dim.
-    "--model.n_heads=4",
-    "--model.n_kv_heads=2",
-    f"--train.steps={STEPS}",
-    "--train.log_every=1",
-    "--checkpoint.interval=4",
-    "--resilience.heartbeat_timeout_s=8",
-    "--resilience.initial_heartbeat_timeout_s=120",
-    "--resilience.step_section_timeout_s=8",
-    "--resilience.checkpoint_section_timeout_s=60",
-    "--resilience.soft_timeout_s=6",
-    "--resilience.hard_timeout_s=20",
-    "--resilience.join_timeout_s=120",
-    "--resilience.stop_timeout_s=3",
-    "--resilience.max_restarts=4",
-    "--parallel.pg_timeout_s=30",
-]
 STRAGGLER_EVERY = 3
 STRAGGLER_POLICY = (
     f"--straggler.report_every={STRAGGLER_EVERY}",
@@ -82,166 +58,6 @@ SLOW_NODE_TIMEOUTS = ("--resilience.soft_timeout_s=30", "--resilience.hard_timeo
 """The in-process layer's hang timeouts for a node at a tenth of its CPU: its work between
 heartbeats (the checkpoint writer's shutdown after the eviction) runs 10x longer, beyond the
 6 s soft timeout of the other runs, which would read it as a hang."""
-ONE_POD = {"RECIPE": "debug_cpu", "NPROC_PER_NODE": "2", "NNODES": "1"}
-TWO_PODS = {"RECIPE": "debug_cpu", "NPROC_PER_NODE": "1"}
-
-
-def _objects(overlay: str, *, restart: str, train_args: list[str]):
-    shared = render.shared_objects(namespace="training", image="img", **render.PLACEHOLDER_FSX)
-    _, job = render.job_objects(
-        overlay=overlay, namespace="training", image="img", restart=restart, train_args=train_args
-    )
-    config_map = next(o for o in shared if o["kind"] == "ConfigMap")
-    return shared, job, config_map
-
-
-def _prepare_data(root: Path) -> None:
-    """A small corpus where an earlier Job's init container left it; the init container's own
-    script then runs in every pod and finds it (`data ready`)."""
-    out = root / "fsx" / "data" / "stdlib"
-    subprocess.run(
-        [sys.executable, "-m", "training", "prepare", "--stdlib", "--max-mb", "1", "--out", out],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-
-
-def _final_state(root: Path, job: dict) -> dict:
-    """The newest committed checkpoint on the emulated FSx, as one flat dict."""
-    name = job["metadata"]["name"]
-    return final_state(_run_dir(root, job), checkpoint_root=root / "fsx" / "checkpoints" / name)
-
-
-def _assert_identical(state: dict, reference: dict) -> None:
-    assert_identical(state, reference, steps=STEPS)
-
-
-def _run_dir(root: Path, job: dict) -> Path:
-    return root / "fsx" / "runs" / job["metadata"]["name"]
-
-
-def _metrics(root: Path, job: dict) -> list[dict]:
-    """Rank 0's step records so far (a line being appended right now is left for later)."""
-    path = _run_dir(root, job) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [
-        json.loads(line)
-        for line in path.read_text().splitlines(keepends=True)
-        if line.endswith("\n") and line.strip()
-    ]
-
-
-def _events(root: Path, job: dict) -> list[dict]:
-    path = _run_dir(root, job) / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _logs(root: Path) -> str:
-    logs = sorted(root.glob("*.log"))
-    return "\n".join(f"--- {p.name}\n" + p.read_text(errors="replace")[-4000:] for p in logs)
-
-
-def _run(
-    root: Path,
-    overlay: str,
-    *,
-    restart: str,
-    env: dict[str, str],
-    nodes: int | None = None,
-    extra: tuple[str, ...] = (),
-    when_step: tuple[int, Callable[[emulator.Cluster], None]] | None = None,
-    delete: threading.Event | None = None,
-    mutate_job: Callable[[dict], None] | None = None,
-    timeout_s: float = 300,
-    expect_lustre: bool = False,
-    control_plane: Callable[[emulator.Cluster, list[dict]], ControlPlane] | None = None,
-    after: Callable[[emulator.Cluster], None] | None = None,
-):
-    """One emulated Job on a fresh cluster under `root`; `when_step=(k, act)` calls act(cluster)
-    once rank 0 has logged step k. The emulated /fsx is a bind mount of a local directory, not
-    Lustre: the pods' start-up check is told to expect that directory's file system type
-    (FSX_FSTYPE, found by findmnt) unless `expect_lustre` keeps the Job's own `lustre`.
-    `control_plane(cluster, spare_objects)` builds the emulated control plane that places the
-    pods on nodes; `after(cluster)` runs once the Job has ended, before the teardown."""
-    with emulator.cluster(root) as pods, contextlib.ExitStack() as stack:
-        if not (root / "fsx" / "data" / "stdlib" / "meta.json").exists():
-            _prepare_data(root)
-        if not expect_lustre:
-            env = {"FSX_FSTYPE": _fstype(root / "fsx"), **env}
-        shared, job, config_map = _objects(overlay, restart=restart, train_args=[*FAST, *extra])
-        if nodes is not None:
-            job = emulator.scaled(job, nodes=nodes)
-        if mutate_job is not None:
-            mutate_job(job)
-        pods.start_store(shared=shared)
-        plane = None
-        if control_plane is not None:
-            spares = render.spare_objects(overlay=overlay, namespace="training", image="img")
-            plane = control_plane(pods, spares)
-            # The API a pod may call (a cordon), on the bridge's own address.
-            pods.api = stack.enter_context(
-                kube_api.serve(
-                    root,
-                    ip=f"{emulator.SUBNET}.1",
-                    on_cordon=plane.cordon,
-                    spare_nodes=plane.spare_nodes,
-                    spare_labels=next(o for o in spares if o["kind"] == "Deployment")["spec"][
-                        "template"
-                    ]["metadata"]["labels"],
-                )
-            )
-        watcher = None
-        if when_step is not None:
-            step, act = when_step
-
-            def watch() -> None:
-                deadline = time.monotonic() + timeout_s
-                while time.monotonic() < deadline:
-                    if any(m["step"] >= step for m in _metrics(root, job)):
-                        act(pods)
-                        return
-                    time.sleep(0.05)
-
-            watcher = threading.Thread(target=watch, daemon=True)
-            watcher.start()
-        result = emulator.run_job(
-            pods,
-            job=job,
-            config_map=config_map,
-            job_uid=emulator.new_job_uid(),
-            env_overrides=env,
-            timeout_s=timeout_s,
-            delete=delete,
-            control_plane=plane,
-        )
-        if watcher is not None:
-            watcher.join(timeout=5)
-        if after is not None:
-            after(pods)
-    return result, job
-
-
-def _fstype(path: Path) -> str:
-    """The type of the file system holding `path` (util-linux findmnt, not the check's own
-    mountinfo parser)."""
-    out = subprocess.run(
-        ["findmnt", "-n", "-o", "FSTYPE", "--target", str(path)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=30,
-    )
-    return out.stdout.strip()
-
-
-def _recovery_s(root: Path, job: dict, *, fault_time: float) -> float:
-    """From the fault to the start of the first step trained after it."""
-    after = [m for m in _metrics(root, job) if m["time"] - m["step_time_s"] > fault_time]
-    assert after, "no step after the fault"
-    first = min(after, key=lambda m: m["time"])
-    return first["time"] - first["step_time_s"] - fault_time
 
 
 @pytest.fixture(scope="module")
@@ -249,27 +65,32 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The fault-free run: the 2-node overlay's Job on two emulated pods, with the straggler
     policy of the slow-node test on: no node is evicted, and every report names both."""
     root = tmp_path_factory.mktemp("reference")
-    result, job = _run(root, TWO_NODES, restart="injob", env=TWO_PODS, extra=STRAGGLER_POLICY)
-    assert result.status == "Complete", _logs(root)
+    result, job = jobs.run(root, TWO_NODES, restart="injob", env=TWO_PODS, extra=STRAGGLER_POLICY)
+    assert result.status == "Complete", jobs.logs(root)
     assert result.exit_codes == {0: [0], 1: [0]}
-    events = _events(root, job)
+    events = jobs.events(root, job)
     reports = [e for e in events if e["kind"] == "straggler_report"]
     print("\n[fault-free] straggler scores by step:", {e["step"]: e["nodes"] for e in reports})
     # (A restart under load repeats some reports.)
     assert {e["step"] for e in reports} == set(range(STRAGGLER_EVERY, STEPS + 1, STRAGGLER_EVERY))
     assert all(len(e["nodes"]) == 2 for e in reports), reports
     assert not [e for e in events if e["kind"] == "straggler_eviction"], reports
-    return _final_state(root, job)
+    return jobs.final_state(root, job)
 
 
 # Every restart mode on the smoke overlay, and every other overlay in its own default mode:
 # the mode's launcher flags are derived by one function from the run's config
 # (training/command.py), so the full overlay x mode product (9 pod runs, ~4 min of CI)
 # would run that derivation again, while each overlay's own rendered command and each mode's
-# launcher still run here once.
+# launcher still run here once. The 2-node overlay's Job in its own mode (nested) runs in the
+# two-pod tests below (nested-* faults, the nested node loss): not again on one pod here.
 OVERLAY_MODES = [
     *(("smoke", mode) for mode in sizes.RESTART_MODES),
-    *((name, size.restart) for name, size in sizes.SIZES.items() if name != "smoke"),
+    *(
+        (name, size.restart)
+        for name, size in sizes.SIZES.items()
+        if name not in ("smoke", TWO_NODES)
+    ),
 ]
 
 
@@ -277,11 +98,11 @@ OVERLAY_MODES = [
 def test_every_overlay_and_every_mode_trains_on_one_pod(
     tmp_path: Path, reference: dict, overlay: str, restart: str
 ) -> None:
-    result, job = _run(tmp_path, overlay, restart=restart, env=ONE_POD, nodes=1)
-    assert result.status == "Complete", _logs(tmp_path)
+    result, job = jobs.run(tmp_path, overlay, restart=restart, env=ONE_POD, nodes=1)
+    assert result.status == "Complete", jobs.logs(tmp_path)
     assert result.exit_codes == {0: [0]}
-    assert any(e["kind"] == "run_end" for e in _events(tmp_path, job))
-    _assert_identical(_final_state(tmp_path, job), reference)
+    assert any(e["kind"] == "run_end" for e in jobs.events(tmp_path, job))
+    jobs.assert_identical(jobs.final_state(tmp_path, job), reference)
 
 
 def _kill_pod(index: int, record: dict) -> Callable[[emulator.Cluster], None]:
@@ -317,7 +138,7 @@ def test_two_pods_survive_the_loss_of_any_rank_or_pod(
 ) -> None:
     restart, faults, pod = TWO_POD_FAULTS[name]
     record: dict = {}
-    result, job = _run(
+    result, job = jobs.run(
         tmp_path,
         TWO_NODES,
         restart=restart,
@@ -328,7 +149,7 @@ def test_two_pods_survive_the_loss_of_any_rank_or_pod(
         ),
         when_step=(6, _kill_pod(pod, record)) if pod is not None else None,
     )
-    assert result.status == "Complete", f"{result}\n{_logs(tmp_path)}"
+    assert result.status == "Complete", f"{result}\n{jobs.logs(tmp_path)}"
     if pod is not None:
         # The killed pod was replaced (exit 137, then a pod that completed); the other pod's
         # launcher restarted its workers and stayed.
@@ -337,22 +158,22 @@ def test_two_pods_survive_the_loss_of_any_rank_or_pod(
         fault_time = record["time"]
     else:
         assert result.exit_codes == {0: [0], 1: [0]}, result.exit_codes
-        (fired,) = [e for e in _events(tmp_path, job) if e["kind"] == "fault"]
+        (fired,) = [e for e in jobs.events(tmp_path, job) if e["kind"] == "fault"]
         fault_time = fired["time"]
-    _assert_identical(_final_state(tmp_path, job), reference)
-    steps = {m["step"] for m in _metrics(tmp_path, job)}
+    jobs.assert_identical(jobs.final_state(tmp_path, job), reference)
+    steps = {m["step"] for m in jobs.metrics(tmp_path, job)}
     assert steps == set(range(1, STEPS + 1))
     if name in POD_MEMORY_RESTORES:
         # Every rank of the in-job restart loads the same snapshot from its pod's memory (the
         # Job's memory-backed /dev/shm), newer than the newest checkpoint on storage (step 4).
         loads = [
             e
-            for e in _events(tmp_path, job)
+            for e in jobs.events(tmp_path, job)
             if e["kind"] == "checkpoint_load" and e["time"] > fault_time
         ]
         assert {(e["rank"], e["source"]) for e in loads} == {(0, "pod_memory"), (1, "pod_memory")}
         assert len({e["step"] for e in loads}) == 1 and loads[0]["step"] in (5, 6), loads
-    print(f"\n[pod recovery] {name}: {_recovery_s(tmp_path, job, fault_time=fault_time):.1f} s")
+    print(f"\n[pod recovery] {name}: {jobs.recovery_s(tmp_path, job, fault_time=fault_time):.1f} s")
 
 
 def test_sigterm_to_every_pod_drains_then_a_resubmission_resumes(
@@ -361,7 +182,7 @@ def test_sigterm_to_every_pod_drains_then_a_resubmission_resumes(
     """A drain (or `kubectl delete job`): every pod gets SIGTERM, takes the final checkpoint and
     exits 143; a new Job of the same overlay (a fresh uid: a fresh rendezvous) resumes from it."""
     delete = threading.Event()
-    result, job = _run(
+    result, job = jobs.run(
         tmp_path,
         TWO_NODES,
         restart="injob",
@@ -370,26 +191,26 @@ def test_sigterm_to_every_pod_drains_then_a_resubmission_resumes(
         delete=delete,
     )
     assert result.status == "Deleted"
-    assert result.exit_codes == {0: [exits.PREEMPTED], 1: [exits.PREEMPTED]}, _logs(tmp_path)
-    preempted = [e for e in _events(tmp_path, job) if e.get("status") == "preempted"]
+    assert result.exit_codes == {0: [exits.PREEMPTED], 1: [exits.PREEMPTED]}, jobs.logs(tmp_path)
+    preempted = [e for e in jobs.events(tmp_path, job) if e.get("status") == "preempted"]
     assert {e["step"] for e in preempted} == {preempted[0]["step"]}
     drained_at = preempted[0]["step"]
     assert drained_at < STEPS
     commits = sorted((tmp_path / "fsx" / "checkpoints" / job["metadata"]["name"]).glob("step_*"))
     assert commits[-1].name == f"step_{drained_at:08d}"
 
-    result, job = _run(tmp_path, TWO_NODES, restart="injob", env=TWO_PODS)
-    assert result.status == "Complete", _logs(tmp_path)
-    loads = [e for e in _events(tmp_path, job) if e["kind"] == "checkpoint_load"]
+    result, job = jobs.run(tmp_path, TWO_NODES, restart="injob", env=TWO_PODS)
+    assert result.status == "Complete", jobs.logs(tmp_path)
+    loads = [e for e in jobs.events(tmp_path, job) if e["kind"] == "checkpoint_load"]
     assert loads and loads[-1]["step"] == drained_at
-    _assert_identical(_final_state(tmp_path, job), reference)
+    jobs.assert_identical(jobs.final_state(tmp_path, job), reference)
 
 
 def test_a_bad_trainer_flag_fails_the_job_at_once(tmp_path: Path) -> None:
     def add_bad_flag(job: dict) -> None:
         job["spec"]["template"]["spec"]["containers"][0]["args"].append("--train.stepz=5")
 
-    result, _ = _run(
+    result, _ = jobs.run(
         tmp_path, "smoke", restart="nested", env=ONE_POD, mutate_job=add_bad_flag, timeout_s=120
     )
     assert result.status == "Failed" and result.reason == f"PodFailurePolicy: exit {exits.USAGE}"
@@ -406,10 +227,10 @@ def test_a_pod_on_a_node_that_does_not_fit_fails_the_job_at_once(tmp_path: Path)
     """The overlay's own GPU recipe on this GPU-less machine: the pod's start-up check refuses
     (exit 5, the pod failure policy fails the Job) before any launcher or rendezvous."""
     # RECIPE stays p5_smoke: CUDA expected.
-    result, _ = _run(
+    result, _ = jobs.run(
         tmp_path, "smoke", restart="nested", env={"NPROC_PER_NODE": "2"}, timeout_s=120
     )
-    log = _logs(tmp_path)
+    log = jobs.logs(tmp_path)
     assert result.status == "Failed", log
     assert result.reason == f"PodFailurePolicy: exit {exits.ENVIRONMENT}", log
     assert "startup_check: cuda" in log
@@ -421,13 +242,13 @@ def test_an_fsx_that_is_not_lustre_fails_the_job_at_once(tmp_path: Path) -> None
     directory: the start-up check refuses before any launcher starts, naming the file system it
     found; the Job fails (every node would meet the same claim) and the pod's termination
     message names the node."""
-    result, _ = _run(
+    result, _ = jobs.run(
         tmp_path, "smoke", restart="nested", env=ONE_POD, expect_lustre=True, timeout_s=120
     )
-    log = _logs(tmp_path)
+    log = jobs.logs(tmp_path)
     assert result.status == "Failed", log
     assert result.reason == f"PodFailurePolicy: exit {exits.ENVIRONMENT}", log
-    fstype = _fstype(tmp_path / "fsx")
+    fstype = jobs.fstype(tmp_path / "fsx")
     assert f"startup_check: fsx: /fsx is a {fstype} mount" in log and "not lustre" in log
     assert "[ft_launcher" not in log, "no launcher may start without the file system"
     (message,) = result.messages[0]
@@ -446,73 +267,24 @@ def test_a_bad_node_is_replaced_and_named(tmp_path: Path) -> None:
     fifo = tmp_path / "fsx" / startup_check.FSX_PROBE_DIR / bad
     fifo.parent.mkdir(parents=True)
     os.mkfifo(fifo)
-    result, job = _run(
+    result, job = jobs.run(
         tmp_path,
         "smoke",
         restart="nested",
         env={**ONE_POD, "FSX_PROBE_TIMEOUT_S": "3"},
         nodes=1,
     )
-    log = _logs(tmp_path)
+    log = jobs.logs(tmp_path)
     assert result.status == "Complete", f"{result}\n{log}"
     assert result.exit_codes == {0: [exits.NODE_UNFIT, 0]}, log
     assert result.nodes[0] == [bad, emulator.node_name(index=0, attempt=1)]
     first, _ = result.messages[0]
     assert first.startswith(f"startup_check: node {bad} does not fit"), first
     assert f"did not finish in 3 s on node {bad}" in first
-    assert any(e["kind"] == "run_end" for e in _events(tmp_path, job))
+    assert any(e["kind"] == "run_end" for e in jobs.events(tmp_path, job))
 
 
 # --- a node lost the way nodes are lost (docs/node-loss.md) --------------------------------------
-
-
-def _two_node_plane(
-    pods: emulator.Cluster, spare_objects: list[dict], *, spares: int, root: Path
-) -> ControlPlane:
-    """The emulated control plane of the 2-node overlay: two nodes, `spares` spares holding the
-    rendered placeholder, EKS's timers at 1/SCALE."""
-    return ControlPlane(
-        pods,
-        nodes=2,
-        spares=spares,
-        spare_command=_spare_command(spare_objects),
-        times=EKS.scaled(SCALE),
-        root=root,
-    )
-
-
-def _spare_command(spare_objects: list[dict]) -> list[str]:
-    (deployment,) = [o for o in spare_objects if o["kind"] == "Deployment"]
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    return container["command"]
-
-
-def _node_loss_run(
-    tmp_path: Path, *, restart: str, spares: int, after=None, extra: tuple[str, ...] = ()
-):
-    """The 2-node Job on the emulated control plane with `spares` spare nodes; pod 1's node is
-    lost at step 6. Returns the Job's result, the Job, the control plane and the fault time."""
-    state: dict = {}
-
-    def plane(pods: emulator.Cluster, spare_objects: list[dict]) -> ControlPlane:
-        state["plane"] = _two_node_plane(pods, spare_objects, spares=spares, root=tmp_path)
-        return state["plane"]
-
-    def lose(_: emulator.Cluster) -> None:
-        state["time"] = time.time()
-        state["node"] = state["plane"].lose(1)
-
-    result, job = _run(
-        tmp_path,
-        TWO_NODES,
-        restart=restart,
-        env=TWO_PODS,
-        when_step=(6, lose),
-        control_plane=plane,
-        after=(lambda pods: after(state, pods)) if after is not None else None,
-        extra=extra,
-    )
-    return result, job, state
 
 
 PEER_COPY = ("--checkpoint.memory_interval=1", "--checkpoint.peer_copy=true")
@@ -554,12 +326,12 @@ def test_a_lost_node_is_replaced_and_the_run_ends_identical(
             time.sleep(0.1)
         frozen["spares"] = plane.spare_nodes()
 
-    result, job, state = _node_loss_run(
+    result, job, state = jobs.node_loss_run(
         tmp_path, restart=restart, spares=spares, after=look, extra=PEER_COPY if peer_copy else ()
     )
-    log = _logs(tmp_path)
+    log = jobs.logs(tmp_path)
     assert result.status == "Complete", f"{result}\n{log}"
-    events = _events(tmp_path, job)
+    events = jobs.events(tmp_path, job)
     after_loss = [e for e in events if e["kind"] == "checkpoint_load" and e["time"] > state["time"]]
     # What storage holds for the replacement: the commits before the loss (a commit needs every
     # rank, and pod 1's is frozen from then on). The save of step 4 commits a step or more
@@ -588,10 +360,10 @@ def test_a_lost_node_is_replaced_and_the_run_ends_identical(
     # With a spare: the one used is gone from the pool, the repaired node holds its place.
     assert len(frozen["spares"]) == spares, frozen
     assert not set(result.nodes[1]) & set(frozen["spares"]), frozen
-    _assert_identical(_final_state(tmp_path, job), reference)
-    assert {m["step"] for m in _metrics(tmp_path, job)} == set(range(1, STEPS + 1))
+    jobs.assert_identical(jobs.final_state(tmp_path, job), reference)
+    assert {m["step"] for m in jobs.metrics(tmp_path, job)} == set(range(1, STEPS + 1))
     plane = state["plane"]
-    recovery = _recovery_s(tmp_path, job, fault_time=state["time"])
+    recovery = jobs.recovery_s(tmp_path, job, fault_time=state["time"])
     control = EKS.scaled(SCALE)
     failed_after = (
         control.monitor_grace_s + control.repair_wait_s + control.terminate_s + control.podgc_s
@@ -629,13 +401,15 @@ def test_a_lost_node_that_comes_back_mid_run_does_not_corrupt_it(
     state: dict = {}
 
     def plane(pods: emulator.Cluster, spare_objects: list[dict]) -> ControlPlane:
-        state["plane"] = _two_node_plane(pods, spare_objects, spares=1, root=tmp_path)
+        state["plane"] = jobs.two_node_plane(pods, spare_objects, spares=1, root=tmp_path)
         return state["plane"]
 
     def come_back() -> None:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
-            if any(m["time"] - m["step_time_s"] > state["time"] for m in _metrics(tmp_path, job)):
+            if any(
+                m["time"] - m["step_time_s"] > state["time"] for m in jobs.metrics(tmp_path, job)
+            ):
                 state["returned_at"] = time.time()
                 state["old_exit"] = state["plane"].node_returns()
                 return
@@ -647,8 +421,8 @@ def test_a_lost_node_that_comes_back_mid_run_does_not_corrupt_it(
         state["thread"] = threading.Thread(target=come_back, daemon=True)
         state["thread"].start()
 
-    _, job, _ = _objects(TWO_NODES, restart="injob", train_args=[*FAST])
-    result, job = _run(
+    _, job, _ = jobs.objects(TWO_NODES, restart="injob", train_args=[*FAST])
+    result, job = jobs.run(
         tmp_path,
         TWO_NODES,
         restart="injob",
@@ -657,13 +431,13 @@ def test_a_lost_node_that_comes_back_mid_run_does_not_corrupt_it(
         control_plane=plane,
         after=lambda _: state["thread"].join(timeout=60),
     )
-    log = _logs(tmp_path)
+    log = jobs.logs(tmp_path)
     assert result.status == "Complete", f"{result}\n{log}"
     assert "returned_at" in state, "the lost node never came back during the run"
     root = tmp_path / "fsx" / "checkpoints" / job["metadata"]["name"]
     for step in layout.committed_steps(root):
         assert layout.verify(layout.step_dir(root, step)) is None, step
-    _assert_identical(_final_state(tmp_path, job), reference)
+    jobs.assert_identical(jobs.final_state(tmp_path, job), reference)
     old_log = (tmp_path / f"{job['metadata']['name']}-1-0.log").read_text(errors="replace")
     tail = "\n".join(old_log.splitlines()[-12:])
     print(
@@ -680,7 +454,7 @@ def test_a_lost_node_that_comes_back_mid_run_does_not_corrupt_it(
 def test_a_slow_node_is_cordoned_and_moved_to_a_spare(tmp_path: Path, reference: dict) -> None:
     """Pod 1's node is CPU-starved once the step-1 checkpoint is committed: every
     process of the pod, and every process they start later, in one cgroup with a CFS quota of
-    1 ms in every 10 ms (support.CpuQuota; how a throttled container or a slow node's host
+    1 ms in every 10 ms (podsim.cpu_quota.CpuQuota; how a throttled container or a slow node's host
     behaves), in nested mode, the EKS default, with
     the straggler policy on. Its node is named and evicted: every rank takes the final
     checkpoint; pod 1's rank writes the verdict and asks its launcher to leave the rendezvous
@@ -690,12 +464,12 @@ def test_a_slow_node_is_cordoned_and_moved_to_a_spare(tmp_path: Path, reference:
     unschedulable) and lands on the spare; the run resumes from the final checkpoint and ends
     bit-identical to the fault-free one (which ran the same policy and evicted nothing).
 
-    Emulated: the API server (kube_api.py answers the one PATCH a cordon is; no RBAC or
+    Emulated: the API server (podsim/kube_api.py answers the one PATCH a cordon is; no RBAC or
     admission policy) and the scheduler (control_plane.py: NodeUnschedulable, preemption)."""
     state: dict = {}
 
     def plane(pods: emulator.Cluster, spare_objects: list[dict]) -> ControlPlane:
-        state["plane"] = _two_node_plane(pods, spare_objects, spares=1, root=tmp_path)
+        state["plane"] = jobs.two_node_plane(pods, spare_objects, spares=1, root=tmp_path)
         state["spare"] = state["plane"].spare_nodes()[0]
         return state["plane"]
 
@@ -713,7 +487,7 @@ def test_a_slow_node_is_cordoned_and_moved_to_a_spare(tmp_path: Path, reference:
         state["quota"] = CpuQuota(pids, name=f"slow-node-{os.getpid()}")
 
     try:
-        result, job = _run(
+        result, job = jobs.run(
             tmp_path,
             TWO_NODES,
             restart="nested",
@@ -731,8 +505,8 @@ def test_a_slow_node_is_cordoned_and_moved_to_a_spare(tmp_path: Path, reference:
     finally:
         if "quota" in state:
             state["quota"].close()
-    log = _logs(tmp_path)
-    events = _events(tmp_path, job)
+    log = jobs.logs(tmp_path)
+    events = jobs.events(tmp_path, job)
     reports = {e["step"]: e["nodes"] for e in events if e["kind"] == "straggler_report"}
     print(f"\n[straggler] scores by step: {reports}; periods throttled: {throttled}")
     assert throttled > 0, "the quota never stopped the slow pod"
@@ -753,7 +527,7 @@ def test_a_slow_node_is_cordoned_and_moved_to_a_spare(tmp_path: Path, reference:
     assert "evicted" in ends and ends[-1] == "completed", ends
     loads = [e for e in events if e["kind"] == "checkpoint_load"]
     assert loads and loads[-1]["step"] == eviction["step"], "resumed from the final checkpoint"
-    _assert_identical(_final_state(tmp_path, job), reference)
+    jobs.assert_identical(jobs.final_state(tmp_path, job), reference)
     print(
         f"[straggler] {slow_node} evicted at step {eviction['step']}, cordoned; "
         f"replacement on {new_node}\n{state['plane'].timeline(since=state['plane'].events[0][0])}"
@@ -763,105 +537,23 @@ def test_a_slow_node_is_cordoned_and_moved_to_a_spare(tmp_path: Path, reference:
 # --- a lost node fenced by the stack itself (infra/fencer, docs/node-loss.md) ---------------------
 
 
-def _fenced_node_loss_run(tmp_path: Path, *, restart: str = "injob"):
-    """The 2-node Job with one spare; pod 1's node lost at step 6 and fenced by the node fencer
-    (infra/fencer) through the EC2 stand-in; EKS repair at its default 30-minute wait. After
-    the Job, the fenced node is thawed (`state["thawed"]`: the pids SIGCONT reached,
-    `state["log_grew"]`: bytes its old pod's log grew). Returns (result, job, state, times)."""
-    from dataclasses import replace
-
-    from infra.fencer.controller import Fencer
-    from infra.fencer.decide import FencePolicy
-    from infra.fencer.ec2 import Ec2
-    from infra.fencer.settings import FENCER
-
-    times = replace(EKS, repair_wait_s=EKS_DEFAULT_REPAIR_WAIT_S).scaled(SCALE)
-    state: dict = {}
-    stop = threading.Event()
-    with contextlib.ExitStack() as stack:
-        moto = stack.enter_context(fencing.moto_server(tmp_path))
-        endpoint = stack.enter_context(
-            fencing.ec2_front(moto, on_terminate=lambda ids: state["cloud"].terminated(ids))
-        )
-        stack.enter_context(fencing.aws_environment(endpoint))
-        ec2 = Ec2(region=os.environ["AWS_REGION"])
-
-        def plane(pods: emulator.Cluster, spare_objects: list[dict]) -> ControlPlane:
-            state["plane"] = p = ControlPlane(
-                pods,
-                nodes=2,
-                spares=1,
-                spare_command=_spare_command(spare_objects),
-                times=times,
-                root=tmp_path,
-            )
-            state["cloud"] = cloud = fencing.Cloud(plane=p, ec2=ec2)
-            state["fencer"] = fencer = Fencer(
-                nodes=fencing.NodeApi(plane=p, cloud=cloud),
-                ec2=ec2,
-                policy=FencePolicy(
-                    wait_s=FENCER.wait_s * SCALE,
-                    max_in_flight=1,  # the overlay's one spare
-                    max_bad_fraction=FENCER.max_bad_fraction,
-                ),
-                label_selector=fencing.SELECTOR,
-            )
-
-            def loop() -> None:
-                while not stop.wait(FENCER.poll_s * SCALE):
-                    fencer.reconcile()
-
-            state["loop"] = threading.Thread(target=loop, daemon=True)
-            state["loop"].start()
-            return p
-
-        def lose(_: emulator.Cluster) -> None:
-            state["time"] = time.time()
-            state["node"] = state["plane"].lose(1)
-
-        def thaw(pods: emulator.Cluster) -> None:
-            stop.set()
-            state["loop"].join(timeout=10)
-            node = state["node"]
-            log = tmp_path / f"{job['metadata']['name']}-1-0.log"
-            before = log.stat().st_size
-            pods.set_link(node, up=True)
-            state["thawed"] = pods.signal_netns(node.netns, signal.SIGCONT)
-            time.sleep(2)
-            state["log_grew"] = log.stat().st_size - before
-
-        _, job, _ = _objects(TWO_NODES, restart=restart, train_args=[*FAST])
-        result, job = _run(
-            tmp_path,
-            TWO_NODES,
-            restart=restart,
-            env=TWO_PODS,
-            when_step=(6, lose),
-            control_plane=plane,
-            after=thaw,
-        )
-    return result, job, state, times
-
-
-@pytest.mark.requires(reason=fencing.moto_reason())
+@pytest.mark.requires(reason=ec2_stand_in.moto_reason())
 def test_a_lost_node_is_fenced_its_pod_moves_to_a_spare_and_its_zombie_writes_nothing(
     tmp_path: Path, reference: dict
 ) -> None:
     """Pod 1's node stops answering at step 6 (network cut, processes frozen). EKS node repair
     keeps its default 30-minute wait, so only the fencer can act: it reads the Nodes
-    (fencing.NodeApi over the emulated control plane), sees `Ready=Unknown` past its wait,
+    (ec2_stand_in.NodeApi over the emulated control plane), sees `Ready=Unknown` past its wait,
     terminates the node's instance through its own SigV4-signed EC2 calls to the EC2 stand-in
     (moto in server mode), and taints the node out-of-service only once EC2 reports the
     instance terminated; the emulated hypervisor kills the node's processes at the
-    TerminateInstances, before EC2 can report it terminated (fencing.ec2_front). PodGC
+    TerminateInstances, before EC2 can report it terminated (ec2_stand_in.ec2_front). PodGC
     then fails the pod, the Job's replacement preempts the spare, and the run ends
     bit-identical. The frozen node, thawed after the Job (its network up, SIGCONT), has nothing
     left to run: it writes nothing. Timers: the shipped ones (infra/fencer/settings.py and the
     node lifecycle's), scaled by SCALE. Emulated: EC2 (moto), the API server, PodGC."""
-    from infra.fencer.settings import FENCER
-
-    result, job, state, times = _fenced_node_loss_run(tmp_path)
-    log = _logs(tmp_path)
+    result, job, state, times = jobs.fenced_node_loss_run(tmp_path)
+    log = jobs.logs(tmp_path)
     assert result.status == "Complete", f"{result}\n{log}"
     plane, cloud, fencer = state["plane"], state["cloud"], state["fencer"]
     lost = state["node"].name
@@ -879,10 +571,10 @@ def test_a_lost_node_is_fenced_its_pod_moves_to_a_spare_and_its_zombie_writes_no
     lost_node, new_node = result.nodes[1]
     assert lost_node == lost and new_node != lost
     assert plane.bound_at[f"{job['metadata']['name']}-1"] > cloud.killed[lost]
-    _assert_identical(_final_state(tmp_path, job), reference)
+    jobs.assert_identical(jobs.final_state(tmp_path, job), reference)
     # The zombie: nothing of the old incarnation was left to wake.
     assert state["thawed"] == [] and state["log_grew"] == 0, state
-    recovery = _recovery_s(tmp_path, job, fault_time=state["time"])
+    recovery = jobs.recovery_s(tmp_path, job, fault_time=state["time"])
     print(
         f"\n[fenced] fault -> first step {recovery:.1f} s (x{SCALE:.4f}: out of service "
         f"{loss.out_of_service_at - loss.at:.1f} s after the fault)\n{timeline}"
@@ -893,7 +585,7 @@ def test_a_node_unfit_pods_node_is_cordoned_and_its_replacement_lands_elsewhere(
     tmp_path: Path,
 ) -> None:
     """One node and one spare; the node's Lustre client is stuck (its probe file a FIFO), so
-    the start-up check exits NODE_UNFIT. It cordons its node first (training.cluster.cordon
+    the start-up check exits NODE_UNFIT. It cordons its node first (ops.cordon.cordon
     through the emulated API), so the Job's replacement skips the node, free again, and
     preempts the spare, where it trains to the end. Without the cordon the replacement would
     land on the same bad node (the emulated scheduler takes a free node before a spare)."""
@@ -903,7 +595,7 @@ def test_a_node_unfit_pods_node_is_cordoned_and_its_replacement_lands_elsewhere(
             pods,
             nodes=1,
             spares=1,
-            spare_command=_spare_command(spare_objects),
+            spare_command=jobs.spare_command(spare_objects),
             times=EKS.scaled(SCALE),
             root=tmp_path,
         )
@@ -914,7 +606,7 @@ def test_a_node_unfit_pods_node_is_cordoned_and_its_replacement_lands_elsewhere(
     fifo = tmp_path / "fsx" / startup_check.FSX_PROBE_DIR / bad
     fifo.parent.mkdir(parents=True)
     os.mkfifo(fifo)
-    result, _ = _run(
+    result, _ = jobs.run(
         tmp_path,
         TWO_NODES,
         restart="injob",
@@ -922,7 +614,7 @@ def test_a_node_unfit_pods_node_is_cordoned_and_its_replacement_lands_elsewhere(
         nodes=1,
         control_plane=plane,
     )
-    log = _logs(tmp_path)
+    log = jobs.logs(tmp_path)
     assert result.status == "Complete", f"{result}\n{log}"
     assert result.exit_codes == {0: [exits.NODE_UNFIT, 0]}, log
     assert state["plane"].cordoned == {bad}, log

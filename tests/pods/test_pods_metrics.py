@@ -1,5 +1,5 @@
 """A real Prometheus (Debian's `prometheus`) scrapes the metrics exporter of an emulated trainer pod
-(tests/pods/emulator.py: the EKS Job's exact container command, in its own network namespace)
+(podsim/cluster.py: the EKS Job's exact container command, in its own network namespace)
 through the pod's IP and the container's named port, as the stack's scraper does.
 
 Run: sudo .venv/bin/pytest tests/pods/test_pods_metrics.py -q    (root; about 1 minute)
@@ -18,11 +18,11 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import emulator
 import pytest
 from support import free_port, missing_tools
-from test_pods import ONE_POD, STEPS, _logs, _run
 
+from podsim import cluster as emulator
+from podsim.jobs import ONE_POD, STEPS, logs, run
 from training.observe.catalog import METRICS_PORT, METRICS_PORT_NAME
 
 reason = emulator.can_run() or missing_tools("prometheus")
@@ -62,13 +62,13 @@ def test_prometheus_scrapes_the_pod_and_reads_its_final_state(tmp_path: Path) ->
     )
     try:
         root = tmp_path / "cluster"
-        result, job = _run(root, "smoke", restart="injob", env=ONE_POD, nodes=1)
-        assert result.status == "Complete", _logs(root)
+        result, job = run(root, "smoke", restart="injob", env=ONE_POD, nodes=1)
+        assert result.status == "Complete", logs(root)
         (container,) = job["spec"]["template"]["spec"]["containers"]
         assert {"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT} in container["ports"]
         time.sleep(2)  # the newest samples reach the query engine
         steps = _query(port, 'max_over_time(training_steps_total{job="trainer"}[10m])')
-        assert steps, f"prometheus never scraped the pod:\n{_logs(root)}"
+        assert steps, f"prometheus never scraped the pod:\n{logs(root)}"
         assert float(steps[0]["value"][1]) == STEPS
         # The pod's exporter waited for one more scrape after the run ended: the run's final
         # state (not active, every step) reached Prometheus before the pod went away.

@@ -14,7 +14,7 @@ its documentation or source, with the production durations scaled down by `SCALE
 - once the Node object is gone, PodGC marks the pod `Failed` (`DisruptionTarget`,
   `DeletionByPodGC`) after its 40 s quarantine and 20 s loop, and force-deletes it;
 - only then does the Job controller replace it (`podReplacementPolicy: Failed`, the only value
-  allowed with a `podFailurePolicy`: emulator.run_job);
+  allowed with a `podFailurePolicy`: cluster.run_job);
 - the scheduler places a pod on a free node that is not cordoned (`spec.unschedulable`: the
   NodeUnschedulable filter plugin, kubernetes.io "Scheduler Configuration"; `kubectl cordon`
   and "Safely Drain a Node"), a node whose pod ended being free again; else it preempts a
@@ -38,9 +38,8 @@ import time
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from emulator import Cluster, Node, Pod
-
 from manifests import render
+from podsim.cluster import Cluster, Node, Pod
 
 
 @dataclass(frozen=True, kw_only=True)

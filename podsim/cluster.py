@@ -29,13 +29,26 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from manifests import render
+from podsim.kube_api import SERVICE_ACCOUNT_DIR
+from podsim.machine import missing_tools, root_reason
 
 if TYPE_CHECKING:
-    from control_plane import ControlPlane
-    from kube_api import ApiEndpoint
+    from podsim.kube_api import ApiEndpoint
+
+
+class ControlPlane(Protocol):
+    """What `run_job` asks of the emulated control plane (podsim/control_plane.py, which
+    imports this module: a protocol here, not an import back)."""
+
+    def place(self, index: int) -> Node | None: ...
+    def node_ready_at(self) -> float: ...
+    def bound(self, index: int, pod: Pod) -> None: ...
+    def failed_pods(self) -> dict[str, tuple[str, tuple[str, ...]]]: ...
+    def released(self, pod: Pod) -> None: ...
+
 
 RUN = os.getpid()
 """Every bridge, link and namespace this process makes carries its pid, so two runs of the pod
@@ -49,13 +62,11 @@ SUBNET = f"10.{200 + RUN % 50}.{RUN // 50 % 250}"
 _OWNED = re.compile(r"^(?:fbr|fv|fsdp)(\d+)")
 SHM = Path("/dev/shm")
 """Where the pods' memory-backed emptyDirs live: this machine's tmpfs."""
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def can_run() -> str | None:
     """None when pods can be emulated here, else the reason (one line, with the fix)."""
-    from support import missing_tools, root_reason
-
     return root_reason("emulated pods (ip netns, unshare, mount)") or missing_tools("ip", "unshare")
 
 
@@ -309,8 +320,6 @@ class Cluster:
         if self.api is not None:
             pod_env.update(self.api.pod_env())
             if spec.get("automountServiceAccountToken"):
-                from kube_api import SERVICE_ACCOUNT_DIR
-
                 mounts[SERVICE_ACCOUNT_DIR] = self.api.secrets
 
         def run(container: dict, extra_mounts: dict[str, Path] | None = None) -> subprocess.Popen:
@@ -553,7 +562,7 @@ def run_job(
     `on_start(index, attempt, pod)` lets a test watch a pod; setting `delete` terminates every
     pod as the kubelet does for a drain or `kubectl delete job` (SIGTERM to the container's
     main process, SIGKILL after terminationGracePeriodSeconds) and ends the Job "Deleted".
-    `control_plane` (tests/pods/control_plane.py) places pods on nodes and fails the pods of
+    `control_plane` (podsim/control_plane.py) places pods on nodes and fails the pods of
     lost nodes, by the node lifecycle, taint eviction and PodGC rules; without it each index
     has a node slot of its own."""
     spec = job["spec"]

@@ -28,11 +28,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
-from control_plane import ControlPlane
-
 from infra.fencer.ec2 import Ec2
+from podsim.control_plane import ControlPlane
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 MOTO_SERVER = REPO / ".venv-moto" / "bin" / "moto_server"
 CLUSTER = "fsdp-emulated"
 NODEGROUP = "gpu"

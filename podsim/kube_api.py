@@ -7,7 +7,7 @@ Emulated because no API server can run here (design notes). The pod side is real
 ``kubernetes`` client with its in-cluster configuration, reading what the kubelet gives a pod
 whose spec mounts a ServiceAccount token (kubernetes.io, "Accessing the Kubernetes API from a
 Pod"): ``KUBERNETES_SERVICE_HOST``/``_PORT`` and ``token``, ``ca.crt`` and ``namespace`` under
-``/var/run/secrets/kubernetes.io/serviceaccount`` (emulator.start_pod mounts them). This fake
+``/var/run/secrets/kubernetes.io/serviceaccount`` (cluster.start_pod mounts them). This fake
 checks the bearer token and hands the node name to `on_cordon` (the emulated scheduler then
 skips the node, as the NodeUnschedulable filter does); it answers any other request 404. It
 does not emulate RBAC or the admission policy (manifests/render.py, node_cordon_objects).

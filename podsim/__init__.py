@@ -1,0 +1,15 @@
+"""The pod emulation: a rendered EKS Job's exact trainer command in emulated pods on this machine.
+
+- ``cluster``: pods as network, mount and UTS namespaces on one bridge; the Job controller's
+  rules (``run_job``).
+- ``control_plane``: the node lifecycle, taint eviction, EKS node repair, PodGC and the
+  scheduler's rules for nodes and hot spares, at scaled durations.
+- ``kube_api``: the one piece of the Kubernetes API a trainer pod calls (cordon, spare list).
+- ``jobs``: whole scenarios (one Job on a fresh cluster; a node lost at a step) and what to
+  read back from them: the tests (tests/pods) and ``bench.node_loss`` run the same ones.
+- ``state``, ``cpu_quota``, ``machine``, ``model``: a run's final state, a slow node's CPU
+  quota, what the emulation needs from the machine, the tiny model every emulated run trains.
+
+Emulated, because they cannot exist here: the API server, the scheduler, the GPU and EFA.
+Needs root (``ip netns``, ``unshare``).
+"""
