@@ -104,6 +104,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.resilience.inject",
         "training.resilience.straggler",
     ),
+    ("training.checkpoint.engines", "training.checkpoint.registry"),
     ("training.checkpoint.manager",),
     ("training.trainer",),
     ("training.run",),
