@@ -104,7 +104,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.resilience.inject",
         "training.resilience.straggler",
     ),
-    ("training.checkpoint.engines", "training.checkpoint.registry"),
+    ("training.checkpoint.engines", "training.checkpoint.registry", "training.checkpoint.restore"),
     ("training.checkpoint.manager",),
     ("training.trainer",),
     ("training.run",),

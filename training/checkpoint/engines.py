@@ -98,6 +98,19 @@ class SaveEngine(Protocol):
         ...
 
 
+class Phases:
+    """Seconds spent in each phase of one save (the blocking part), in order."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._last
+        self._last = now
+
+
 class CachingSavePlanner(DefaultSavePlanner):
     """torch's save planner with its plan caching on (torch 2.13 ``default_planner.py``:
     ``enable_plan_caching``; each rank still compares its local plan with the cached one and

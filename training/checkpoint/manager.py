@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -21,19 +20,18 @@ import torch.distributed as dist
 
 from training.checkpoint import registry
 from training.checkpoint.committer import Committer
-from training.checkpoint.engines import EngineContext, Pending, collective_device
+from training.checkpoint.engines import EngineContext, Pending, Phases, collective_device
 from training.checkpoint.layout import (
-    COMMIT,
-    STEP_DIR,
-    CheckpointError,
+    apply_retention,
     commit,
-    committed_steps,
-    retention_victims,
+    fresh_step_dir,
+    remove_torn,
     step_dir,
 )
 from training.checkpoint.registry import needs_cpu_collectives
+from training.checkpoint.restore import Restore
 from training.checkpoint.storage import StorageTier
-from training.checkpoint.tiers import Rejected, RestoreTier, SnapshotTier, TierContext, by_cost
+from training.checkpoint.tiers import RestoreTier, SnapshotTier, TierContext, by_cost
 from training.config import CheckpointConfig, JobConfig
 from training.modes import snapshot_plan
 from training.runlog.metrics import EventLog
@@ -47,23 +45,6 @@ class StatefulTrainer(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-class _Phases:
-    """Seconds spent in each phase of one save (the blocking part), in order."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self._last = time.perf_counter()
-
-    def mark(self, name: str) -> None:
-        now = time.perf_counter()
-        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._last
-        self._last = now
-
-
-def _no_section(name: str) -> contextlib.AbstractContextManager:
-    return contextlib.nullcontext()
 
 
 class CheckpointManager:
@@ -157,9 +138,8 @@ class CheckpointManager:
         restore = [r for tier in self.snapshot_tiers for r in tier.restore_tiers()]
         self.tiers: list[RestoreTier] = by_cost([*restore, self._storage])
         """The restore tiers, cheapest first (``tiers.TIERS``)."""
-        self._candidates: list[tuple[int, RestoreTier]] | None = None
+        self.restore = Restore(tiers=self.tiers, storage=self._storage, events=events, root=root)
         self._closing = False
-        self._committed: list[int] = []
         self.last_save_phases: dict[str, float] = {}
         self.last_plan_reused = False
 
@@ -170,17 +150,10 @@ class CheckpointManager:
         by :meth:`prepare` after the first step (``NvrxEngine.start``)."""
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
-            self._remove_torn()
+            remove_torn(self.root)
         for tier in self.snapshot_tiers:
             tier.start()
         dist.barrier()
-
-    def _remove_torn(self) -> None:
-        # Only called at start, on rank 0, before any save of this attempt: an uncommitted
-        # directory then belongs to an attempt that died, never to a write in flight.
-        for entry in self.root.iterdir():
-            if STEP_DIR.match(entry.name) and not (entry / COMMIT).is_file():
-                shutil.rmtree(entry, ignore_errors=True)
 
     def close(self) -> None:
         """Commit what is pending, stop the background writer, give back the snapshots
@@ -228,7 +201,9 @@ class CheckpointManager:
         trainer: StatefulTrainer,
         *,
         step: int,
-        section: Callable[[str], contextlib.AbstractContextManager] = _no_section,
+        section: Callable[[str], contextlib.AbstractContextManager] = lambda name: (
+            contextlib.nullcontext()
+        ),
     ) -> None:
         """The checkpoint schedule, after every step but the run's last (collective): a shared
         save every ``checkpoint.interval`` steps, then each snapshot tier's take when it is
@@ -249,15 +224,8 @@ class CheckpointManager:
         """Save ``trainer``'s state for ``step``. Returns the time training was blocked; the
         time of each phase is in ``last_save_phases`` and the ``checkpoint_staged`` event."""
         started = time.perf_counter()
-        phases = _Phases()
-        path = step_dir(self.root, step)
-        if self.rank == 0:
-            if path.exists():
-                # A checkpoint of this step from an earlier attempt (found damaged, or torn):
-                # un-commit it first, so its old record never vouches for new, partial files.
-                (path / COMMIT).unlink(missing_ok=True)
-                shutil.rmtree(path)
-            path.mkdir(parents=True)
+        phases = Phases()
+        path = fresh_step_dir(self.root, step) if self.rank == 0 else step_dir(self.root, step)
         state = {"trainer": trainer.state_dict()}
         phases.mark("state_dict")
         # Collective: the directory exists before any rank writes into it, and every rank
@@ -338,102 +306,34 @@ class CheckpointManager:
         self.events.emit(
             "checkpoint_committed", step=pending.step, path=str(pending.path), write_s=write_s
         )
-        self._apply_retention()
-
-    def _apply_retention(self) -> None:
-        steps = committed_steps(self.root)
-        for victim in retention_victims(
-            steps, keep_last=self.config.keep_last, keep_every=self.config.keep_every
-        ):
-            path = step_dir(self.root, victim)
-            # Drop the commit record first: a half-deleted directory is then merely torn.
-            (path / COMMIT).unlink(missing_ok=True)
-            shutil.rmtree(path, ignore_errors=True)
+        apply_retention(
+            self.root, keep_last=self.config.keep_last, keep_every=self.config.keep_every
+        )
 
     # -- loading -------------------------------------------------------------------------------
-    def _restore_candidates(self) -> list[tuple[int, RestoreTier]]:
-        """Every (step, tier) some tier can restore on every rank: newest step first, the
-        cheaper tier first at equal steps. Collective; listed once per manager."""
-        if self._candidates is None:
-            candidates = []
-            for tier in self.tiers:
-                steps = tier.steps()
-                if tier is self._storage:
-                    self._committed = steps
-                candidates += [(step, tier) for step in steps]
-            order = {id(tier): index for index, tier in enumerate(self.tiers)}
-            candidates.sort(key=lambda c: (-c[0], order[id(c[1])]))
-            self._candidates = candidates
-        return self._candidates
-
     def resume_expected(self) -> bool:
         """Whether ``load_latest`` has something to load (collective): the trainer then skips
         initialising the weights it is about to overwrite."""
-        if not self.config.resume:
-            return False
-        return bool(self._restore_candidates())
+        return self.config.resume and bool(self.restore.candidates())
 
     def load_latest(self, trainer: StatefulTrainer) -> int | None:
-        """Load the newest sound state into ``trainer`` from the cheapest tier that holds it;
-        None if there is none.
-
-        All ranks walk the same candidates (:meth:`_restore_candidates`) in the same order and
-        agree on each verdict, so they always load the same step from the same tier. A rejected
-        candidate (damaged, another structure) changes nothing and the next is tried; a tier's
-        step older than the newest sound committed checkpoint is reached only after that
-        checkpoint was rejected. Every load emits ``checkpoint_load`` with its ``source`` (the
-        tier), ``seconds`` and ``bytes`` (this rank's state restored)."""
-        if not self.config.resume:
-            self._discard_newer(0)
-            return None
-        candidates = self._restore_candidates()
-        newest_committed = max(self._committed, default=None)
-        tried: set[tuple[int, str]] = set()
-        for step, tier in candidates:
-            if (step, tier.name) in tried:
-                continue
-            tried.add((step, tier.name))
-            started = time.perf_counter()
-            result = tier.load(trainer, step=step)
-            seconds = time.perf_counter() - started
-            if isinstance(result, Rejected):
-                self.events.emit(
-                    "checkpoint_rejected",
-                    step=step,
-                    path=result.path,
-                    problem=result.problem,
-                    source=tier.name,
-                )
-                continue
-            self.events.emit(
-                "checkpoint_load",
-                step=step,
-                path=result.path,
-                seconds=seconds,
-                bytes=result.nbytes,
-                source=tier.name,
-            )
-            self._latest_committed = step if tier is self._storage else newest_committed
-            self._discard_newer(step)
-            return step
-        self._discard_newer(0)  # a fresh start: every snapshot left is another timeline's
-        if self._committed:
-            raise CheckpointError(
-                f"every committed checkpoint under {self.root} is damaged; "
-                "move them aside to start fresh (checkpoint.resume=false ignores them)"
-            )
-        return None
-
-    def _discard_newer(self, step: int) -> None:
-        """Once ``step`` is restored (0: nothing was): every tier forgets what this rank holds
-        of later steps, the timeline that died, so that no restart can offer it again and no
-        snapshot of a replayed step sits beside one of the old timeline (on a GPU the two
-        differ, and ranks could restore a mix). Each rank removes its own files and the peer
-        copies it holds, before its first step: local, no collective. Storage keeps its
-        committed checkpoints: one newer than ``step`` is there only when it was rejected as
-        damaged, and every restore rejects it again (its next save replaces it)."""
+        """Load the newest sound state into ``trainer`` from the cheapest tier that holds it
+        (``restore.Restore.load_newest``); None if there is none (or ``checkpoint.resume`` is
+        off). Then every snapshot tier forgets what this rank holds of later steps, the
+        timeline that died, so that no restart can offer it again and no snapshot of a replayed
+        step sits beside one of the old timeline (on a GPU the two differ, and ranks could
+        restore a mix): each rank removes its own files and the peer copies it holds, before
+        its first step (local, no collective). Storage keeps its committed checkpoints: one
+        newer than the step is there only when it was rejected as damaged, and every restore
+        rejects it again (its next save replaces it)."""
+        loaded = self.restore.load_newest(trainer) if self.config.resume else None
         for tier in self.snapshot_tiers:
-            tier.discard_newer(step)
+            tier.discard_newer(loaded.step if loaded is not None else 0)
+        if loaded is None:
+            self.restore.raise_if_all_damaged()
+            return None
+        self._latest_committed = loaded.latest_committed
+        return loaded.step
 
 
 def _nothing() -> None:
