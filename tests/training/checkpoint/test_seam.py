@@ -226,3 +226,96 @@ def test_a_new_tier_is_one_module_and_one_registry_row(
     loads = [(e["step"], e["source"]) for e in events if e["kind"] == "checkpoint_load"]
     assert loads == [(6, "toy")]
     assert MANAGER.read_bytes() == before
+
+
+SECTIONS: list[str] = []
+"""The trainer's open sections (``StepHooks.section``), innermost last."""
+
+
+class _Section:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> None:
+        SECTIONS.append(self.name)
+
+    def __exit__(self, *exc: object) -> None:
+        SECTIONS.pop()
+
+
+class _LocalFiles:
+    """Stands in for ``LocalCheckpoints`` (NVRx local checkpoints need CUDA): logs its saves."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def save(self, trainer: Any, *, step: int) -> None:
+        self.log.append(f"local {step} {SECTIONS}")
+
+    def poll(self, *, blocking: bool, keepalive: Any = None) -> None:
+        pass
+
+    def pending(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(60)
+def test_the_schedule_is_the_trainers_old_one(tmp_path: Path, one_rank_group: None) -> None:
+    """``after_step`` keeps the schedule the trainer had: a shared save every ``interval``
+    steps; a local checkpoint every ``local_interval`` steps but not at a shared save's step
+    (both in the ``checkpoint_save`` section); a memory snapshot every ``memory_interval``
+    steps, also at a save's step, outside any section (the real local and memory tiers)."""
+    from training.checkpoint.local import LocalSnapshotTier
+    from training.checkpoint.memory import MemorySnapshots, ProcessMemorySnapshotTier
+
+    log: list[str] = []
+
+    class Snapshots(MemorySnapshots):
+        def take(self, state: dict[str, Any], **kwargs: Any) -> None:
+            log.append(f"memory {kwargs['step']} {SECTIONS}")
+            super().take(state, **kwargs)
+
+    events = EventLog(run_dir=tmp_path, rank=0)
+    root = tmp_path / "checkpoints"
+    local = LocalSnapshotTier(
+        checkpoints=_LocalFiles(log),  # type: ignore[arg-type]
+        path=tmp_path / "local",
+        interval=3,
+        events=events,
+    )
+    memory = ProcessMemorySnapshotTier(
+        snapshots=Snapshots(), interval=2, owner=str(root), rank=0, world_size=1, events=events
+    )
+    manager = CheckpointManager(
+        config=CheckpointConfig(engine="sync", interval=4, keep_last=10),
+        root=root,
+        rank=0,
+        world_size=1,
+        events=events,
+        snapshot_tiers=[local, memory],
+    )
+    manager.start()
+    trainer = _Trainer()
+    for step in range(1, 13):
+        trainer.step = step
+        manager.after_step(trainer, step=step, section=_Section)
+        manager.poll()
+    manager.close()
+    writer.flush()
+    read, _ = read_jsonl(tmp_path / "events.jsonl")
+    assert [e["step"] for e in read if e["kind"] == "checkpoint_committed"] == [4, 8, 12]
+    assert log == [
+        "memory 2 []",
+        "local 3 ['checkpoint_save']",
+        "memory 4 []",
+        "local 6 ['checkpoint_save']",
+        "memory 6 []",
+        "memory 8 []",
+        "local 9 ['checkpoint_save']",
+        "memory 10 []",
+        "memory 12 []",
+    ]
