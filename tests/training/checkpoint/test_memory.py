@@ -24,7 +24,7 @@ from training.runlog.files import read_jsonl
 from training.runlog.metrics import EventLog
 
 
-def _take(manager: Any, trainer: Any, *, step: int) -> None:
+def _take_all(manager: Any, trainer: Any, *, step: int) -> None:
     """Every snapshot tier's take, off the schedule (``CheckpointManager.after_step``)."""
     for tier in manager.snapshot_tiers:
         tier.take(trainer, step=step)
@@ -175,7 +175,7 @@ def test_an_in_process_restart_loads_the_newest_of_memory_and_storage(
     snapshots = MemorySnapshots()
     first = _manager(root, snapshots)
     first.save(_Trainer(1.0, step=10), step=10, blocking=True)
-    _take(first, _Trainer(1.5, step=15), step=15)
+    _take_all(first, _Trainer(1.5, step=15), step=15)
     first.abandon()  # a fault: the attempt ends, the process stays
 
     restarted = _Trainer(0.0)
@@ -209,7 +209,7 @@ def test_a_new_process_or_another_run_finds_no_snapshot(
     snapshots = MemorySnapshots()
     first = _manager(root, snapshots)
     first.save(_Trainer(1.0, step=10), step=10, blocking=True)
-    _take(first, _Trainer(1.5, step=15), step=15)
+    _take_all(first, _Trainer(1.5, step=15), step=15)
     first.abandon()
 
     fresh_process = _Trainer(0.0)  # an in-job restart: new processes, empty snapshots
@@ -332,7 +332,7 @@ def test_a_fault_during_close_after_the_runs_end_leaves_nothing_in_pod_memory(
     )
     try:
         manager.start()
-        _take(manager, _Trainer(1.0, step=3), step=3)
+        _take_all(manager, _Trainer(1.0, step=3), step=3)
         [pod_memory] = manager.snapshot_tiers
         pod_memory.snapshots.wait()
         assert [p for p in shm.rglob("*") if p.is_file() and p.name != "meta"]

@@ -34,7 +34,7 @@ WORLD = 4
 OWNER = "run-peer-test"
 
 
-def _take(manager: Any, trainer: Any, *, step: int) -> None:
+def _take_all(manager: Any, trainer: Any, *, step: int) -> None:
     """Every snapshot tier's take, off the schedule (``CheckpointManager.after_step``)."""
     for tier in manager.snapshot_tiers:
         tier.take(trainer, step=step)
@@ -468,7 +468,7 @@ def _manager_ranks(rank: int, base: str, out: str, port: int) -> None:
         trainer.w.add_(1.0)
         trainer.step = step
         manager.before_update()
-        _take(manager, trainer, step=step)
+        _take_all(manager, trainer, step=step)
     manager.abandon()  # the fault
     dist.barrier()
     if rank == 1:  # node 1 lost: its replacement's pod memory is empty

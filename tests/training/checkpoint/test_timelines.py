@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.timeout(240
 WORLD = 2
 
 
-def _take(manager: Any, trainer: Any, *, step: int) -> None:
+def _take_all(manager: Any, trainer: Any, *, step: int) -> None:
     """Every snapshot tier's take, off the schedule (``CheckpointManager.after_step``)."""
     for tier in manager.snapshot_tiers:
         tier.take(trainer, step=step)
@@ -146,7 +146,7 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
             sf.unpublish(torn)
             tier.copies.exchange(step=step)
         else:
-            _take(m, trainer, step=step)
+            _take_all(m, trainer, step=step)
     dist.barrier()
 
     trainer = _Trainer()
@@ -158,7 +158,7 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
     dist.barrier()
     for step in (12, 14, 16, 18, 20):
         at(trainer, step, timeline=2)
-        _take(m, trainer, step=step)
+        _take_all(m, trainer, step=step)
     dist.barrier()
     if rank == 0:
         results["pod-duplicates"] = duplicates(pods)
@@ -176,7 +176,7 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
     for step in (10, 20):
         at(trainer, step, timeline=1)
         if not (rank == 1 and step == 20):  # rank 1 faulted before its copy of 20
-            _take(m, trainer, step=step)
+            _take_all(m, trainer, step=step)
     m.abandon()
     trainer = _Trainer()
     m = manager("process", restart="inprocess", pod_memory_dir="", peer_copy=False)
@@ -185,7 +185,7 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
         owner=str(m.root), rank=rank, world_size=WORLD
     )
     at(trainer, 20, timeline=2)
-    _take(m, trainer, step=20)
+    _take_all(m, trainer, step=20)
     m.abandon()
     trainer = _Trainer()
     m = manager("process", restart="inprocess", pod_memory_dir="", peer_copy=False)
