@@ -140,7 +140,8 @@ def format_overlays(
             indent="  ",
         ),
         "  A lost node = a silent host: the Job replaces its pod once it is Failed (50 s grace, "
-        "EKS's 30-min Ready repair wait, termination, PodGC), then the restart; docs/node-loss.md.",
+        "the node fencer's wait, EC2 termination, out-of-service taint, PodGC), then the restart; "
+        "docs/node-loss.md.",
     ]
     out += _measured(plans=plans, measured=measured)
     return out
