@@ -13,8 +13,8 @@ ServiceAccount token and CA that the kubelet mounts at
 ``/var/run/secrets/kubernetes.io/serviceaccount`` and the API server's address in
 ``KUBERNETES_SERVICE_HOST``/``_PORT`` (kubernetes.io, "Accessing the Kubernetes API from a
 Pod"). The permission is the ``fsdp-trainer`` ServiceAccount's ``patch`` on nodes, narrowed by a
-ValidatingAdmissionPolicy to this one field on the caller's own node (``manifests/render.py``,
-``node_cordon_objects``).
+ValidatingAdmissionPolicy to this one field on the caller's own node
+(``manifests/objects/cordon.py``, ``node_cordon_objects``).
 
 A cordon that fails (no API, no permission, a refusal) is a warning: the eviction goes on, and
 the replacement may then land on the same node. Torch-free; the client is imported only here.
@@ -36,7 +36,7 @@ SPARE_SELECTOR = (
     "app.kubernetes.io/name=fsdp-train,app.kubernetes.io/component=spare,"
     "app.kubernetes.io/part-of=eks-fsdp-resilient"
 )
-"""The hot spares' pods (``manifests/render.py``, ``spare_objects``: the ``fsdp-spares``
+"""The hot spares' pods (``manifests/objects/spares.py``, ``spare_objects``: the ``fsdp-spares``
 Deployment's pod labels; tests/training/resilience/test_straggler_spares.py pins the two)."""
 NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 """The pod's namespace, mounted with its ServiceAccount token (kubernetes.io, "Accessing the

@@ -25,10 +25,13 @@ Recovery paths per mode (``recovery``):
   recovered in place (the trainer will not shrink the world), so it falls back to ``none``.
 - ``nested`` (in-process inside in-job): in-place faults take the in-process path, a lost node
   the in-job path.
-- a host fault (the node stops answering) waits on EKS's 30-min Ready repair instead of the
-  10-min GPU one; a manual intervention waits ``manual_intervention_s`` then restarts the job.
+- a host fault (the node stops answering) waits for the node fencer (infra/fencer: its wait,
+  EC2's termination, PodGC) instead of the 10-min GPU repair; a manual intervention waits
+  ``manual_intervention_s`` then restarts the job.
 
-Modes users would buy next, NOT SHIPPED, modelled to show what would close the gap at 100k GPUs:
+Modes beyond the four priced in full, modelled to show what would close the gap at 100k GPUs
+(``reserve`` is NOT SHIPPED; ``replica`` ships as ``--restart replica`` and is priced here
+first-order, not yet by its measured terms):
 
 - ``reserve``: NVRx in-process restart with reserve ranks on the hot spares: a lost node's ranks
   are replaced inside the running job (in-process path) while a spare is free; else as

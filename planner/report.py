@@ -241,7 +241,10 @@ def _summary(inputs: Inputs, plans: list[SizePlan]) -> list[str]:
             )
     headers = ["GPUs", "rate", "MTBF", "spares", *ALL_MODES, "replica*"]
     out += text_table(rows, headers=headers, align="><>>" + ">" * (len(ALL_MODES) + 1), indent="  ")
-    out.append("  reserve, replica: NOT SHIPPED (what would close the gap); * first-order estimate")
+    out.append(
+        "  reserve: NOT SHIPPED (what would close the gap); replica*: shipped (--restart replica),"
+        " priced by a first-order model, not yet by its measured terms"
+    )
     return out
 
 

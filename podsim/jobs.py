@@ -274,6 +274,9 @@ def fenced_node_loss_run(tmp_path: Path, *, restart: str = "injob"):
     (infra/fencer) through the EC2 stand-in; EKS repair at its default 30-minute wait. After
     the Job, the fenced node is thawed (`state["thawed"]`: the pids SIGCONT reached,
     `state["log_grew"]`: bytes its old pod's log grew). Returns (result, job, state, times)."""
+    if (missing := ec2_stand_in.moto_reason()) is not None:
+        raise RuntimeError(missing)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     times = replace(EKS, repair_wait_s=EKS_DEFAULT_REPAIR_WAIT_S).scaled(SCALE)
     state: dict = {}
     stop = threading.Event()

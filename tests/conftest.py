@@ -48,6 +48,7 @@ XDIST_GROUPS: dict[str, tuple[str, ...]] = {
     "resilience-reference": ("training/resilience/test_resilience.py",),
     "timelines-runs": ("training/checkpoint/test_timelines.py",),
     "peer-runs": ("training/checkpoint/test_peer.py",),
+    "replica-runs": ("training/replica/test_replica_fault.py",),
     "setup-wheels": ("test_setup_install.py",),
 }
 """Tests that must run on one worker, one after the other, by group (path prefixes under

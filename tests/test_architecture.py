@@ -27,7 +27,7 @@ from support import node_reason
 REPO_ROOT = Path(__file__).resolve().parents[1]
 OPENED = ("training",)
 """Top-level packages whose sub-packages and top-level modules are rooms of their own."""
-LAZY_IMPORTS = 51
+LAZY_IMPORTS = 47
 """First-party imports inside functions (``_lazy_imports``): at most this many. Lower it when
 a move removes some; a new one needs a reason a comment at the import gives (a CLI that stays
 torch-free until a command needs torch, an optional dependency)."""

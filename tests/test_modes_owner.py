@@ -24,7 +24,7 @@ import pytest
 from training import modes
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-PRODUCT = ("training", "manifests", "infra", "planner", "facts", "bench")
+PRODUCT = ("training", "manifests", "infra", "planner", "facts", "bench", "ops", "podsim")
 OWNER = REPO_ROOT / "training" / "modes.py"
 NAMES = frozenset(modes.MODES)
 DECISION_NAMES = NAMES | {"reserve"}

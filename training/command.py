@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from training.config import JobConfig, ResilienceConfig
-from training.hooks import section_timeouts
+from training.hooks import replica_wait_bound_s, section_timeouts
 from training.modes import MODES
 
 LAUNCHERS = {mode: s.launcher for mode, s in MODES.items()}
@@ -109,8 +109,12 @@ def hang_check_interval_s(resilience: ResilienceConfig) -> float:
 
 def injob_timeout_floor_s(resilience: ResilienceConfig) -> float:
     """The least step-section timeout in-job calibration sets: a hang at it is detected within
-    ``hang_floor_s`` (the timeout, then at most one check interval)."""
-    return resilience.hang_floor_s - hang_check_interval_s(resilience)
+    ``hang_floor_s`` (the timeout, then at most one check interval); in replica groups, not
+    below the wait for a failed group (:func:`training.hooks.replica_wait_bound_s`)."""
+    return max(
+        resilience.hang_floor_s - hang_check_interval_s(resilience),
+        replica_wait_bound_s(resilience),
+    )
 
 
 def launcher_command(

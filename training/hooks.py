@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager, nullco
 from dataclasses import dataclass
 
 from training.config import ResilienceConfig
+from training.modes import spec
 
 STEP = "step"
 """Around each training step (forward, backward, optimizer)."""
@@ -20,10 +21,21 @@ CHECKPOINT = "checkpoint"
 """Around checkpoint loading and the blocking part of a save."""
 
 
+def replica_wait_bound_s(resilience: ResilienceConfig) -> float:
+    """The longest a healthy rank of a replica group may sit in one step: a failed group's
+    restart awaited at the quorum (``replica_wait_s``), then torchft's commit or heal
+    (``replica_timeout_s``); 0 outside replica groups. Neither the configured nor the calibrated
+    step timeout may be below it, or the rank monitor would kill the survivors while they wait
+    (training/replica/trainer.py redoes a discarded step inside the step section)."""
+    if not spec(resilience.restart).replica_groups:
+        return 0.0
+    return resilience.replica_wait_s + resilience.replica_timeout_s
+
+
 def section_timeouts(resilience: ResilienceConfig) -> dict[str, float]:
     """Every section the trainer opens -> its timeout in seconds."""
     return {
-        STEP: resilience.step_section_timeout_s,
+        STEP: max(resilience.step_section_timeout_s, replica_wait_bound_s(resilience)),
         CHECKPOINT: resilience.checkpoint_section_timeout_s,
     }
 

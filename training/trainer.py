@@ -325,6 +325,9 @@ class Trainer:
                     attempt=self.attempt,
                 )
             loss = None
+            # This attempt's first step, by count: a replica group that heals from a peer in
+            # begin_step jumps self.step past start_step + 1.
+            steps_this_attempt = 0
             while self.step < c.train.steps:
                 iteration_started = time.perf_counter()
                 self.begin_step()
@@ -338,8 +341,9 @@ class Trainer:
                         local_loss, stop_requested=stop.requested
                     )
                 self.step = next_step
+                steps_this_attempt += 1
                 elapsed = time.perf_counter() - started
-                if self.step == start_step + 1:
+                if steps_this_attempt == 1:
                     emit_phase(self.events, phase=FIRST_STEP, attempt=self.attempt, mode=mode)
                 if logger is not None:
                     logger.log(
@@ -354,7 +358,7 @@ class Trainer:
                     )
                 self.hooks.after_step(self.step)
                 eviction = self.hooks.eviction()  # decided on every rank at this same step
-                if self.step == start_step + 1:
+                if steps_this_attempt == 1:
                     # Out of the step section (it calibrates the hang timeout): the save
                     # plan and the staging buffer (collective).
                     with self.hooks.section("checkpoint_start"):

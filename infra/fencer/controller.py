@@ -31,6 +31,10 @@ from infra.fencer.decide import (
 )
 from infra.fencer.ec2 import GONE, Ec2
 
+API_TIMEOUT_S = 10.0
+"""One Kubernetes request's connect + read timeout (the client's default is none): a hung call
+would stop the loop for good, and the next pass retries anyway (as ``ops/cordon.py``'s)."""
+
 
 class NodeApi(Protocol):
     def list_node(self, **kwargs: Any) -> Any: ...
@@ -99,7 +103,9 @@ class Fencer:
     """Every node this fencer marked out of service, in order."""
 
     def reconcile(self) -> None:
-        items = self.nodes.list_node(label_selector=self.label_selector).items
+        items = self.nodes.list_node(
+            label_selector=self.label_selector, _request_timeout=API_TIMEOUT_S
+        ).items
         raw = {_get(n, "metadata", "name"): n for n in items}
         views = [view(n) for n in items]
         # Gone from the API (deleted once its instance was): nothing left to mark.
@@ -138,7 +144,11 @@ class Fencer:
             if states.get(iid, "terminated") not in GONE:
                 continue
             taints = [_taint_dict(t) for t in _get(raw[name], "spec", "taints") or []]
-            self.nodes.patch_node(name, {"spec": {"taints": [*taints, OUT_OF_SERVICE_TAINT]}})
+            self.nodes.patch_node(
+                name,
+                {"spec": {"taints": [*taints, OUT_OF_SERVICE_TAINT]}},
+                _request_timeout=API_TIMEOUT_S,
+            )
             log("OutOfService", node=name, instance=iid)
             del self.terminating[name]
             self.fenced.append(name)

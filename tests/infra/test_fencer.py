@@ -114,11 +114,13 @@ class _Nodes:
         self.nodes = nodes
         self.patches: list[tuple[str, dict]] = []
 
-    def list_node(self, *, label_selector: str, **_: object) -> SimpleNamespace:
+    def list_node(self, *, label_selector: str, **kwargs: object) -> SimpleNamespace:
         assert label_selector == fencing.SELECTOR
+        assert kwargs.get("_request_timeout"), "every API call carries a timeout"
         return SimpleNamespace(items=list(self.nodes.values()))
 
-    def patch_node(self, name: str, body: dict, **_: object) -> dict:
+    def patch_node(self, name: str, body: dict, **kwargs: object) -> dict:
+        assert kwargs.get("_request_timeout"), "every API call carries a timeout"
         self.patches.append((name, body))
         self.nodes[name]["spec"]["taints"] = body["spec"]["taints"]
         return self.nodes[name]

@@ -66,7 +66,8 @@ def test_an_early_stop_saves_at_its_step_and_says_why(
             "--checkpoint.engine=sync",
         ]
     )
-    result = run_training(config, hooks=StopAt(step=6, how=how), rank=0, world_size=1)
+    stop_at = StopAt(step=6, how=how)
+    result = run_training(config, hooks=lambda _env, _events: stop_at, rank=0, world_size=1)
     assert (result.final_step, result.preempted, result.exit_code) == (6, True, code)
     assert committed_steps(Path(config.checkpoint_dir))[-1] == 6
     writer.flush()

@@ -10,9 +10,10 @@ import pytest
 from support import REPO_ROOT, subprocess_env
 
 from training import exits
-from training.command import Rendezvous, launcher_command
+from training.command import Rendezvous, injob_timeout_floor_s, launcher_command
 from training.config import CheckpointConfig
 from training.exits import ConfigError
+from training.hooks import STEP, section_timeouts
 from training.modes import MODES, snapshot_plan, spec
 from training.overrides import build_config
 from training.replica.launch import group_args, group_dir, group_launches
@@ -141,3 +142,25 @@ def test_each_group_reads_its_own_share_of_every_global_batch() -> None:
     group0 = set(shares[(0, 0)] + shares[(0, 1)])
     group1 = set(shares[(1, 0)] + shares[(1, 1)])
     assert not group0 & group1 and len(group0 | group1) == 24
+
+
+def test_no_step_timeout_kills_a_survivor_while_it_waits_for_a_failed_group() -> None:
+    """A surviving group redoes a discarded step inside the rank monitor's step section, waiting
+    up to replica_wait_s at the quorum and replica_timeout_s in torchft: neither the configured
+    step timeout (the launcher's flag) nor the calibrated one (its floor) may be shorter."""
+    config, _ = build_config(
+        [
+            "--restart=replica",
+            "--resilience.step_section_timeout_s=60",
+            "--resilience.calibrate_timeouts_after=50",
+            "--resilience.replica_wait_s=240",
+            "--resilience.replica_timeout_s=30",
+        ]
+    )
+    r = config.resilience
+    assert section_timeouts(r)[STEP] >= 270
+    assert injob_timeout_floor_s(r) >= 270
+    # Outside replica groups both stay as configured.
+    plain, _ = build_config(["--restart=injob", "--resilience.step_section_timeout_s=60"])
+    assert section_timeouts(plain.resilience)[STEP] == 60
+    assert injob_timeout_floor_s(plain.resilience) < plain.resilience.hang_floor_s

@@ -3,7 +3,7 @@
 Before, a due eviction stopped the node at once; with no spare, the replacement pod stayed
 Pending and the survivors waited in the open rendezvous until ``join_timeout_s`` (1800 s), then
 the Job failed (shared/reviews/checkpoint-tiers.md, "7. Stragglers"). Now rank 0 counts the
-Ready pods of the spares' Deployment (``training.cordon.ready_spares``) when a report would
+Ready pods of the spares' Deployment (``ops.cordon.ready_spares``) when a report would
 evict; with none (or no answer) every rank trains on and rank 0 writes a
 ``straggler_eviction_deferred`` event; the first report that finds a spare evicts.
 
