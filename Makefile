@@ -138,7 +138,7 @@ format: $(VENV)/.stamp ## Apply ruff's fixes and formatting
 # Independent tests run side by side on TEST_WORKERS processes (pytest-xdist; TEST_WORKERS=0: one
 # process); tests that share a machine-wide resource carry an xdist_group (tests/conftest.py)
 # and run one after the other on one worker.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 0
 PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 
 test: setup lint moto-venv ## Run the whole test suite (CPU; GPU tests are skipped without a GPU; <= 20 min on 2 cores)

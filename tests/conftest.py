@@ -40,6 +40,7 @@ XDIST_GROUPS: dict[str, tuple[str, ...]] = {
         "training/launch/test_make_train.py",
         "training/launch/test_local_run_ends.py",
         "bench/test_bench_smoke.py",
+        "bench/test_bench_peer.py",
     ),
     # One synth per configuration for the session (tests/infra/conftest.py): on one worker.
     "infra": ("infra/",),

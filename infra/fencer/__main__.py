@@ -15,6 +15,7 @@ import time
 from infra.fencer.controller import Fencer, log
 from infra.fencer.decide import FencePolicy
 from infra.fencer.ec2 import Ec2
+from infra.fencer.settings import USAGE
 
 REQUIRED = (
     "AWS_REGION",
@@ -34,7 +35,7 @@ def main() -> int:
             "(infra/node_fencer.py)",
             file=sys.stderr,
         )
-        return 2
+        return USAGE
     try:
         policy = FencePolicy(
             wait_s=float(os.environ["FENCE_WAIT_S"]),
@@ -44,7 +45,7 @@ def main() -> int:
         poll_s = float(os.environ["FENCE_POLL_S"])
     except ValueError as err:  # a number that is not one, or out of range: the field named
         print(f"fencer: {err}; the Deployment sets it (infra/node_fencer.py)", file=sys.stderr)
-        return 2
+        return USAGE
     from kubernetes import client, config
 
     config.load_incluster_config()

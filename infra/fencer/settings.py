@@ -23,3 +23,7 @@ class FencerSettings:
 
 
 FENCER = FencerSettings()
+
+USAGE = 2
+"""The exit code of a bad setting: ``training.exits.USAGE``, which the fencer's image does not
+carry (its context is infra/fencer alone); tests/infra/test_node_fencer.py holds them equal."""

@@ -57,8 +57,10 @@ def test_a_priority_class_value_change_is_refused(
     """The review's case (G13): a code change of the store's priority synthesizes an in-place
     update of the manifest, which `kubectl apply` would fail on. A real synth of the change."""
     from manifests import render
+    from manifests.objects import rdzv_store
 
-    monkeypatch.setattr(render, "RDZV_PRIORITY", render.RDZV_PRIORITY + 1)
+    # The builder's own module (render re-exports the name; patching it there changes nothing).
+    monkeypatch.setattr(rdzv_store, "RDZV_PRIORITY", render.RDZV_PRIORITY + 1)
     after, _ = synth(outdir=tmp_path / "cdk")
     changes = replacements.diff(default_template, after, region=REGION)
     (change,) = [c for c in changes if c.type == "PriorityClass"]

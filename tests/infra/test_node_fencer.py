@@ -146,3 +146,10 @@ def test_the_image_holds_every_fencer_module_at_the_locked_versions() -> None:
     for package, arg in (("kubernetes", "KUBERNETES_VERSION"), ("awscrt", "AWSCRT_VERSION")):
         (locked,) = re.findall(rf"^{package}==(\S+)$", lock, re.M)
         assert f"ARG {arg}={locked}" in dockerfile
+
+
+def test_the_fencer_exits_with_the_projects_usage_code() -> None:
+    from infra.fencer.settings import USAGE
+    from training import exits
+
+    assert USAGE == exits.USAGE

@@ -65,10 +65,10 @@ def _shm_files(pids: list[int]) -> set[str]:
 
 
 def _steps(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return 0
-    return path.read_text().count('"step"')
+    """Steps logged so far: in the run directory, or in each replica group's own
+    (training.replica.launch.group_dir), the fewest of them."""
+    paths = sorted(run_dir.glob("group-*/metrics.jsonl")) or [run_dir / "metrics.jsonl"]
+    return min(p.read_text().count('"step"') if p.exists() else 0 for p in paths)
 
 
 @pytest.mark.distributed
