@@ -135,9 +135,9 @@ format: $(VENV)/.stamp ## Apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-# Independent tests run side by side on TEST_WORKERS processes (pytest-xdist; TEST_WORKERS=0: one
-# process); tests that share a machine-wide resource carry an xdist_group (tests/conftest.py)
-# and run one after the other on one worker.
+# TEST_WORKERS=N runs independent tests side by side on N pytest-xdist processes (tests that share
+# a machine-wide resource carry an xdist_group, tests/conftest.py). Default 0 (one process): on
+# 2 cores two workers took 52 min against 50-58 serial, and timing-bound tests failed under it.
 TEST_WORKERS ?= 0
 PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 
