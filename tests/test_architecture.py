@@ -124,6 +124,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.resilience.inject",
         "training.resilience.straggler",
     ),
+    ("training.checkpoint.engines", "training.checkpoint.registry", "training.checkpoint.restore"),
     ("training.checkpoint.manager",),
     ("training.trainer",),
     ("training.replica.trainer",),

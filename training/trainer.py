@@ -77,6 +77,26 @@ class TrainResult:
         return exits.PREEMPTED if self.preempted else exits.OK
 
 
+@dataclass(frozen=True, kw_only=True)
+class StopReason:
+    """Why the loop stops before the run's end, after a final checkpoint: a node evicted
+    (straggler policy, decided on every rank at the same step) or a drain (SIGTERM on some
+    rank, agreed through the step's all-reduce)."""
+
+    status: str
+    """``run_end``'s status: ``evicted`` or ``preempted``."""
+    cause: str
+    eviction: NodeEviction | None = None
+
+    @classmethod
+    def of(cls, *, eviction: NodeEviction | None, drained: bool) -> StopReason | None:
+        if eviction is not None:
+            return cls(status="evicted", cause=eviction.cause, eviction=eviction)
+        if drained:
+            return cls(status="preempted", cause="SIGTERM: final checkpoint committed")
+        return None
+
+
 class Trainer:
     def __init__(
         self,
@@ -241,6 +261,24 @@ class Trainer:
         return self._stats_host.tolist()
 
     # -- the loop --------------------------------------------------------------------------------
+    def _stop(
+        self,
+        reason: StopReason,
+        *,
+        stop: StopRequest,
+        checkpoints: CheckpointManager,
+        loss: float | None,
+    ) -> TrainResult:
+        """Stop before the run's end: a final checkpoint (blocking, no grace deadline), then
+        ``run_end`` with the reason."""
+        stop.saving()
+        with self.hooks.section("checkpoint_save"):
+            checkpoints.save(self, step=self.step, blocking=True)
+        self.events.emit("run_end", step=self.step, status=reason.status, cause=reason.cause)
+        return TrainResult(
+            final_step=self.step, final_loss=loss, preempted=True, eviction=reason.eviction
+        )
+
     def fit(self, *, checkpoints: CheckpointManager) -> TrainResult:
         c = self.config
         slowest_iteration_s = 0.0
@@ -326,48 +364,11 @@ class Trainer:
                     with self.hooks.section("checkpoint_start"):
                         checkpoints.prepare(self)  # the optimizer state exists from here on
                 checkpoints.poll()
-                if eviction is not None:
-                    stop.saving()
-                    with self.hooks.section("checkpoint_save"):
-                        checkpoints.save(self, step=self.step, blocking=True)
-                    self.events.emit(
-                        "run_end", step=self.step, status="evicted", cause=eviction.cause
-                    )
-                    return TrainResult(
-                        final_step=self.step, final_loss=loss, preempted=True, eviction=eviction
-                    )
-                if stop_now:
-                    stop.saving()
-                    with self.hooks.section("checkpoint_save"):
-                        checkpoints.save(self, step=self.step, blocking=True)
-                    self.events.emit(
-                        "run_end",
-                        step=self.step,
-                        status="preempted",
-                        cause="SIGTERM: final checkpoint committed",
-                    )
-                    return TrainResult(final_step=self.step, final_loss=loss, preempted=True)
-                shared_due = bool(c.checkpoint.interval) and self.step % c.checkpoint.interval == 0
-                local_due = (
-                    bool(c.checkpoint.local_interval)
-                    and self.step % c.checkpoint.local_interval == 0
-                )
-                memory_due = (
-                    checkpoints.snapshots_in_memory
-                    and self.step % c.checkpoint.memory_interval == 0
-                )
-                if shared_due and self.step < c.train.steps:
-                    with self.hooks.section("checkpoint_save"):
-                        checkpoints.save(self, step=self.step, blocking=False)
-                elif local_due and self.step < c.train.steps:
-                    with self.hooks.section("checkpoint_save"):
-                        checkpoints.save_local(self, step=self.step)
-                if memory_due and self.step < c.train.steps:
-                    # Also at a save step: a restart then restores it from memory instead of
-                    # reading it back from storage (docs/restore-tiers.md). A copy in host
-                    # memory, not I/O: no section (whose pinger thread and reports cost more
-                    # than the copy of a small model), between two steps.
-                    checkpoints.snapshot(self, step=self.step)
+                reason = StopReason.of(eviction=eviction, drained=stop_now)
+                if reason is not None:
+                    return self._stop(reason, stop=stop, checkpoints=checkpoints, loss=loss)
+                if self.step < c.train.steps:  # the run's last step: the final save below
+                    checkpoints.after_step(self, step=self.step, section=self.hooks.section)
                 slowest_iteration_s = max(
                     slowest_iteration_s, time.perf_counter() - iteration_started
                 )

@@ -37,7 +37,7 @@ class RecordingHooks(StepHooks):
         process = getattr(caller, "process", None)
         if process is None or not process.is_alive():
             return "none"
-        queues = [m._nvrx for m in run._LEFTOVERS if m._nvrx is not None]
+        queues = [q for m in run._LEFTOVERS if (q := getattr(m.engine, "queue", None))]
         return "spawned" if any(q.binding for q in queues) else "ready"
 
     def before_step(self, step: int) -> None:

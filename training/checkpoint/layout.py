@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -146,3 +147,36 @@ def retention_victims(steps: list[int], *, keep_last: int, keep_every: int) -> l
     if keep_every:
         keep |= {s for s in steps if s % keep_every == 0}
     return [s for s in steps if s not in keep]
+
+
+def apply_retention(root: Path, *, keep_last: int, keep_every: int) -> None:
+    """Delete the committed checkpoints :func:`retention_victims` names (rank 0, after a
+    commit)."""
+    for victim in retention_victims(
+        committed_steps(root), keep_last=keep_last, keep_every=keep_every
+    ):
+        path = step_dir(root, victim)
+        # Drop the commit record first: a half-deleted directory is then merely torn.
+        (path / COMMIT).unlink(missing_ok=True)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_torn(root: Path) -> None:
+    """Delete every uncommitted step directory under ``root``. Only at the start, on rank 0,
+    before any save of the attempt: an uncommitted directory then belongs to an attempt that
+    died, never to a write in flight."""
+    for entry in root.iterdir():
+        if STEP_DIR.match(entry.name) and not (entry / COMMIT).is_file():
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def fresh_step_dir(root: Path, step: int) -> Path:
+    """An empty directory for a save of ``step`` (rank 0). A checkpoint of this step from an
+    earlier attempt (found damaged, or torn) is un-committed first, so its old record never
+    vouches for new, partial files."""
+    path = step_dir(root, step)
+    if path.exists():
+        (path / COMMIT).unlink(missing_ok=True)
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path

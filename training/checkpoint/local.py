@@ -51,9 +51,16 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from training.checkpoint.layout import file_crc32
-from training.checkpoint.tiers import Restored, state_bytes
+from training.checkpoint.tiers import (
+    Restored,
+    RestoreTier,
+    SnapshotTier,
+    TierContext,
+    state_bytes,
+)
 from training.durable import write_json_atomic
 from training.exits import ConfigError
+from training.runlog.metrics import EventLog
 
 log = logging.getLogger(__name__)
 SIDECAR = ".crc32.json"
@@ -501,3 +508,84 @@ class LocalTier:
         loaded = self.checkpoints.load_into(trainer)  # NVRx loads its newest: the one listed
         assert loaded == step, f"NVRx loaded step {loaded}, listed {step}"
         return Restored(path=str(self.path), nbytes=state_bytes(trainer.state_dict()))
+
+
+class LocalSnapshotTier(SnapshotTier):
+    """The ``local`` snapshot tier: every ``checkpoint.local_interval`` steps (but not at a
+    shared save's step) an NVRx local checkpoint of this rank's shard on node-local NVMe, written
+    by its own non-persistent queue (``local_checkpoint.py``). Collective (its replication and
+    finalization)."""
+
+    name = "local"
+    io = True
+
+    def __init__(
+        self,
+        *,
+        checkpoints: LocalCheckpoints,
+        path: Path,
+        interval: int,
+        events: EventLog,
+        keepalive: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.checkpoints = checkpoints
+        self.path = path
+        self.interval = interval
+        self.events = events
+        self.keepalive = keepalive
+        self._pending = False
+
+    def restore_tiers(self) -> list[RestoreTier]:
+        return [LocalTier(self.checkpoints, path=self.path)]
+
+    def due(self, step: int, *, shared: bool) -> bool:
+        return bool(self.interval) and step % self.interval == 0 and not shared
+
+    def take(self, trainer: Any, *, step: int) -> None:
+        started = time.perf_counter()
+        self.checkpoints.save(trainer, step=step)
+        self._pending = True
+        self.events.emit(
+            "checkpoint_staged",
+            step=step,
+            engine="nvrx_local",
+            blocking_s=time.perf_counter() - started,
+        )
+
+    def poll(self) -> None:
+        if self._pending:
+            self.checkpoints.poll(blocking=False)
+            self._pending = self.checkpoints.pending() > 0
+
+    def wait(self) -> None:
+        self.checkpoints.poll(blocking=True, keepalive=self.keepalive)
+        self._pending = False
+
+    def discard_newer(self, step: int) -> None:
+        self.checkpoints.discard_newer(step)
+
+    def close(self) -> None:
+        self.checkpoints.close()
+
+    def abandon(self) -> None:
+        self.checkpoints.abandon()
+        self._pending = False
+
+
+def snapshot_tier(context: TierContext) -> LocalSnapshotTier | None:
+    """The registry's row: on when ``checkpoint.local_dir`` is set (GPU only)."""
+    if not context.config.local_dir:
+        return None
+    checkpoints = LocalCheckpoints(
+        root=Path(context.config.local_dir),
+        session_id=session_id_for(context.root),
+        world_size=context.world_size,
+        local_world_size=context.local_world_size,
+    )
+    return LocalSnapshotTier(
+        checkpoints=checkpoints,
+        path=Path(context.config.local_dir),
+        interval=context.config.local_interval,
+        events=context.events,
+        keepalive=context.keepalive,
+    )

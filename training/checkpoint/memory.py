@@ -25,13 +25,23 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from training.checkpoint.snapshot_files import walk as _walk
-from training.checkpoint.tiers import Rejected, Restored, agree, common_steps
+from training.checkpoint.tiers import (
+    Rejected,
+    Restored,
+    RestoreTier,
+    SnapshotTier,
+    TierContext,
+    agree,
+    common_steps,
+)
+from training.runlog.metrics import EventLog
 
 
 @dataclass
@@ -224,3 +234,77 @@ class ProcessMemoryTier:
 
 SNAPSHOTS = MemorySnapshots()
 """This process's snapshots: in-process restarts run every attempt in the same process."""
+
+
+class ProcessMemorySnapshotTier(SnapshotTier):
+    """The ``memory`` snapshot tier: every ``checkpoint.memory_interval`` steps a copy of the
+    rank's state in this process's memory (``SNAPSHOTS``). Local to the rank: no collective."""
+
+    name = "memory"
+
+    def __init__(
+        self,
+        *,
+        snapshots: MemorySnapshots,
+        interval: int,
+        owner: str,
+        rank: int,
+        world_size: int,
+        events: EventLog,
+    ) -> None:
+        self.snapshots = snapshots
+        self.interval = interval
+        self.owner = owner
+        self.rank, self.world_size = rank, world_size
+        self.events = events
+
+    def restore_tiers(self) -> list[RestoreTier]:
+        return [
+            ProcessMemoryTier(
+                self.snapshots, owner=self.owner, rank=self.rank, world_size=self.world_size
+            )
+        ]
+
+    def due(self, step: int, *, shared: bool) -> bool:
+        # Also at a shared save's step: a restart then restores it from memory instead of
+        # reading it back from storage (docs/restore-tiers.md).
+        return step % self.interval == 0
+
+    def take(self, trainer: Any, *, step: int) -> None:
+        started = time.perf_counter()
+        self.snapshots.take(
+            trainer.state_dict(),
+            owner=self.owner,
+            step=step,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+        self.events.emit(
+            "memory_snapshot", step=step, blocking_s=time.perf_counter() - started, tier=self.name
+        )
+
+    def before_update(self) -> None:
+        self.snapshots.before_update()
+
+    def discard_newer(self, step: int) -> None:
+        self.snapshots.discard_newer(step)
+
+    def release(self) -> None:
+        self.snapshots.clear()  # the run is over: nothing restarts into this process
+
+    def abandon(self) -> None:
+        pass  # an in-process restart restores from it
+
+
+def snapshot_tier(context: TierContext) -> ProcessMemorySnapshotTier | None:
+    """The registry's row: on when ``training.modes.snapshot_plan`` picks process memory."""
+    if context.plan.tier != "memory":
+        return None
+    return ProcessMemorySnapshotTier(
+        snapshots=SNAPSHOTS,
+        interval=context.config.memory_interval,
+        owner=str(context.root),
+        rank=context.rank,
+        world_size=context.world_size,
+        events=context.events,
+    )

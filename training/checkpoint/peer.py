@@ -70,7 +70,16 @@ import torch.distributed as dist
 from training.checkpoint import device_threads
 from training.checkpoint import snapshot_files as files
 from training.checkpoint.layout import crc32
-from training.checkpoint.tiers import Rejected, Restored, agree, state_bytes
+from training.checkpoint.pod_memory import PodMemorySnapshotTier, remove_run_dir_if_empty
+from training.checkpoint.tiers import (
+    Rejected,
+    Restored,
+    RestoreTier,
+    SnapshotTier,
+    TierContext,
+    agree,
+    state_bytes,
+)
 from training.checkpoint.transfer import (
     BUCKET_BYTES,
     Incoming,
@@ -642,6 +651,75 @@ class PeerTier:
             return Rejected(path=where, problem=problem)
         trainer.load_state_dict(state)
         return Restored(path=where, nbytes=state_bytes(state))
+
+
+class PeerSnapshotTier(SnapshotTier):
+    """The ``peer`` snapshot tier: the pod-memory tier it wraps, plus the exchange of each
+    snapshot with the ring's neighbours. Each take is collective: every rank settles the
+    previous exchange before a slot is reused, snapshots (unless the pod-memory tier is off:
+    then it sends nothing and still receives its source's), and starts the next exchange."""
+
+    name = SOURCE
+
+    def __init__(self, *, pod_memory: PodMemorySnapshotTier, copies: PeerCopies) -> None:
+        self.wraps = self.pod_memory = pod_memory
+        self.copies = copies
+
+    def restore_tiers(self) -> list[RestoreTier]:
+        return [*self.pod_memory.restore_tiers(), PeerTier(self.copies)]
+
+    def due(self, step: int, *, shared: bool) -> bool:
+        return self.pod_memory.due(step, shared=shared)
+
+    def start(self) -> None:
+        self.pod_memory.start()
+
+    def prepare(self, trainer: Any) -> None:
+        self.pod_memory.prepare(trainer)
+
+    def take(self, trainer: Any, *, step: int) -> None:
+        self.copies.settle()  # collective: the previous copies are in before a slot is reused
+        self.pod_memory.take(trainer, step=step)
+        self.copies.exchange(step=step)  # collective: every rank snapshots at the same steps
+
+    def before_update(self) -> None:
+        self.pod_memory.before_update()
+
+    def discard_newer(self, step: int) -> None:
+        self.pod_memory.discard_newer(step)
+        self.copies.discard_newer(step)
+
+    def release(self) -> None:
+        self.pod_memory.release()
+        self.copies.close()
+        remove_run_dir_if_empty(self.pod_memory.snapshots.root)
+
+    def abandon(self) -> None:
+        self.copies.abandon()  # its exchange thread publishes nothing more
+        self.pod_memory.abandon()
+
+
+def snapshot_tier(context: TierContext) -> PeerSnapshotTier | None:
+    """The registry's row: on over the pod-memory tier (built by the row above) when
+    ``checkpoint.peer_copy`` asks for it and the ring has a neighbour (:func:`for_job`)."""
+    pod_memory = next((t for t in context.built if isinstance(t, PodMemorySnapshotTier)), None)
+    if pod_memory is None:
+        return None
+    snapshots = pod_memory.snapshots
+    copies = for_job(
+        config=context.config,
+        root=snapshots.root,
+        owner=snapshots.owner,
+        rank=context.rank,
+        world_size=context.world_size,
+        events=context.events,
+        published=snapshots.publication,
+        keepalive=context.keepalive,
+    )
+    if copies is None:
+        return None
+    snapshots.checksum = True  # a CRC32 only for a copy that travels
+    return PeerSnapshotTier(pod_memory=pod_memory, copies=copies)
 
 
 _EMPTY = torch.empty(0, dtype=torch.uint8)

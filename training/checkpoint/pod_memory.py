@@ -39,6 +39,7 @@ import fcntl
 import os
 import shutil
 import time
+import warnings
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -48,7 +49,16 @@ import torch
 
 from training.checkpoint import device_threads
 from training.checkpoint import snapshot_files as sf
-from training.checkpoint.tiers import Rejected, Restored, agree, common_steps
+from training.checkpoint.tiers import (
+    Rejected,
+    Restored,
+    RestoreTier,
+    SnapshotTier,
+    TierContext,
+    agree,
+    common_steps,
+)
+from training.runlog.metrics import EventLog
 from training.runlog.verdict import RUN_ID_ENV
 
 PUBLISH_POLL_S = 0.05
@@ -449,27 +459,107 @@ class PodMemoryTier:
         return Restored(path=where, nbytes=nbytes)
 
 
-def take_snapshot(trainer: Any, *, snapshots: PodMemorySnapshots) -> float:
-    """Take a complete pod-memory snapshot of ``trainer`` at its step, outside the training
-    loop (benchmarks, scripts); returns the seconds until it is published."""
-    started = time.perf_counter()
-    snapshots.take(trainer.state_dict(), step=int(trainer.step))
-    snapshots.wait()
-    return time.perf_counter() - started
-
-
-def restore_snapshot(trainer: Any, *, snapshots: PodMemorySnapshots) -> int | None:
-    """Restore ``trainer`` from its newest sound pod-memory snapshot, outside the training loop
-    (one rank, no collective); the step, or None when there is none."""
-    state = trainer.state_dict()
-    for path, meta in snapshots.held():
-        _, problem = snapshots.check(state, step=meta.step)
-        if problem is None:
-            snapshots.restore(state, path=path)
-            trainer.load_state_dict(state)
-            return meta.step
-    return None
-
-
 def _nothing() -> None:
     pass
+
+
+class PodMemorySnapshotTier(SnapshotTier):
+    """The ``pod_memory`` snapshot tier: every ``checkpoint.memory_interval`` steps a copy of
+    the rank's state in the pod's ``/dev/shm`` (:class:`PodMemorySnapshots`). Local to the
+    rank: no collective. A failed take turns it off for the rest of the attempt
+    (:meth:`_failed`)."""
+
+    name = "pod_memory"
+
+    def __init__(
+        self,
+        *,
+        snapshots: PodMemorySnapshots,
+        interval: int,
+        local_world_size: int,
+        events: EventLog,
+        keepalive: Callable[[], None] = _nothing,
+    ) -> None:
+        self.snapshots = snapshots
+        self.interval = interval
+        self.local_world_size = local_world_size
+        self.events = events
+        self.keepalive = keepalive
+        self.off = False
+        """A snapshot failed in this attempt: none is taken any more."""
+
+    def restore_tiers(self) -> list[RestoreTier]:
+        return [PodMemoryTier(self.snapshots)]
+
+    def due(self, step: int, *, shared: bool) -> bool:
+        return step % self.interval == 0  # also at a shared save's step, as ``memory``
+
+    def start(self) -> None:
+        # Before the restore, which may need room for a peer's copy: what no restore of this
+        # run can use (another world size's snapshots, dead runs' directories).
+        self.snapshots.prune()
+
+    def prepare(self, trainer: Any) -> None:
+        self.snapshots.prepare(trainer.state_dict())  # slots mapped, pinned off-thread
+
+    def take(self, trainer: Any, *, step: int) -> None:
+        if self.off:
+            return
+        started = time.perf_counter()
+        try:
+            self.snapshots.take(trainer.state_dict(), step=step, keepalive=self.keepalive)
+        except OSError as err:  # no room, or no mapping (PodMemorySnapshots.take)
+            self._failed(err, step=step)
+            return
+        self.events.emit(
+            "memory_snapshot", step=step, blocking_s=time.perf_counter() - started, tier=self.name
+        )
+
+    def _failed(self, err: Exception, *, step: int) -> None:
+        """A snapshot failed (no room in the tmpfs: ENOSPC from the reservation, or the CUDA
+        registration of its mapping): this rank takes no more for the rest of the attempt, its
+        snapshots go (their pages back to the pod), and restarts read storage. A warning and a
+        ``memory_snapshot_off`` event say why; training goes on."""
+        self.snapshots.disable()
+        self.off = True
+        message = (
+            f"pod-memory snapshots off on rank {self.snapshots.rank} from step {step}: {err}; "
+            "restarts restore from storage (free /dev/shm, or raise the pod's shm size)"
+        )
+        warnings.warn(message, stacklevel=3)
+        print(f"WARNING: {message}", flush=True)
+        self.events.emit("memory_snapshot_off", step=step, tier=self.name, reason=str(err))
+
+    def before_update(self) -> None:
+        self.snapshots.before_update()
+
+    def discard_newer(self, step: int) -> None:
+        self.snapshots.discard_newer(step)
+        self.snapshots.prune_other_nodes(local_world_size=self.local_world_size)
+
+    def release(self) -> None:
+        self.snapshots.close(remove=True)  # nor into this pod: /dev/shm is left empty
+
+    def abandon(self) -> None:
+        pass  # a restart that keeps the pod restores from it
+
+
+def snapshot_tier(context: TierContext) -> PodMemorySnapshotTier | None:
+    """The registry's row: on when ``training.modes.snapshot_plan`` picks the pod's memory."""
+    if context.plan.tier != "pod_memory":
+        return None
+    owner = run_identity(context.root)
+    snapshots = PodMemorySnapshots.for_rank(
+        root=run_root(context.config.pod_memory_dir, owner),
+        owner=owner,
+        rank=context.rank,
+        world_size=context.world_size,
+    )
+    snapshots.checksum = False  # the peer tier turns it on for a copy that travels
+    return PodMemorySnapshotTier(
+        snapshots=snapshots,
+        interval=context.config.memory_interval,
+        local_world_size=context.local_world_size,
+        events=context.events,
+        keepalive=context.keepalive,
+    )

@@ -17,11 +17,17 @@ import torch
 
 from training.checkpoint.layout import step_dir
 from training.checkpoint.manager import CheckpointManager
-from training.checkpoint.memory import MemorySnapshots
+from training.checkpoint.memory import MemorySnapshots, ProcessMemorySnapshotTier
 from training.config import POD_MEMORY_DIR, CheckpointConfig, JobConfig, ResilienceConfig
 from training.runlog import writer
 from training.runlog.files import read_jsonl
 from training.runlog.metrics import EventLog
+
+
+def _take_all(manager: Any, trainer: Any, *, step: int) -> None:
+    """Every snapshot tier's take, off the schedule (``CheckpointManager.after_step``)."""
+    for tier in manager.snapshot_tiers:
+        tier.take(trainer, step=step)
 
 
 def _state(fill: float, *, step: int) -> dict[str, Any]:
@@ -137,13 +143,17 @@ class _Trainer:
 
 
 def _manager(root: Path, snapshots: MemorySnapshots | None) -> CheckpointManager:
+    events = EventLog(run_dir=root.parent, rank=0)
+    tier = ProcessMemorySnapshotTier(
+        snapshots=snapshots, interval=5, owner=str(root), rank=0, world_size=1, events=events
+    )
     manager = CheckpointManager(
         config=CheckpointConfig(engine="sync", memory_interval=5),
         root=root,
         rank=0,
         world_size=1,
-        events=EventLog(run_dir=root.parent, rank=0),
-        memory=snapshots,
+        events=events,
+        snapshot_tiers=[tier] if snapshots is not None else [],
     )
     manager.start()
     return manager
@@ -165,7 +175,7 @@ def test_an_in_process_restart_loads_the_newest_of_memory_and_storage(
     snapshots = MemorySnapshots()
     first = _manager(root, snapshots)
     first.save(_Trainer(1.0, step=10), step=10, blocking=True)
-    first.snapshot(_Trainer(1.5, step=15), step=15)
+    _take_all(first, _Trainer(1.5, step=15), step=15)
     first.abandon()  # a fault: the attempt ends, the process stays
 
     restarted = _Trainer(0.0)
@@ -199,7 +209,7 @@ def test_a_new_process_or_another_run_finds_no_snapshot(
     snapshots = MemorySnapshots()
     first = _manager(root, snapshots)
     first.save(_Trainer(1.0, step=10), step=10, blocking=True)
-    first.snapshot(_Trainer(1.5, step=15), step=15)
+    _take_all(first, _Trainer(1.5, step=15), step=15)
     first.abandon()
 
     fresh_process = _Trainer(0.0)  # an in-job restart: new processes, empty snapshots
@@ -233,7 +243,7 @@ def test_snapshots_are_taken_only_where_a_restart_can_restore_them(
     manager = CheckpointManager.for_job(
         config=config, rank=0, world_size=1, events=EventLog(run_dir=tmp_path, rank=0)
     )
-    assert manager.snapshots_in_memory is (tier is not None)
+    assert [t.name for t in manager.snapshot_tiers] == ([tier] if tier else [])
     names = [t.name for t in manager.tiers]
     assert names == [*([tier] if tier else []), "storage"], names
 
@@ -322,8 +332,9 @@ def test_a_fault_during_close_after_the_runs_end_leaves_nothing_in_pod_memory(
     )
     try:
         manager.start()
-        manager.snapshot(_Trainer(1.0, step=3), step=3)
-        manager._pod_memory.wait()
+        _take_all(manager, _Trainer(1.0, step=3), step=3)
+        [pod_memory] = manager.snapshot_tiers
+        pod_memory.snapshots.wait()
         assert [p for p in shm.rglob("*") if p.is_file() and p.name != "meta"]
 
         def interrupted() -> None:

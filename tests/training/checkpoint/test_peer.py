@@ -34,6 +34,12 @@ WORLD = 4
 OWNER = "run-peer-test"
 
 
+def _take_all(manager: Any, trainer: Any, *, step: int) -> None:
+    """Every snapshot tier's take, off the schedule (``CheckpointManager.after_step``)."""
+    for tier in manager.snapshot_tiers:
+        tier.take(trainer, step=step)
+
+
 def test_the_ring_puts_each_copy_on_the_same_local_rank_of_the_next_node() -> None:
     assert [peer.holder_of(r, world_size=8, local_world_size=2) for r in range(8)] == [
         2,
@@ -462,7 +468,7 @@ def _manager_ranks(rank: int, base: str, out: str, port: int) -> None:
         trainer.w.add_(1.0)
         trainer.step = step
         manager.before_update()
-        manager.snapshot(trainer, step=step)
+        _take_all(manager, trainer, step=step)
     manager.abandon()  # the fault
     dist.barrier()
     if rank == 1:  # node 1 lost: its replacement's pod memory is empty

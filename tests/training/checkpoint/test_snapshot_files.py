@@ -368,7 +368,7 @@ def test_a_full_tmpfs_turns_pod_memory_off_and_the_run_goes_on_from_storage() ->
             for step in (1, 2, 3):
                 trainer.step = step
                 trainer.w.fill_(step)
-                m.snapshot(trainer, step=step)
+                m.after_step(trainer, step=step)  # the schedule: every step
         m.save(trainer, step=3, blocking=True)
         print("warned", [str(w.message)[:40] for w in caught])
         m.abandon()

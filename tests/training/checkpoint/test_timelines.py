@@ -37,6 +37,12 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.timeout(240
 WORLD = 2
 
 
+def _take_all(manager: Any, trainer: Any, *, step: int) -> None:
+    """Every snapshot tier's take, off the schedule (``CheckpointManager.after_step``)."""
+    for tier in manager.snapshot_tiers:
+        tier.take(trainer, step=step)
+
+
 class _Trainer:
     """The manager's ``StatefulTrainer``: one weight vector and the step."""
 
@@ -132,14 +138,15 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
         at(trainer, step, timeline=1)
         if rank == 1 and step == 20:
             # Killed in the middle of the publish: the slot is written, its meta never is.
-            m._peer.settle()  # collective, as in CheckpointManager.snapshot
-            m._pod_memory.take(trainer.state_dict(), step=step)
-            m._pod_memory.wait()
-            [torn] = [d for d, meta in m._pod_memory.held() if meta.step == 20]
+            [tier] = m.snapshot_tiers  # the peer tier over the pod-memory one
+            tier.copies.settle()  # collective, as in PeerSnapshotTier.take
+            tier.pod_memory.snapshots.take(trainer.state_dict(), step=step)
+            tier.pod_memory.snapshots.wait()
+            [torn] = [d for d, meta in tier.pod_memory.snapshots.held() if meta.step == 20]
             sf.unpublish(torn)
-            m._peer.exchange(step=step)
+            tier.copies.exchange(step=step)
         else:
-            m.snapshot(trainer, step=step)
+            _take_all(m, trainer, step=step)
     dist.barrier()
 
     trainer = _Trainer()
@@ -151,7 +158,7 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
     dist.barrier()
     for step in (12, 14, 16, 18, 20):
         at(trainer, step, timeline=2)
-        m.snapshot(trainer, step=step)
+        _take_all(m, trainer, step=step)
     dist.barrier()
     if rank == 0:
         results["pod-duplicates"] = duplicates(pods)
@@ -169,7 +176,7 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
     for step in (10, 20):
         at(trainer, step, timeline=1)
         if not (rank == 1 and step == 20):  # rank 1 faulted before its copy of 20
-            m.snapshot(trainer, step=step)
+            _take_all(m, trainer, step=step)
     m.abandon()
     trainer = _Trainer()
     m = manager("process", restart="inprocess", pod_memory_dir="", peer_copy=False)
@@ -178,7 +185,7 @@ def _ranks(rank: int, base: str, out: str, port: int) -> None:
         owner=str(m.root), rank=rank, world_size=WORLD
     )
     at(trainer, 20, timeline=2)
-    m.snapshot(trainer, step=20)
+    _take_all(m, trainer, step=20)
     m.abandon()
     trainer = _Trainer()
     m = manager("process", restart="inprocess", pod_memory_dir="", peer_copy=False)
