@@ -32,6 +32,7 @@ Two estimators, reported side by side:
     python -m bench.overhead --reanalyze  # rebuild the result from the last runs' directories
     python -m bench.overhead --diagnose   # 5 runs x 100 steps, ~4 min
     python -m bench.overhead --straggler  # the straggler detector on vs off, ~3 min
+    python -m bench.overhead --split      # the layers bare and the features alone, ~6 min
 
 ``--diagnose`` (not part of ``make bench``) answers why the 4-rank in-job goodput steps looked
 slower than the baseline's: 4 ranks, the tiny model, a checkpoint every 25 steps, restart
@@ -660,6 +661,94 @@ def straggler(*, rounds: int = STRAGGLER_ROUNDS, steps: int = STRAGGLER_STEPS) -
     return result
 
 
+SPLIT_VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "floor": ("none", FEATURES_OFF),
+    "features": ("none", ("--metrics-port=9402",)),
+    "inprocess_bare": ("inprocess", FEATURES_OFF),
+    "injob_bare": ("injob", FEATURES_OFF),
+}
+"""``--split``'s runs: the floor; the default features on plain torchrun (straggler detection
+and the exporter: pod-memory snapshots run in the restart layers only); each restart layer with
+every feature off. Which of the two, the layer or the features, costs the step's own time."""
+SPLIT_ROUNDS = 4
+
+
+def split(*, rounds: int = SPLIT_ROUNDS, steps: int = STEPS[2]) -> dict[str, Any]:
+    """Where the round ratios' cost sits at 2 ranks: each variant of :data:`SPLIT_VARIANTS`
+    against the same round's floor (interleaved, order rotating), for the step interval and for
+    the step's own time (``step_time_s``: the forward, backward and optimizer, which the
+    within-run attribution between steps cannot see)."""
+    names = tuple(SPLIT_VARIANTS)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for round_ in range(rounds):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            mode, overrides = SPLIT_VARIANTS[name]
+            run_dir = RUNS_DIR / "overhead" / f"split_{name}_{round_}"
+            runs[name].append(
+                _one(
+                    nproc=2,
+                    mode=mode,
+                    steps=steps,
+                    run_dir=run_dir,
+                    overrides=overrides,
+                    quiet_s=3.0,
+                )
+            )
+    floor = runs["floor"]
+    rows: dict[str, dict[str, Any]] = {}
+    for name, rs in runs.items():
+        rows[name] = {
+            "interval_s": median(r["interval_s"] for r in rs),
+            "step_time_s": median(r["step_time_s"] for r in rs),
+            "interval_overhead": spread(
+                [r["interval_s"] / f["interval_s"] - 1.0 for r, f in zip(rs, floor, strict=True)]
+            ),
+            "step_time_overhead": spread(
+                [r["step_time_s"] / f["step_time_s"] - 1.0 for r, f in zip(rs, floor, strict=True)]
+            ),
+            "runs": rs,
+        }
+    result = {
+        "machine": machine(),
+        "nproc": 2,
+        "steps": steps,
+        "rounds": rounds,
+        "warmup_steps": WARMUP,
+        "variants": {name: " ".join((m, *o)) for name, (m, o) in SPLIT_VARIANTS.items()},
+        "load_average": load_average(),
+        "cases": rows,
+        **{
+            f"{name}_{figure}": rows[name][figure]["median"]
+            for name in names
+            if name != "floor"
+            for figure in ("interval_overhead", "step_time_overhead")
+        },
+    }
+
+    def pct(o: dict[str, Any]) -> str:
+        ci = o["ci"]
+        return f"{o['median']:+.1%} ({ci[0]:+.1%}..{ci[1]:+.1%})" if ci else "-"
+
+    print(
+        table(
+            ["variant", "interval s", "step s", "interval / floor - 1 (CI)", "step / floor - 1"],
+            [
+                (
+                    name,
+                    r["interval_s"],
+                    r["step_time_s"],
+                    pct(r["interval_overhead"]),
+                    pct(r["step_time_overhead"]),
+                )
+                for name, r in rows.items()
+            ],
+        )
+    )
+    write_result("overhead_split", result)
+    return result
+
+
 def report(result: dict[str, Any]) -> str:
     lines = [f"load: {result.get('uptime', '')}"]
     for nproc, modes in result["by_nproc"].items():
@@ -736,8 +825,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the straggler detector on vs off, 2 ranks (not in make bench)",
     )
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="2 ranks: the layers with every feature off, and the features on plain torchrun, "
+        "each against the floor (not in make bench)",
+    )
     args = parser.parse_args(argv)
     ensure_corpus()
+    if args.split:
+        split(rounds=max(1, args.rounds or SPLIT_ROUNDS))
+        return 0
     if args.straggler:
         straggler(rounds=max(1, args.rounds or STRAGGLER_ROUNDS))
         return 0
