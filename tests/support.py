@@ -5,9 +5,11 @@ Not a test module: it only builds corpora, starts real training jobs and reads t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -94,22 +96,30 @@ def run_torchrun(
     return RunResult(returncode=proc.returncode, output=proc.stdout, run_dir=run_dir)
 
 
-def run_in_repo(command: list[str], *, timeout: float) -> subprocess.CompletedProcess:
+def run_in_repo(
+    command: list[str], *, timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run ``command`` from the repository root with the test environment, stdout and stderr
-    together in ``.stdout``; a timeout fails the test with the output's tail."""
+    together in ``.stdout``; a timeout fails the test with the output's tail. The command runs
+    in a session of its own, and a timeout kills its whole process group: a launcher's ranks
+    (torchrun's workers, a benchmark's) never outlive the test that started them."""
+    proc = subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        env=subprocess_env() if env is None else env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        return subprocess.run(
-            command,
-            cwd=REPO_ROOT,
-            env=subprocess_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired as err:
-        output = err.stdout.decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
         pytest.fail(f"{Path(command[0]).name} timed out after {timeout}s:\n{output[-4000:]}")
+    return subprocess.CompletedProcess(command, proc.returncode, stdout=output)
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from support import run_in_repo
 
 
 @pytest.mark.slow
@@ -23,15 +21,12 @@ def test_quick_checkpoint_benchmark_writes_its_keys(tmp_path: Path) -> None:
         "BENCH_RUNS_DIR": str(tmp_path / "runs"),
         "OMP_NUM_THREADS": "1",
     }
-    proc = subprocess.run(
+    proc = run_in_repo(
         [sys.executable, "-m", "bench.run_all", "--quick", "--only", "checkpoint"],
-        cwd=REPO_ROOT,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=140,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stdout[-6000:]
     result = json.loads((tmp_path / "results" / "checkpoint.json").read_text())
     for key in ("nvrx_async_blocking_s", "torch_async_blocking_s", "sync_blocking_s"):
         assert result[key] > 0, key
