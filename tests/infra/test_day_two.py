@@ -19,8 +19,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +27,7 @@ from typing import Any
 import pytest
 from cfn_emulator import emulated_cloudformation, no_credentials_env
 from infra_synth import CDK_JSON_CONTEXT, mask_asset_hashes, synth
-from support import cdk_cli_reason, requires
+from support import cdk_cli_reason, requires, requires_aws_cli
 
 from infra import deployed, first_deploy, replacements
 from infra.config import STACK_NAME, load_config
@@ -572,23 +570,7 @@ def test_the_images_stack_is_diffed_too(images_template: dict[str, Any]) -> None
 # --- the deployed stack, read through the AWS CLI from an emulated CloudFormation ------------
 
 
-def _aws_cli_reads_the_emulator() -> str | None:
-    """Why the AWS CLI cannot be pointed at the emulator here (None: it can). Service-specific
-    endpoint variables arrived in AWS CLI v1 with botocore 1.31 and in v2.13 (AWS SDKs and
-    Tools reference guide, "Service-specific endpoints"); an older CLI would call AWS."""
-    if shutil.which("aws") is None:
-        return "the AWS CLI (aws) is not installed"
-    version = subprocess.run(["aws", "--version"], capture_output=True, text=True).stdout
-    version += subprocess.run(["aws", "--version"], capture_output=True, text=True).stderr
-    v1 = re.search(r"botocore/(\d+)\.(\d+)", version)
-    v2 = re.search(r"aws-cli/2\.(\d+)", version)
-    if (v2 and int(v2.group(1)) >= 13) or (not v2 and v1 and (int(v1[1]), int(v1[2])) >= (1, 31)):
-        return None
-    return f"AWS CLI {version.strip()} has no service-specific endpoint variables"
-
-
-NO_EMULATION = _aws_cli_reads_the_emulator()
-needs_aws_cli = requires(NO_EMULATION)
+needs_aws_cli = requires_aws_cli()
 
 
 @needs_aws_cli
