@@ -24,14 +24,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import aws_cdk as cdk
 import pytest
 from cfn_emulator import emulated_cloudformation, no_credentials_env
 from infra_synth import CDK_JSON_CONTEXT, mask_asset_hashes, synth
 from support import cdk_cli_reason, requires, requires_aws_cli
 
-from infra import deployed, first_deploy, replacements
+from infra import deployed, first_deploy, guard, replacements
 from infra.config import STACK_NAME, load_config
-from infra.stack import IMAGES_STACK_NAME
+from infra.stack import IMAGES_STACK_NAME, build_stacks
 from manifests.render import OVERLAYS
 from manifests.sizes import SIZES
 
@@ -264,11 +265,6 @@ def test_a_changed_default_of_a_guarded_setting_is_refused_like_any_change(
     emulated stack through the AWS CLI, refuses the growth as it refuses
     `-c fsxStorageCapacityGiB=9600`, naming its one acknowledgement. (An FSx growth is an
     in-place update: nothing else would refuse it.)"""
-    import aws_cdk as cdk
-
-    from infra import guard
-    from infra.stack import build_stacks
-
     assert "fsxStorageCapacityGiB" not in deployed.stored_settings(first_template)
     newer = {**CDK_JSON_CONTEXT, "fsxStorageCapacityGiB": 9600}
     cdk_json = tmp_path / "cdk.json"
