@@ -3,8 +3,9 @@ settings it was deployed with, so that every clone, operator and CI run keeps th
 
 Read through the AWS CLI (`aws cloudformation ...`), the same calls `cdk diff` makes:
 `DescribeStacks` for the stack's status, `GetTemplate --template-stage Original` for the template
-as deployed (aws-cdk's `readCurrentTemplate`; CloudFormation API reference, GetTemplate), and
-`DescribeStackResources` for the physical ids `make destroy` names. The CLI is already what
+as deployed (aws-cdk's `readCurrentTemplate`; CloudFormation API reference, GetTemplate), and,
+for the report `make destroy` writes, `ListStackResources` (the physical ids, page by page) and
+FSx's `DescribeFileSystems` (a file system a zone move left behind). The CLI is already what
 kubectl authenticates with (`aws eks get-token`), so it adds no dependency (boto3 cannot be
 installed beside the pinned kubernetes client: botocore pins python-dateutil<3, kubernetes 37
 needs >=3).
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from infra import sizing
 from infra.config import ConfigError
+from infra.first_deploy import GUARDED_KEYS
 from manifests.sizes import SIZES
 
 if TYPE_CHECKING:
@@ -319,6 +321,33 @@ def _sized_for(capacity_gib: int, tier: int) -> str | None:
     if not fits or len(fits) == len(SIZES):
         return None
     return sizing.largest_overlay(fits)
+
+
+COMPARED_FROM_RESOURCES = (
+    *GUARDED_KEYS,
+    "gpuNodesMin",
+    "gpuNodesDesired",
+    "gpuNodesMax",
+)
+"""The settings the day-two check compares (infra/first_deploy.py: the guarded ones, and the node
+count a zone move is refused with), and the node bounds that validate it: read from the deployed
+resources even where DeploySettings holds them, since it holds no untouched default."""
+
+
+def deployed_context(template: Mapping[str, Any], *, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The context the deployed stack was built with, as the day-two check compares it: cdk.json's
+    defaults, under its kept settings, under what its resources say for COMPARED_FROM_RESOURCES.
+
+    DeploySettings holds no untouched default, so today's cdk.json would otherwise stand in for
+    the value deployed: a changed default of a guarded setting (FSx growth, the endpoint's
+    CIDRs) would pass as no change, where the resources show the change it is."""
+    kept, _ = kept_settings(template)
+    derived = derived_settings(template)
+    return {
+        **defaults,
+        **{k: v for k, v in kept.items() if k in defaults},
+        **{k: derived[k] for k in COMPARED_FROM_RESOURCES if k in derived and k in defaults},
+    }
 
 
 def given_context(get: Callable[[str], Any], *, defaults: Mapping[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from infra import deploy_target, first_deploy
 from infra.config import IMAGES_STACK_NAME, STACK_NAME, ConfigError, StackConfig, load_config
 from infra.deployed import (
     USE_DEFAULT_KEY,
+    deployed_context,
     given_context,
     kept_settings,
     layered,
@@ -101,7 +102,9 @@ def guard(app: cdk.App, *, build: Build) -> None:
         config = load_config(context.get, overlays=OVERLAYS, node_counts=node_counts)
         kept = None
         if stack.template is not None and mode != "destroy":
-            before = {**defaults, **{k: v for k, v in kept_raw.items() if k in defaults}}
+            # The guarded settings as deployed, from the resources: a changed cdk.json default
+            # of one is refused like any change (infra/deployed.py).
+            before = deployed_context(stack.template, defaults=defaults)
             try:
                 kept = first_deploy.settings(
                     load_config(before.get, overlays=OVERLAYS, node_counts=node_counts)

@@ -24,7 +24,8 @@ INSTALL = {
     "ip": "apt-get install iproute2",
     "unshare": "apt-get install util-linux",
     "node": "install Node.js >= 20: https://nodejs.org/en/download",
-    "aws": "pip install awscli (or AWS CLI v2: https://aws.amazon.com/cli/)",
+    # Never into .venv: botocore pins python-dateutil<3, the pinned kubernetes needs >=3.
+    "aws": "pipx install awscli, or AWS CLI v2: https://aws.amazon.com/cli/",
 }
 """How to install each tool a test may need (Debian/Ubuntu package names)."""
 

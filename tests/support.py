@@ -6,9 +6,11 @@ Not a test module: it only builds corpora, starts real training jobs and reads t
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -208,11 +210,41 @@ def requires_tool(*tools: str) -> pytest.MarkDecorator:
     return requires(missing_tools(*tools))
 
 
+AWS_CLI_FLOOR = "AWS CLI v2 >= 2.13 or v1 >= 1.29 (botocore >= 1.31)"
+"""What the tests need of the AWS CLI (docs/requirements.md; .ci/run installs it where missing)."""
+
+
+@functools.cache
+def aws_cli_reason() -> str | None:
+    """None when the AWS CLI can be pointed at a local emulator, else one line naming the install.
+
+    The tests run the product's own `aws` calls (infra/deployed.py, deploy_target.py,
+    alert_probe.py) against emulated endpoints on localhost, set by the service-specific endpoint
+    variables `AWS_ENDPOINT_URL_<SERVICE>` (AWS SDKs and Tools reference guide, "Service-specific
+    endpoints"), which arrived with botocore 1.31 (AWS CLI v1 1.29) and in AWS CLI v2.13: an
+    older CLI would ignore them and call AWS."""
+    missing = missing_tools("aws")
+    if missing is not None:
+        return missing
+    proc = subprocess.run(
+        [which("aws"), "--version"], capture_output=True, text=True, timeout=60, check=False
+    )
+    version = " ".join((proc.stdout + proc.stderr).split())  # older releases: on stderr
+    v2 = re.search(r"aws-cli/2\.(\d+)", version)
+    v1 = re.search(r"botocore/1\.(\d+)", version)
+    if (v2 and int(v2[1]) >= 13) or (not v2 and v1 and int(v1[1]) >= 31):
+        return None
+    return f"{version or 'aws'} is older than the tests need, {AWS_CLI_FLOOR} ({INSTALL['aws']})"
+
+
+def requires_aws_cli() -> pytest.MarkDecorator:
+    """Mark a test that runs the AWS CLI against emulated AWS endpoints (aws_cli_reason)."""
+    return requires(aws_cli_reason())
+
+
 def node_reason() -> str | None:
     """None when Node.js is at least package.json's ``engines`` (aws-cdk-lib's jsii runtime and
     the CDK CLI run on it), else one line saying what to install."""
-    import re
-
     engines = json.loads((REPO_ROOT / "package.json").read_text())["engines"]["node"]
     least = int(re.search(r"\d+", engines).group())
     node = which("node")

@@ -19,21 +19,20 @@ from __future__ import annotations
 import copy
 import json
 import os
-import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import aws_cdk as cdk
 import pytest
 from cfn_emulator import emulated_cloudformation, no_credentials_env
 from infra_synth import CDK_JSON_CONTEXT, mask_asset_hashes, synth
-from support import cdk_cli_reason, requires
+from support import cdk_cli_reason, requires, requires_aws_cli
 
-from infra import deployed, first_deploy, replacements
+from infra import deployed, first_deploy, guard, replacements
 from infra.config import STACK_NAME, load_config
-from infra.stack import IMAGES_STACK_NAME
+from infra.stack import IMAGES_STACK_NAME, build_stacks
 from manifests.render import OVERLAYS
 from manifests.sizes import SIZES
 
@@ -43,6 +42,7 @@ REGION = CDK_JSON_CONTEXT["region"]
 RESERVATION = "cr-0123456789abcdef0"
 ADMIN = "arn:aws:iam::123456789012:role/Admin"
 NODE_COUNTS = {name: size.node_count for name, size in SIZES.items()}
+needs_aws_cli = requires_aws_cli()  # the deployed stack read through the real AWS CLI
 
 # docs/eks.md's first deploy: an admin role and the laptop's address on the public endpoint.
 FIRST_DEPLOY = {"adminPrincipalArn": ADMIN, "endpointAllowedCidrs": "203.0.113.7/32"}
@@ -109,7 +109,7 @@ def _deploy(
     if mask:
         after = mask_asset_hashes(after)
     args = dict(
-        kept=_settings(_context(before, {})),
+        kept=_settings(deployed.deployed_context(before, defaults=CDK_JSON_CONTEXT)),
         now=_settings(context),
         last_template=before,
         template=after,
@@ -227,6 +227,69 @@ def test_acknowledging_one_setting_never_accepts_another_change(
     assert tokens[0] == fsx and not set(needed) & set(tokens)
     assert "\n" not in str(refused.value)
     first_deploy.check(**args, acknowledged=(*needed, *tokens))
+
+
+# cdk.json defaults a later commit might change: each guarded setting and the node count.
+CHANGED_DEFAULTS = {
+    "gpuAvailabilityZone": "us-east-2b",
+    "capacityType": "capacity-reservation",
+    "capacityReservationId": RESERVATION,
+    "capacityReservationPlacementGroup": "training-pg",
+    "adminPrincipalArn": "arn:aws:iam::123456789012:role/Other",
+    "endpointAllowedCidrs": ["198.51.100.0/24"],
+    "fsxStorageCapacityGiB": 9600,
+    "gpuNodesMin": 1,
+    "gpuNodesDesired": 2,
+    "gpuNodesMax": 4,
+}
+
+
+def test_the_deployed_guarded_settings_come_from_the_stack_not_todays_defaults(
+    first_template: dict[str, Any],
+) -> None:
+    """What the check compares a deploy with is what the stack was deployed with, whatever
+    cdk.json says now (DeploySettings holds no untouched default)."""
+    assert set(CHANGED_DEFAULTS) == set(deployed.COMPARED_FROM_RESOURCES)
+    changed = {**CDK_JSON_CONTEXT, **CHANGED_DEFAULTS}
+    before = _settings(deployed.deployed_context(first_template, defaults=changed))
+    assert before == _settings(_context(first_template, {}))
+    assert before["fsxStorageCapacityGiB"] == "4800" and before["gpuNodesDesired"] == "0"
+
+
+@needs_aws_cli
+def test_a_changed_default_of_a_guarded_setting_is_refused_like_any_change(
+    first_template: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later cdk.json that grows FSx's default (4800 -> 9600 GiB), against the README's first
+    deploy, which never set the size: the guard app.py runs (infra/guard.py), reading the
+    emulated stack through the AWS CLI, refuses the growth as it refuses
+    `-c fsxStorageCapacityGiB=9600`, naming its one acknowledgement. (An FSx growth is an
+    in-place update: nothing else would refuse it.)"""
+    assert "fsxStorageCapacityGiB" not in deployed.stored_settings(first_template)
+    newer = {**CDK_JSON_CONTEXT, "fsxStorageCapacityGiB": 9600}
+    cdk_json = tmp_path / "cdk.json"
+    cdk_json.write_text(json.dumps({"context": newer}))
+    monkeypatch.setattr(guard, "CDK_JSON", cdk_json)
+    # The CDK CLI gives the app cdk.json's context (path metadata off, as infra_synth.synth).
+    app = cdk.App(
+        outdir=str(tmp_path / "out"),
+        context={**newer, "aws:cdk:enable-path-metadata": False},
+        analytics_reporting=False,
+    )
+
+    def build(config: Any, *, keep_creator_admin: bool, settings: dict[str, Any]) -> None:
+        build_stacks(app, config=config, keep_creator_admin=keep_creator_admin, settings=settings)
+
+    with emulated_cloudformation() as cfn:
+        for key, value in cfn.env().items():
+            monkeypatch.setenv(key, value)
+        cfn.put(STACK_NAME, first_template)
+        with pytest.raises(SystemExit) as refused:
+            guard.guard(app, build=build)
+    message = str(refused.value.code)
+    assert message.startswith("Refused: ") and "\n" not in message
+    assert "change fsxStorageCapacityGiB from 4800 to 9600" in message
+    assert _ack_tokens(message) == ["fsxStorageCapacityGiB"]
 
 
 # --- steps that replace state: refused, each change named ------------------------------------
@@ -572,25 +635,6 @@ def test_the_images_stack_is_diffed_too(images_template: dict[str, Any]) -> None
 # --- the deployed stack, read through the AWS CLI from an emulated CloudFormation ------------
 
 
-def _aws_cli_reads_the_emulator() -> str | None:
-    """Why the AWS CLI cannot be pointed at the emulator here (None: it can). Service-specific
-    endpoint variables arrived in AWS CLI v1 with botocore 1.31 and in v2.13 (AWS SDKs and
-    Tools reference guide, "Service-specific endpoints"); an older CLI would call AWS."""
-    if shutil.which("aws") is None:
-        return "the AWS CLI (aws) is not installed"
-    version = subprocess.run(["aws", "--version"], capture_output=True, text=True).stdout
-    version += subprocess.run(["aws", "--version"], capture_output=True, text=True).stderr
-    v1 = re.search(r"botocore/(\d+)\.(\d+)", version)
-    v2 = re.search(r"aws-cli/2\.(\d+)", version)
-    if (v2 and int(v2.group(1)) >= 13) or (not v2 and v1 and (int(v1[1]), int(v1[2])) >= (1, 31)):
-        return None
-    return f"AWS CLI {version.strip()} has no service-specific endpoint variables"
-
-
-NO_EMULATION = _aws_cli_reads_the_emulator()
-needs_aws_cli = requires(NO_EMULATION)
-
-
 @needs_aws_cli
 def test_the_deployed_stack_is_read_back_through_the_aws_cli(
     first_template: dict[str, Any], images_template: dict[str, Any], monkeypatch: pytest.MonkeyPatch
@@ -796,6 +840,35 @@ def test_the_app_from_a_clean_clone_keeps_the_deployed_settings(tmp_path: Path) 
     template = json.loads((out / f"{STACK_NAME}.template.json").read_text())
     _access_kept(template)
     assert deployed.stored_settings(template)["fsxStorageCapacityGiB"] == 1200
+
+
+@pytest.mark.slow
+@needs_aws_cli
+def test_make_deploy_where_no_stack_exists_needs_the_first_deploy_said(tmp_path: Path) -> None:
+    """`make deploy` (app.py with -c deployCheck=required) against an emulated account that holds
+    no stack: without -c firstDeploy=true it is refused in one line naming the fix, before
+    anything is synthesized; with it, the report says first deploy and the stack stores the
+    first deploy's -c values."""
+    with emulated_cloudformation() as cfn:
+        refused, refused_out = _app(
+            tmp_path / "unsaid", cfn.env(), deployCheck="required", **FIRST_DEPLOY
+        )
+        proc, out = _app(
+            tmp_path, cfn.env(), deployCheck="required", firstDeploy="true", **FIRST_DEPLOY
+        )
+    assert refused.returncode != 0
+    (line,) = [line for line in refused.stderr.splitlines() if line.startswith("Refused:")]
+    assert line == refused.stderr.strip().splitlines()[-1]
+    assert f"no stack {STACK_NAME} in account {cfn.account}, region {REGION}" in line
+    assert 'Fix: if this is the first deploy, say so: make deploy ARGS="-c firstDeploy=true' in line
+    assert not (refused_out / f"{STACK_NAME}.template.json").exists()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = proc.stderr.split("What this deploy changes, against the deployed stack:\n")[1]
+    assert report.splitlines()[0] == "first deploy"
+    assert "Refused" not in proc.stderr and "Kept from" not in proc.stderr
+    template = json.loads((out / f"{STACK_NAME}.template.json").read_text())
+    assert deployed.stored_settings(template) == FIRST_DEPLOY
+    assert {("DescribeStacks", STACK_NAME), ("GetCallerIdentity", "")} <= set(cfn.calls)
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from infra_synth import synth
-from support import requires_tool
+from support import requires_aws_cli, requires_tool
 
 from infra import observability
 from infra.config import ConfigError, load_config
@@ -499,6 +499,7 @@ def _run_probe(tmp_path: Path, port: int, *extra: str) -> subprocess.CompletedPr
         )
 
 
+@requires_aws_cli()
 def test_alert_test_says_the_alert_arrived(tmp_path: Path) -> None:
     server = _stand_in(publishes=True)
     try:
@@ -514,6 +515,7 @@ def test_alert_test_says_the_alert_arrived(tmp_path: Path) -> None:
     assert server.scopes == {(REGION, "aps"), (REGION, "monitoring")}
 
 
+@requires_aws_cli()
 def test_alert_test_says_when_the_topic_never_gets_it(tmp_path: Path) -> None:
     """What a KMS key policy AMP cannot use looks like from outside: AMP takes the alert, the
     topic publishes nothing."""
@@ -527,6 +529,7 @@ def test_alert_test_says_when_the_topic_never_gets_it(tmp_path: Path) -> None:
     assert "kms:GenerateDataKey*" in result.stderr and len(server.alerts) == 1
 
 
+@requires_aws_cli()
 def test_alert_test_reports_a_refused_signature(tmp_path: Path) -> None:
     server = _stand_in(publishes=True, secret="another-secret")
     try:
