@@ -301,23 +301,45 @@ def test_inprocess_alone_names_a_frozen_rank_and_exits_for_a_replacement(
 
 
 @pytest.mark.distributed
-@pytest.mark.timeout(420)
-def test_inprocess_calibrated_hang_detection_also_frees_a_peer_of_a_hang_in_native_code(
+@pytest.mark.timeout(300)
+def test_inprocess_hang_detection_calibrated_from_step_times(
     tmp_path: Path, corpus: Path, reference: dict
 ) -> None:
-    """One in-process run with calibration on and two hangs (one run, both behaviours):
+    """With calibration on, a hang is detected within max(2 s, 5 x p99 step time) (the timeout
+    at the floor is 1.9 s: the floor less twice the watchdog's poll), long before
+    the configured 30 s soft timeout, and the run still ends bit-identical."""
+    run_dir = tmp_path / "run"
+    proc = launch(
+        run_dir,
+        corpus,
+        "--restart=inprocess",
+        "--faults=hang@0:14",
+        "--resilience.calibrate_timeouts_after=5",
+        "--resilience.soft_timeout_s=30",
+        "--resilience.hard_timeout_s=60",
+    )
+    assert proc.returncode == 0, tail(proc.log)
+    log = events(run_dir)
+    detected = [e for e in log if e["kind"] == "hang_detected"]
+    assert detected, "the calibrated watchdog must have fired"
+    assert all(1.9 <= e["timeout_s"] < 30 for e in detected)
+    (hang,) = [e for e in log if e["kind"] == "fault"]
+    resumed = [m for m in read_metrics(run_dir) if m["time"] - m["step_time_s"] > hang["time"]]
+    assert resumed and min(m["time"] for m in resumed) - hang["time"] < 30
+    assert_identical(final_state(run_dir), reference)
 
-    - ``hang@0:11`` (in Python): detected within max(2 s, 5 x p99 step time) (the timeout at
-      the floor is 1.9 s: the floor less twice the watchdog's poll), long before the
-      configured 30 s soft timeout;
-    - ``hang_kernel@1:20``: rank 1 held in native code for 15 s (on a GPU a spinning kernel and
-      a synchronize; here one C call), where no Python signal handler or asynchronous exception
-      runs. Its watchdog (calibrated again in the restarted attempt) reports the hang to NVRx
-      from its own thread, so rank 0, blocked in the step's collective, is aborted and starts
-      its restart about 2 s after the fault, not when rank 1's call returns (a report raised in
-      rank 1's main thread would wait those 15 s);
 
-    and the run still ends bit-identical."""
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_inprocess_hang_in_native_code_releases_the_peer_before_the_call_returns(
+    tmp_path: Path, corpus: Path, reference: dict
+) -> None:
+    """Rank 1 held in native code for 15 s (``hang_kernel``: on a GPU a spinning kernel and a
+    synchronize; here one C call), where no Python signal handler or asynchronous exception
+    runs. Its watchdog reports the hang to NVRx from its own thread, so rank 0, blocked in the
+    step's collective, is aborted and starts its restart about 2 s after the fault, not when
+    rank 1's call returns (a report raised in rank 1's main thread would wait those 15 s); the
+    run still ends bit-identical."""
     from training.faults import HANG_KERNEL_S
 
     run_dir = tmp_path / "run"
@@ -325,34 +347,19 @@ def test_inprocess_calibrated_hang_detection_also_frees_a_peer_of_a_hang_in_nati
         run_dir,
         corpus,
         "--restart=inprocess",
-        "--faults=hang@0:11;hang_kernel@1:20",
+        "--faults=hang_kernel@1:14",
         "--resilience.calibrate_timeouts_after=5",
         "--resilience.soft_timeout_s=30",
         "--resilience.hard_timeout_s=60",
-        timeout=320,
     )
     assert proc.returncode == 0, tail(proc.log)
     log = events(run_dir)
-    faults = {e["fault"]: e for e in log if e["kind"] == "fault"}
-    assert sorted(faults) == ["hang", "hang_kernel"], faults
-    # The hang in Python: caught by the calibrated watchdog, the run resumed well within 30 s.
-    detected = [e for e in log if e["kind"] == "hang_detected"]
-    assert detected, "the calibrated watchdog must have fired"
-    assert all(1.9 <= e["timeout_s"] < 30 for e in detected), detected
-    hang = faults["hang"]
-    resumed = [m for m in read_metrics(run_dir) if m["time"] - m["step_time_s"] > hang["time"]]
-    assert resumed and min(m["time"] for m in resumed) - hang["time"] < 30
-    # The hang in native code: rank 1's own watchdog reports it, rank 0 is freed at once.
-    kernel = faults["hang_kernel"]
-    on_rank_1 = [e for e in detected if e["rank"] == 1 and e["time"] >= kernel["time"]]
-    assert on_rank_1 and on_rank_1[0]["time"] - kernel["time"] < 5, (on_rank_1, kernel)
-    released = [
-        e
-        for e in log
-        if e["kind"] == "restart_begin" and e["rank"] == 0 and e["time"] >= kernel["time"]
-    ]
+    (fault,) = [e for e in log if e["kind"] == "fault"]
+    detected = [e for e in log if e["kind"] == "hang_detected" and e["rank"] == 1]
+    assert detected and detected[0]["time"] - fault["time"] < 5
+    released = [e for e in log if e["kind"] == "restart_begin" and e["rank"] == 0]
     assert released, "rank 0 must have been interrupted"
-    assert released[0]["time"] - kernel["time"] < HANG_KERNEL_S - 5, (released[0], kernel)
+    assert released[0]["time"] - fault["time"] < HANG_KERNEL_S - 5, (released[0], fault)
     assert_identical(final_state(run_dir), reference)
 
 
