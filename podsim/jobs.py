@@ -10,12 +10,15 @@ overrides in the args.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -69,16 +72,29 @@ def objects(overlay: str, *, restart: str, train_args: list[str]):
     return shared, job, config_map
 
 
+_PREPARED: list[Path] = []
+"""The corpus this process prepared first (`prepare_data`): the later runs copy it."""
+
+
 def prepare_data(root: Path) -> None:
     """A small corpus where an earlier Job's init container left it; the init container's own
-    script then runs in every pod and finds it (`data ready`)."""
+    script then runs in every pod and finds it (`data ready`). `training prepare` runs once per
+    process (it imports torch and tokenizes; the same stdlib gives the same shards): every
+    later run gets a copy of that first corpus."""
     out = root / "fsx" / "data" / "stdlib"
+    if _PREPARED and (_PREPARED[0] / "meta.json").exists():
+        shutil.copytree(_PREPARED[0], out)
+        return
+    cache = Path(tempfile.mkdtemp(prefix="podsim-corpus-")) / "stdlib"
+    atexit.register(shutil.rmtree, cache.parent, ignore_errors=True)
     subprocess.run(
-        [sys.executable, "-m", "training", "prepare", "--stdlib", "--max-mb", "1", "--out", out],
+        [sys.executable, "-m", "training", "prepare", "--stdlib", "--max-mb", "1", "--out", cache],
         check=True,
         capture_output=True,
         timeout=120,
     )
+    _PREPARED[:] = [cache]
+    shutil.copytree(cache, out)
 
 
 def final_state(root: Path, job: dict) -> dict:

@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,29 @@ def _deploy(
     return after, args, context
 
 
+Step = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
+"""What `_deploy` returns: the new template, the check's arguments, the context."""
+FromFirst = Callable[[dict[str, Any]], Step]
+
+
+@pytest.fixture(scope="module")
+def from_first(
+    first_template: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> FromFirst:
+    """`_deploy(first_template, given)`, synthesized once per `given` for the module (several
+    tests take the same step from the first deploy: a synth is seconds of CPU); each call gets
+    its own copy, free to change."""
+    done: dict[str, Step] = {}
+
+    def deploy(given: dict[str, Any]) -> Step:
+        key = json.dumps(given, sort_keys=True)
+        if key not in done:
+            done[key] = _deploy(first_template, given, tmp_path_factory.mktemp("step"))
+        return copy.deepcopy(done[key])
+
+    return deploy
+
+
 def _resource(template: dict[str, Any], rtype: str) -> dict[str, Any]:
     (found,) = [r for r in template["Resources"].values() if r["Type"] == rtype]
     return found
@@ -165,12 +189,12 @@ def _access_kept(template: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("name", list(STEPS))
 def test_a_step_keeps_every_setting_and_replaces_no_state(
-    name: str, first_template: dict[str, Any], tmp_path: Path, request: pytest.FixtureRequest
+    name: str, first_template: dict[str, Any], from_first: FromFirst, request: pytest.FixtureRequest
 ) -> None:
     given, needed = STEPS[name]
     if name == "kubernetes-version":
         request.getfixturevalue("newer_kubernetes")
-    after, args, _ = _deploy(first_template, given, tmp_path)
+    after, args, _ = from_first(given)
     changes = replacements.diff(first_template, after, region=REGION)
     assert not replacements.destructive(changes), replacements.summary(changes)
     _access_kept(after)  # `make gpu-nodes` no longer drops the first deploy's -c values
@@ -196,9 +220,11 @@ def test_a_step_keeps_every_setting_and_replaces_no_state(
 
 
 def test_make_gpu_nodes_with_an_overlay_asks_for_its_nodes_and_spares(
-    first_template: dict[str, Any], tmp_path: Path
+    first_template: dict[str, Any],
+    from_first: FromFirst,
+    tmp_path: Path,
 ) -> None:
-    after, _, _ = _deploy(first_template, {"overlay": "2node"}, tmp_path)
+    after, _, _ = from_first({"overlay": "2node"})
     scaling = _gpu_group(after)["Properties"]["ScalingConfig"]
     assert scaling["DesiredSize"] == SIZES["2node"].node_count > SIZES["2node"].nodes
     # NODES=N overrides the overlay's count, and a later overlay clears the override.
@@ -210,14 +236,11 @@ def test_make_gpu_nodes_with_an_overlay_asks_for_its_nodes_and_spares(
     assert _settings(context)["gpuNodesDesired"] == str(SIZES["16node"].node_count)
 
 
-def test_acknowledging_one_setting_never_accepts_another_change(
-    first_template: dict[str, Any], tmp_path: Path
-) -> None:
+def test_acknowledging_one_setting_never_accepts_another_change(from_first: FromFirst) -> None:
     """A reservation acknowledged by its settings, deployed with a code change that would
     replace the file system: the file system is refused on its own."""
     given, needed = STEPS["reservation"]
-    after, args, _ = _deploy(first_template, given, tmp_path)
-    after = copy.deepcopy(after)
+    after, args, _ = from_first(given)  # a copy of its own: changed below
     fsx = next(lid for lid, r in after["Resources"].items() if r["Type"] == "AWS::FSx::FileSystem")
     after["Resources"][fsx]["Properties"]["SubnetIds"] = [{"Ref": "SomeOtherSubnet"}]
     args["template"] = after
@@ -316,11 +339,13 @@ def test_a_capacity_block_replaces_the_gpu_group_only_with_each_change_acknowled
 
 
 def test_a_zone_move_with_nodes_is_refused_with_the_steps_that_work(
-    first_template: dict[str, Any], tmp_path: Path
+    first_template: dict[str, Any],
+    from_first: FromFirst,
+    tmp_path: Path,
 ) -> None:
     """The new group's nodes would join the placement group while the old group's still run
     in the old zone: refused whatever is acknowledged, naming the sequence."""
-    running, _, _ = _deploy(first_template, {"gpuNodesDesired": "2"}, tmp_path / "running")
+    running, _, _ = from_first({"gpuNodesDesired": "2"})
     _, args, _ = _deploy(running, {"gpuAvailabilityZone": "us-east-2b"}, tmp_path)
     with pytest.raises(first_deploy.ReplacementRefused) as refused:
         first_deploy.check(**args, acknowledged=("gpuAvailabilityZone",))

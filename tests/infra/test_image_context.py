@@ -41,9 +41,8 @@ NOT_IMAGE_INPUTS = (
 )
 
 
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    """The repository's tracked files (and untracked, not ignored ones), copied."""
+def _copy_repo(root: Path) -> Path:
+    """The repository's tracked files (and untracked, not ignored ones), copied to `root`."""
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
         cwd=REPO_ROOT,
@@ -51,13 +50,25 @@ def repo(tmp_path: Path) -> Path:
         text=True,
         check=True,
     ).stdout.splitlines()
-    root = tmp_path / "repo"
     for name in listed:
         source = REPO_ROOT / name
         if source.is_file():
             (root / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, root / name)
     return root
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    return _copy_repo(tmp_path / "repo")
+
+
+@pytest.fixture(scope="module")
+def untouched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[str, str]]:
+    """One copy of the repository and its two hashes, for every file of NOT_IMAGE_INPUTS:
+    each test edits its file and puts it back (the fingerprint reads contents and paths)."""
+    root = _copy_repo(tmp_path_factory.mktemp("untouched") / "repo")
+    return root, _hashes(root, tmp_path_factory.mktemp("before"))
 
 
 def _hashes(directory: Path, outdir: Path) -> tuple[str, str]:
@@ -74,10 +85,20 @@ def _edit(path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", NOT_IMAGE_INPUTS)
-def test_deploy_state_and_docs_change_no_image(repo: Path, tmp_path: Path, name: str) -> None:
-    before = _hashes(repo, tmp_path / "a")
-    _edit(repo / name)
-    assert _hashes(repo, tmp_path / "b") == before
+def test_deploy_state_and_docs_change_no_image(
+    untouched: tuple[Path, tuple[str, str]], tmp_path: Path, name: str
+) -> None:
+    repo, before = untouched
+    path = repo / name
+    original = path.read_bytes() if path.is_file() else None
+    try:
+        _edit(path)
+        assert _hashes(repo, tmp_path / "b") == before
+    finally:
+        if original is None:
+            path.unlink()
+        else:
+            path.write_bytes(original)
 
 
 def test_trainer_code_changes_the_trainer_image_only(repo: Path, tmp_path: Path) -> None:

@@ -16,14 +16,19 @@ bit for bit: model and optimizer, `torch.equal` per tensor.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support import free_port, missing_tools
 
 from infra.fencer.settings import FENCER
 from manifests import render, sizes
@@ -35,6 +40,7 @@ from podsim.cpu_quota import CpuQuota, cpu_quota_reason
 from podsim.jobs import FAST, ONE_POD, STEPS, TWO_NODES, TWO_PODS
 from training import exits, startup_check
 from training.checkpoint.layout import committed_steps
+from training.observe.catalog import METRICS_PORT, METRICS_PORT_NAME
 
 reason = emulator.can_run()
 pytestmark = [
@@ -78,6 +84,21 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return jobs.final_state(root, job)
 
 
+PROMETHEUS_REASON = missing_tools("prometheus")
+
+# Runs of this list that another test's run already makes end to end (the same overlay, mode,
+# env and node count, trained to the end and checked against the reference there): one pod run
+# each, asserting both tests' behaviours. The scrape test needs Prometheus: without it, its
+# run stays here.
+RUN_ELSEWHERE = {
+    ("smoke", "nested"): "test_a_bad_node_is_replaced_and_named (its replacement pod)",
+    **(
+        {}
+        if PROMETHEUS_REASON
+        else {("smoke", "injob"): "test_prometheus_scrapes_the_pod_and_reads_its_final_state"}
+    ),
+}
+
 # Every restart mode on the smoke overlay, and every other overlay in its own default mode:
 # the mode's launcher flags are derived by one function from the run's config
 # (training/command.py), so the full overlay x mode product (9 pod runs, ~4 min of CI)
@@ -92,17 +113,88 @@ OVERLAY_MODES = [
         if name not in ("smoke", TWO_NODES)
     ),
 ]
+"""Every (overlay, mode) that trains on one pod to the reference's end (`_trained_on_one_pod`):
+here, or in the run RUN_ELSEWHERE names."""
 
 
-@pytest.mark.parametrize(("overlay", "restart"), OVERLAY_MODES)
+def _trained_on_one_pod(result: emulator.JobResult, job: dict, root: Path, reference: dict) -> None:
+    """What every one-pod run of OVERLAY_MODES must show: the pod completed, its run ended and
+    its final state is the fault-free reference's, bit for bit."""
+    assert result.status == "Complete", f"{result}\n{jobs.logs(root)}"
+    assert any(e["kind"] == "run_end" for e in jobs.events(root, job))
+    jobs.assert_identical(jobs.final_state(root, job), reference)
+
+
+@pytest.mark.parametrize(
+    ("overlay", "restart"), [m for m in OVERLAY_MODES if m not in RUN_ELSEWHERE]
+)
 def test_every_overlay_and_every_mode_trains_on_one_pod(
     tmp_path: Path, reference: dict, overlay: str, restart: str
 ) -> None:
     result, job = jobs.run(tmp_path, overlay, restart=restart, env=ONE_POD, nodes=1)
-    assert result.status == "Complete", jobs.logs(tmp_path)
-    assert result.exit_codes == {0: [0]}
-    assert any(e["kind"] == "run_end" for e in jobs.events(tmp_path, job))
-    jobs.assert_identical(jobs.final_state(tmp_path, job), reference)
+    assert result.exit_codes == {0: [0]}, f"{result}\n{jobs.logs(tmp_path)}"
+    _trained_on_one_pod(result, job, tmp_path, reference)
+
+
+def _query(port: int, promql: str) -> list[dict]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())["data"]["result"]
+
+
+@pytest.mark.requires(reason=PROMETHEUS_REASON)
+def test_prometheus_scrapes_the_pod_and_reads_its_final_state(
+    tmp_path: Path, reference: dict
+) -> None:
+    """A real Prometheus (Debian's `prometheus`) scrapes the metrics exporter of the emulated
+    trainer pod through the pod's IP and the container's named port, as the stack's scraper
+    does; the run's final state (not active, every step) reaches it before the pod goes away.
+    The run is the smoke overlay's Job in injob mode on one pod: OVERLAY_MODES' (smoke, injob)
+    run too (RUN_ELSEWHERE), its final state the reference's.
+
+    Emulated: the API server (the target is the pod's IP, given statically, instead of pod
+    discovery: tests/infra/test_infra_observability.py runs the scraper's relabeling), AMP's
+    managed scraper (a plain Prometheus), the GPU and EFA."""
+    pod_ip = f"{emulator.SUBNET}.10"  # completion index 0 (emulator.add_pod_slot)
+    port = free_port()
+    config = {
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [
+            {"job_name": "trainer", "static_configs": [{"targets": [f"{pod_ip}:{METRICS_PORT}"]}]}
+        ],
+    }
+    (tmp_path / "prometheus.yml").write_text(json.dumps(config))
+    server = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        root = tmp_path / "cluster"
+        result, job = jobs.run(root, "smoke", restart="injob", env=ONE_POD, nodes=1)
+        assert result.exit_codes == {0: [0]}, f"{result}\n{jobs.logs(root)}"
+        (container,) = job["spec"]["template"]["spec"]["containers"]
+        assert {"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT} in container["ports"]
+        time.sleep(2)  # the newest samples reach the query engine
+        steps = _query(port, 'max_over_time(training_steps_total{job="trainer"}[10m])')
+        assert steps, f"prometheus never scraped the pod:\n{jobs.logs(root)}"
+        assert float(steps[0]["value"][1]) == STEPS
+        # The pod's exporter waited for one more scrape after the run ended: the run's final
+        # state (not active, every step) reached Prometheus before the pod went away.
+        active = _query(port, 'last_over_time(training_run_active{job="trainer"}[10m])')
+        assert float(active[0]["value"][1]) == 0
+        job_label = _query(port, "last_over_time(training_info[10m])")[0]["metric"]
+        assert job_label["training_job"] == job["metadata"]["name"]
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    _trained_on_one_pod(result, job, root, reference)
 
 
 def _kill_pod(index: int, record: dict) -> Callable[[emulator.Cluster], None]:
@@ -258,11 +350,13 @@ def test_an_fsx_that_is_not_lustre_fails_the_job_at_once(tmp_path: Path) -> None
     assert "fsx: /fsx is a" in message
 
 
-def test_a_bad_node_is_replaced_and_named(tmp_path: Path) -> None:
+def test_a_bad_node_is_replaced_and_named(tmp_path: Path, reference: dict) -> None:
     """The first pod's node has a stuck Lustre client: its probe file on the emulated /fsx is a
     FIFO, so the check's write blocks as a create on a client cut off from its servers does.
     The check exits NODE_UNFIT naming the node; the pod failure policy counts it (Count) and
-    the replacement pod, on another node, trains to the end."""
+    the replacement pod, on another node, trains to the end. That replacement is the smoke
+    overlay's Job in nested mode on one pod: it is also OVERLAY_MODES' (smoke, nested) run
+    (RUN_ELSEWHERE), its final state the reference's."""
     bad = emulator.node_name(index=0, attempt=0)
     fifo = tmp_path / "fsx" / startup_check.FSX_PROBE_DIR / bad
     fifo.parent.mkdir(parents=True)
@@ -281,7 +375,7 @@ def test_a_bad_node_is_replaced_and_named(tmp_path: Path) -> None:
     first, _ = result.messages[0]
     assert first.startswith(f"startup_check: node {bad} does not fit"), first
     assert f"did not finish in 3 s on node {bad}" in first
-    assert any(e["kind"] == "run_end" for e in jobs.events(tmp_path, job))
+    _trained_on_one_pod(result, job, tmp_path, reference)
 
 
 # --- a node lost the way nodes are lost (docs/node-loss.md) --------------------------------------
