@@ -44,6 +44,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.runlog.files",
         "training.runlog.phases",
         "training.runlog.writer",
+        "training.runlog.replica",
         # the Kubernetes API (the client is imported inside): the launchers' Job client, and the
         # pod's own cluster actions (the straggler policy counts the spares, the supervisor cordons)
         "ops",
