@@ -29,9 +29,9 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 
-from manifests.objects.common import FSX_MOUNT, SERVICE_ACCOUNT, TRAINER, size_of
-from manifests.objects.common import labels as component_labels
+from manifests.objects.common import FSX_MOUNT, size_of
 from manifests.objects.job import job_for_args, trainer_args
+from manifests.objects.system_service import system_service_objects
 from training.replica.topology import GROUP_ENV, LIGHTHOUSE_ENV, lighthouse_command
 
 LIGHTHOUSE = "fsdp-lighthouse"
@@ -50,105 +50,24 @@ def lighthouse_address(namespace: str) -> str:
 
 
 def lighthouse_objects(*, namespace: str, image: str, groups: int) -> list[dict]:
-    """The Lighthouse as the rendezvous store is deployed (``objects.rdzv_store``): one replica on
-    the system nodes, recreated not rolled, above the trainers' priority, no voluntary
-    eviction, reachable only from trainer pods, no egress (it only answers)."""
-    labels = component_labels("lighthouse")
-    return [
-        {
-            "apiVersion": "scheduling.k8s.io/v1",
-            "kind": "PriorityClass",
-            "metadata": {"name": LIGHTHOUSE_PRIORITY_CLASS, "labels": labels},
-            "value": LIGHTHOUSE_PRIORITY,
-            "globalDefault": False,
-            "preemptionPolicy": "PreemptLowerPriority",
-            "description": "The replica groups' torchft Lighthouse: every step's quorum needs it.",
+    """The Lighthouse as the rendezvous store is deployed (``system_service_objects``): one
+    replica on the system nodes, recreated not rolled, above the trainers' priority, no
+    voluntary eviction, reachable only from trainer pods, no egress (it only answers)."""
+    return system_service_objects(
+        name=LIGHTHOUSE,
+        namespace=namespace,
+        component="lighthouse",
+        priority_class_name=LIGHTHOUSE_PRIORITY_CLASS,
+        priority=LIGHTHOUSE_PRIORITY,
+        description="The replica groups' torchft Lighthouse: every step's quorum needs it.",
+        container={
+            "name": "lighthouse",
+            "image": image,
+            "command": lighthouse_command(groups=groups, port=LIGHTHOUSE_PORT),
         },
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": LIGHTHOUSE, "namespace": namespace, "labels": labels},
-            "spec": {
-                "replicas": 1,
-                # Two Lighthouses behind one Service would form two quorums.
-                "strategy": {"type": "Recreate"},
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "serviceAccountName": SERVICE_ACCOUNT,
-                        "priorityClassName": LIGHTHOUSE_PRIORITY_CLASS,
-                        "affinity": {
-                            "nodeAffinity": {
-                                "requiredDuringSchedulingIgnoredDuringExecution": {
-                                    "nodeSelectorTerms": [
-                                        {
-                                            "matchExpressions": [
-                                                {
-                                                    "key": "nvidia.com/gpu.present",
-                                                    "operator": "DoesNotExist",
-                                                }
-                                            ]
-                                        }
-                                    ]
-                                }
-                            }
-                        },
-                        "containers": [
-                            {
-                                "name": "lighthouse",
-                                "image": image,
-                                "command": lighthouse_command(groups=groups, port=LIGHTHOUSE_PORT),
-                                "ports": [{"name": "lighthouse", "containerPort": LIGHTHOUSE_PORT}],
-                                "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
-                                "readinessProbe": {
-                                    "tcpSocket": {"port": LIGHTHOUSE_PORT},
-                                    "periodSeconds": 5,
-                                },
-                            }
-                        ],
-                    },
-                },
-            },
-        },
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": LIGHTHOUSE, "namespace": namespace, "labels": labels},
-            "spec": {
-                "minAvailable": 1,
-                "selector": {"matchLabels": labels},
-                "unhealthyPodEvictionPolicy": "AlwaysAllow",
-            },
-        },
-        {
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": {"name": LIGHTHOUSE, "namespace": namespace, "labels": labels},
-            "spec": {
-                "podSelector": {"matchLabels": labels},
-                "policyTypes": ["Ingress", "Egress"],
-                "egress": [],
-                "ingress": [
-                    {
-                        "from": [{"podSelector": {"matchLabels": component_labels(TRAINER)}}],
-                        "ports": [{"protocol": "TCP", "port": LIGHTHOUSE_PORT}],
-                    }
-                ],
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": LIGHTHOUSE, "namespace": namespace, "labels": labels},
-            "spec": {
-                "selector": labels,
-                "ports": [
-                    {"name": "lighthouse", "port": LIGHTHOUSE_PORT, "targetPort": LIGHTHOUSE_PORT}
-                ],
-            },
-        },
-    ]
+        port=LIGHTHOUSE_PORT,
+        port_name="lighthouse",
+    )
 
 
 def group_train_args(*, job_name: str, groups: int, train_args: Sequence[str]) -> list[str]:

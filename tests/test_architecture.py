@@ -143,6 +143,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "manifests.objects",
         "manifests.objects.common",
         "manifests.objects.cordon",
+        "manifests.objects.system_service",
         "manifests.objects.rdzv_store",
         "manifests.objects.job",
         "manifests.objects.spares",

@@ -43,7 +43,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from training.config import JobConfig
-from training.data import BatchLayout, ResumableSampler
+from training.data import BatchLayout
 from training.modes import spec
 from training.replica.topology import ReplicaTopology
 from training.trainer import Trainer
@@ -135,25 +135,11 @@ class _CommitGate:
 
 class ReplicaTrainer(Trainer):
     def __init__(self, *, topology: ReplicaTopology, **kwargs: Any) -> None:
+        self.topology = topology  # before Trainer's: its data layout (_batch_layout) reads it
         super().__init__(**kwargs)
         from torchft import Manager, ProcessGroupBabyNCCL, ProcessGroupGloo
 
-        self.topology = topology
-        env, t, r = self.env, self.config.train, self.config.resilience
-        self.layout = replica_layout(
-            topology=topology,
-            group_size=env.world_size,
-            rank=env.rank,
-            micro_batch_size=t.micro_batch_size,
-            grad_accum_steps=t.grad_accum_steps,
-        )
-        self.sampler = ResumableSampler(
-            num_samples=self.shards.num_samples,
-            layout=self.layout,
-            seed=t.seed,
-            shuffle=self.config.data.shuffle,
-        )
-        self.tokens_per_step = self.layout.global_batch * self.config.data.seq_len
+        env, r = self.env, self.config.resilience
         timeout = timedelta(seconds=r.replica_timeout_s)
         # NCCL in a subprocess on GPUs (torchft's recommendation for aborting a stuck
         # communicator); gloo on CPU.
@@ -188,6 +174,16 @@ class ReplicaTrainer(Trainer):
         self._participants = 0
         self._quorum_id: int | None = None
         self._healed: tuple[int, int] | None = None  # (step, bytes) of the last heal
+
+    def _batch_layout(self) -> BatchLayout:
+        t = self.config.train
+        return replica_layout(
+            topology=self.topology,
+            group_size=self.env.world_size,
+            rank=self.env.rank,
+            micro_batch_size=t.micro_batch_size,
+            grad_accum_steps=t.grad_accum_steps,
+        )
 
     # -- across groups -----------------------------------------------------------------------
     def _average_across_groups(self, reduce_output: torch.Tensor) -> None:
