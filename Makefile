@@ -72,7 +72,8 @@ data: $(VENV)/.stamp $(DATA)/meta.json ## Build the local corpus (Python's stand
 
 train: $(VENV)/.stamp ## Train: locally on CPU ranks (default) or on EKS with TARGET=eks
 ifeq ($(TARGET),eks)
-	$(PY) -m training.launch.eks submit --overlay $(OVERLAY) --follow $(ARGS)
+	$(PY) -m training.launch.eks submit --overlay $(OVERLAY) --follow \
+	  $(if $(filter-out none,$(RESTART)),--restart $(RESTART)) $(ARGS)
 else
 	@$(MAKE) --no-print-directory $(DATA)/meta.json
 	$(PY) -m training.launch.local --nproc $(NPROC) --recipe $(RECIPE) --run-dir runs/$(RUN) \

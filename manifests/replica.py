@@ -10,10 +10,11 @@ same pod, launcher command and restart layers), made a JobSet's replicated Job w
   pods (the in-job layer); the other groups' pods and processes are untouched;
 - a lost pod: the group's Job replaces it (its own ``podFailurePolicy``/``backoffLimit``),
   other Jobs are untouched;
-- a group's Job failing outright: the JobSet's failure policy restarts every Job
-  (``RestartJobSet`` is the only restart action JobSet has, kubernetes-sigs/jobset
-  ``FailurePolicyAction``), so the groups fall back to their restore tiers: never worse than a
-  global restart.
+- a group's Job failing outright: the JobSet's failure policy recreates that Job alone
+  (``RestartJob``, "recreate only the failed Job without touching the other Jobs", JobSet
+  v0.12.0's ``FailurePolicyAction``, the release the stack installs: ``infra/addons.py``
+  ``JOBSET``); its new pods restore from the group's tiers and heal from a live peer group. Past
+  ``JOBSET_MAX_RESTARTS`` the JobSet fails.
 
 Per group: its rendezvous is its Job's own (``$(JOB_UID)``, each child Job's uid), its run and
 checkpoint directories are ``.../group-$(REPLICA_GROUP_ID)`` (later flags win), and
@@ -32,6 +33,7 @@ from collections.abc import Sequence
 from manifests.objects.common import FSX_MOUNT, size_of
 from manifests.objects.job import job_for_args, trainer_args
 from manifests.objects.system_service import system_service_objects
+from training.overrides import build_config
 from training.replica.topology import GROUP_ENV, LIGHTHOUSE_ENV, lighthouse_command
 
 LIGHTHOUSE = "fsdp-lighthouse"
@@ -42,7 +44,26 @@ LIGHTHOUSE_PRIORITY = 1_000_000
 JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 REPLICATED_JOB = "group"
 JOBSET_MAX_RESTARTS = 3
-"""Whole-JobSet restarts (all groups from their restore tiers) after a group's Job fails."""
+"""Recreations of failed groups' Jobs (all groups together) before the JobSet fails."""
+JOBSET_GROUP = "jobset.x-k8s.io"
+JOBSET_VERSION = "v1alpha2"
+JOBSET_API_VERSION = f"{JOBSET_GROUP}/{JOBSET_VERSION}"
+"""The JobSet API (kubernetes-sigs/jobset ``api/jobset/v1alpha2``), served by the chart the stack
+installs."""
+
+
+def group_job_name(job_name: str, group: int) -> str:
+    """The name JobSet gives group ``group``'s Job (kubernetes-sigs/jobset
+    ``pkg/util/placement/placement.go`` ``GenJobName``: ``<jobset>-<replicatedJob>-<index>``)."""
+    return f"{job_name}-{REPLICATED_JOB}-{group}"
+
+
+def replica_groups_of(*, overlay: str, train_args: Sequence[str]) -> int:
+    """The run's replica groups: what the trainer makes of its arguments
+    (``--resilience.replica_groups``, else the recipe's or the config's default)."""
+    size = size_of(overlay)
+    config, _ = build_config([f"--recipe={size.recipe}", "--restart=replica", *train_args])
+    return config.resilience.replica_groups
 
 
 def lighthouse_address(namespace: str) -> str:
@@ -85,17 +106,17 @@ def jobset_objects(
     overlay: str,
     namespace: str,
     image: str,
-    groups: int,
+    groups: int | None = None,
     train_args: Sequence[str] | None = None,
 ) -> list[dict]:
-    """The Lighthouse's objects and the JobSet of ``groups`` copies of the overlay's Job: each
-    group has the overlay's nodes, so the run holds ``groups x nodes`` nodes."""
+    """The Lighthouse's objects and the JobSet of ``groups`` copies of the overlay's Job (by
+    default as many as the trainer arguments say, ``replica_groups_of``): each group has the
+    overlay's nodes, so the run holds ``groups x nodes`` nodes."""
     size = size_of(overlay)
-    args = group_train_args(
-        job_name=size.job_name,
-        groups=groups,
-        train_args=size.train_args if train_args is None else train_args,
-    )
+    train_args = size.train_args if train_args is None else train_args
+    if groups is None:
+        groups = replica_groups_of(overlay=overlay, train_args=train_args)
+    args = group_train_args(job_name=size.job_name, groups=groups, train_args=train_args)
     # The overlay's Job as ``job_objects`` builds it, for the replica mode, which
     # ``job_objects`` refuses (a plain Indexed Job cannot run it: ``sizes.RESTART_MODES``).
     trainer = trainer_args(size=size, restart="replica", train_args=args)
@@ -112,7 +133,7 @@ def jobset_objects(
             *container.get("env", []),
         ]
     jobset = {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "apiVersion": JOBSET_API_VERSION,
         "kind": "JobSet",
         "metadata": {
             "name": size.job_name,
@@ -120,7 +141,17 @@ def jobset_objects(
             "labels": job["metadata"].get("labels", {}),
         },
         "spec": {
-            "failurePolicy": {"maxRestarts": JOBSET_MAX_RESTARTS},
+            "failurePolicy": {
+                "maxRestarts": JOBSET_MAX_RESTARTS,
+                # Without a matching rule JobSet restarts every Job (RestartJobSet).
+                "rules": [
+                    {
+                        "name": "restartTheFailedGroupOnly",
+                        "action": "RestartJob",
+                        "targetReplicatedJobs": [REPLICATED_JOB],
+                    }
+                ],
+            },
             "replicatedJobs": [
                 {
                     "name": REPLICATED_JOB,
