@@ -84,10 +84,10 @@ eks-preflight: $(VENV)/.stamp ## All-reduce check across the overlay's GPU nodes
 	$(PY) -m manifests.preflight --overlay $(OVERLAY) $(ARGS)
 
 eks-status: $(VENV)/.stamp ## Show the EKS training job's pods, restarts and completion
-	$(PY) -m training.launch.eks status --overlay $(OVERLAY)
+	$(PY) -m training.launch.eks status --overlay $(OVERLAY) $(if $(GROUP),--group $(GROUP))
 
 eks-logs: $(VENV)/.stamp ## Stream rank 0's log of the EKS training job
-	$(PY) -m training.launch.eks logs --overlay $(OVERLAY)
+	$(PY) -m training.launch.eks logs --overlay $(OVERLAY) $(if $(GROUP),--group $(GROUP))
 
 eks-stop: $(VENV)/.stamp ## Delete the EKS training job (never the data on FSx)
 	$(PY) -m training.launch.eks stop --overlay $(OVERLAY)

@@ -16,9 +16,9 @@ This module is the CLI; the client calls are `ops.cluster`'s.
 
 ``--restart replica`` (``make train TARGET=eks RESTART=replica``) submits the replica groups
 instead (``manifests/replica.py``): the torchft Lighthouse's objects and a JobSet of one Job per
-group (the stack installs the JobSet controller: ``infra/addons.py``). ``--follow``, ``status``
-and ``logs`` then watch one group's Job (``--group``, default 0); ``stop`` deletes the JobSet
-with its Jobs (the Lighthouse stays, like the rendezvous store).
+group (the stack installs the JobSet controller: ``infra/addons.py``). ``--follow`` then
+watches group 0's Job, ``status`` and ``logs`` the one ``--group`` names; ``stop`` deletes the
+JobSet with its Jobs (the Lighthouse stays, like the rendezvous store).
 """
 
 from __future__ import annotations
