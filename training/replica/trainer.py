@@ -50,10 +50,11 @@ from training.trainer import Trainer
 
 STORE_KEY = "replica/manager_store"
 WAITING_EVENT_S = 2.0
-"""A quorum that has not formed after this long is a wait for a group that is out: the ranks
-say so once (``replica_waiting``, with the wait's start), so the exporter can tell how long a
-group has been out while it still is (``training/runlog/replica.py``). A quorum of groups that
-are all in forms in milliseconds; a rejoin adds the Lighthouse's ``--join_timeout_ms`` (1 s)."""
+"""A quorum that has not formed after this long is a wait for a group that is out (or slow): the
+ranks say so once (``replica_waiting``, with the wait's start), so the exporter can tell how
+long a group has been out while it still is (``training/runlog/replica.py``). A quorum of groups
+that are all in and in step forms in milliseconds; a rejoin adds the Lighthouse's
+``--join_timeout_ms`` (1 s)."""
 
 
 def trainer_for(config: JobConfig) -> Callable[..., Trainer]:
@@ -234,8 +235,10 @@ class ReplicaTrainer(Trainer):
 
     def _quorum(self) -> tuple[float, bool, bool]:
         """One quorum (and heal, if this group is behind); its changes to events.jsonl.
-        Returns (seconds it took, whether it waited for a group that was out, whether this
-        group healed in it)."""
+        Returns (seconds it took, whether it waited for a group that was out: a long wait that
+        ended in a quorum of new members, whether this group healed in it). A long wait in the
+        same quorum was for a slow group (a checkpoint save, a restarted group's first steps):
+        seen in the fault test, 5 and 25 s after the heal, with the quorum id unchanged."""
         if self.manager.current_step() != self.step:
             # A restarted group starts from its restore tiers' step: the quorum compares it.
             self.manager.load_state_dict(
@@ -264,7 +267,8 @@ class ReplicaTrainer(Trainer):
         # process group then). Private in torchft 2026.10.26, read only for the event.
         # A wait that was announced always ends with one (the exporter's open wait closes).
         quorum_id = getattr(self.manager, "_quorum_id", None)
-        if participants != self._participants or quorum_id != self._quorum_id or waited:
+        changed = quorum_id != self._quorum_id
+        if participants != self._participants or changed or waited:
             self._quorum_id = quorum_id
             self._emit(
                 "replica_quorum",
@@ -275,7 +279,7 @@ class ReplicaTrainer(Trainer):
                 wait_s=round(elapsed, 4),
             )
             self._participants = participants
-        return elapsed, waited, healed
+        return elapsed, waited and changed, healed
 
     def _keeping_alive(self, wait: Callable[[], None], *, step: int) -> bool:
         """Run ``wait`` (a quorum, which blocks while a group is out) in a thread while this one

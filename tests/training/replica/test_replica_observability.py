@@ -250,3 +250,59 @@ def test_a_long_quorum_wait_is_announced_once_with_its_start(
 
     with pytest.raises(TimeoutError, match="quorum timed out"):
         trainer._keeping_alive(fails, step=9)
+
+
+class _Manager:
+    """torchft's ``Manager`` as ``ReplicaTrainer._quorum`` calls it: each quorum takes
+    ``wait_s`` and ends with quorum id ``quorum_id`` (torchft's own changes when members do)."""
+
+    def __init__(self) -> None:
+        self.wait_s, self._quorum_id, self.step = 0.0, 0, 0
+
+    def current_step(self) -> int:
+        return self.step
+
+    def start_quorum(self, timeout: object) -> None:
+        time.sleep(self.wait_s)
+
+    def num_participants(self) -> int:
+        return 2
+
+
+def test_a_survivors_stall_is_a_long_wait_that_ends_with_new_members(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Per failure: a long wait at the quorum counts as a stall when the quorum that ends it
+    has new members (the failed group came back under a new replica id), not when the same
+    members were only slow (the real fault run waited 5 and 25 s for a slow peer group after
+    the heal, with the quorum id unchanged)."""
+    from types import SimpleNamespace
+
+    from training.replica import trainer as replica_trainer
+    from training.replica.topology import ReplicaTopology
+
+    monkeypatch.setattr(replica_trainer, "WAITING_EVENT_S", 0.05)
+    trainer = object.__new__(replica_trainer.ReplicaTrainer)
+    trainer.events, trainer.hooks = _Events(), _Hooks()
+    trainer.topology = ReplicaTopology(group=0, groups=2, lighthouse="http://lh:1")
+    trainer.config = SimpleNamespace(resilience=SimpleNamespace(replica_wait_s=60.0))
+    trainer.manager = manager = _Manager()
+    trainer.step, trainer._participants, trainer._quorum_id, trainer._healed = 0, 0, None, None
+
+    def quorum(*, wait_s: float, quorum_id: int) -> list[str]:
+        trainer.events.lines.clear()
+        manager.wait_s, manager._quorum_id = wait_s, quorum_id
+        trainer.begin_step()
+        return [kind for kind, _ in trainer.events.lines]
+
+    # The start: the first quorum, however long, is no stall.
+    assert quorum(wait_s=0.2, quorum_id=1) == ["replica_waiting", "replica_quorum"]
+    trainer.step = manager.step = 3
+    assert quorum(wait_s=0.0, quorum_id=1) == []  # nothing changed
+    # A slow peer: the wait is announced and closed, but no member changed.
+    assert quorum(wait_s=0.2, quorum_id=1) == ["replica_waiting", "replica_quorum"]
+    # A group out and back: a new quorum after the wait, a stall for this survivor.
+    kinds = quorum(wait_s=0.2, quorum_id=2)
+    assert kinds == ["replica_waiting", "replica_quorum", "replica_stall"]
+    stall = trainer.events.lines[-1][1]
+    assert stall["step"] == 4 and stall["stall_s"] >= 0.2
