@@ -161,12 +161,14 @@ SYSTEM_NODE_SELECTOR = {"node-role": "system"}
 class JobSetController(Construct):
     """The JobSet API (``jobset.x-k8s.io``) and its controller and webhook, on the system nodes
     (never on a GPU node: a lost training node must not take the controller that restarts its
-    group along). The stack waits for it (``wait``): a JobSet submitted before its webhook
-    answers is refused.
+    group along). The stack waits for it (``wait``), after the system nodes: a JobSet submitted
+    before its webhook answers is refused.
 
     Attribute: `chart` (the HelmChart construct)."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.Cluster) -> None:
+    def __init__(
+        self, scope: Construct, construct_id: str, *, cluster: eks.Cluster, nodes: Construct
+    ) -> None:
         super().__init__(scope, construct_id)
         self.chart = install_chart(
             self,
@@ -176,3 +178,6 @@ class JobSetController(Construct):
             values={"controller": {"nodeSelector": SYSTEM_NODE_SELECTOR}},
             wait=True,
         )
+        # It waits for its pod: the system nodes (``nodes``) must exist first, as for the
+        # cluster's add-ons (infra/cluster.py).
+        self.chart.node.add_dependency(nodes)

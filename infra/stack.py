@@ -100,7 +100,7 @@ class TrainingClusterStack(Stack):
             for retained in network.retained_with_file_system(storage.security_group):
                 retained.apply_removal_policy(RemovalPolicy.RETAIN)
         DevicePlugins(self, "DevicePlugins", cluster=cluster.cluster)
-        JobSetController(self, "JobSet", cluster=cluster.cluster)
+        JobSetController(self, "JobSet", cluster=cluster.cluster, nodes=cluster.system_nodegroup)
         image = TrainerImage(self, "TrainerImage", config=config.image)
         self.image_tags = image.tags
         fs = storage.file_system

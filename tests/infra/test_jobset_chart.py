@@ -45,7 +45,13 @@ def test_the_controller_runs_on_the_system_nodes(default_assertions: Template) -
         {"Values": Match.serialized_json(Match.object_like(values))},
         selector={"Chart": JOBSET.name},
     )
-    # The selector names a label the system node group really has.
+    # The selector names a label the system node group really has, and the chart (which waits
+    # for its pod) is installed after that node group.
     groups = default_assertions.find_resources(NODEGROUP)
-    labelled = [g for g in groups.values() if g["Properties"].get("Labels") == SYSTEM_NODE_SELECTOR]
+    labelled = [
+        name for name, g in groups.items() if g["Properties"].get("Labels") == SYSTEM_NODE_SELECTOR
+    ]
     assert len(labelled) == 1, [g["Properties"].get("Labels") for g in groups.values()]
+    (chart,) = default_assertions.find_resources(HELM_CHART, {"Properties": {"Chart": "jobset"}})
+    depends = default_assertions.to_json()["Resources"][chart]["DependsOn"]
+    assert labelled[0] in depends, depends
