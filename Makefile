@@ -72,7 +72,8 @@ data: $(VENV)/.stamp $(DATA)/meta.json ## Build the local corpus (Python's stand
 
 train: $(VENV)/.stamp ## Train: locally on CPU ranks (default) or on EKS with TARGET=eks
 ifeq ($(TARGET),eks)
-	$(PY) -m training.launch.eks submit --overlay $(OVERLAY) --follow $(ARGS)
+	$(PY) -m training.launch.eks submit --overlay $(OVERLAY) --follow \
+	  $(if $(filter-out none,$(RESTART)),--restart $(RESTART)) $(ARGS)
 else
 	@$(MAKE) --no-print-directory $(DATA)/meta.json
 	$(PY) -m training.launch.local --nproc $(NPROC) --recipe $(RECIPE) --run-dir runs/$(RUN) \
@@ -83,10 +84,10 @@ eks-preflight: $(VENV)/.stamp ## All-reduce check across the overlay's GPU nodes
 	$(PY) -m manifests.preflight --overlay $(OVERLAY) $(ARGS)
 
 eks-status: $(VENV)/.stamp ## Show the EKS training job's pods, restarts and completion
-	$(PY) -m training.launch.eks status --overlay $(OVERLAY)
+	$(PY) -m training.launch.eks status --overlay $(OVERLAY) $(if $(GROUP),--group $(GROUP))
 
 eks-logs: $(VENV)/.stamp ## Stream rank 0's log of the EKS training job
-	$(PY) -m training.launch.eks logs --overlay $(OVERLAY)
+	$(PY) -m training.launch.eks logs --overlay $(OVERLAY) $(if $(GROUP),--group $(GROUP))
 
 eks-stop: $(VENV)/.stamp ## Delete the EKS training job (never the data on FSx)
 	$(PY) -m training.launch.eks stop --overlay $(OVERLAY)

@@ -1,6 +1,7 @@
-"""Helm charts on the GPU nodes, each pinned to one version in this module: the NVIDIA device
+"""Helm charts, each pinned to one version in this module: on the GPU nodes the NVIDIA device
 plugin (GPUs), the AWS EFA device plugin (EFA interfaces) and NVIDIA's DCGM exporter (GPU
-telemetry in Prometheus format)."""
+telemetry in Prometheus format); on the system nodes the JobSet controller (the replica groups'
+JobSet, ``manifests/replica.py``)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ class Chart:
     """A Helm chart pinned to one version."""
 
     repository: str
-    """Helm repository URL."""
+    """Helm repository URL; for an OCI chart, the chart's own ``oci://`` reference (the CDK
+    kubectl handler runs ``helm pull <repository> --version <version>`` for those,
+    aws-cdk-lib ``custom-resource-handlers/.../kubectl-handler/helm/__init__.py``)."""
     name: str
     """Chart name in the repository."""
     version: str
@@ -56,7 +59,21 @@ DCGM_EXPORTER = Chart(
     version="4.8.2",
     namespace="kube-system",
 )
-CHARTS: tuple[Chart, ...] = (NVIDIA_DEVICE_PLUGIN, EFA_DEVICE_PLUGIN, DCGM_EXPORTER)
+JOBSET = Chart(
+    # Published as an OCI chart only (no index.yaml: no `helm search`); its install guide:
+    # `helm install jobset oci://registry.k8s.io/jobset/charts/jobset --version 0.12.0
+    # --create-namespace --namespace=jobset-system` (https://jobset.sigs.k8s.io/docs/installation,
+    # kubernetes-sigs/jobset site/content/en/docs/installation/_index.md at v0.12.0). 0.12.0 is
+    # the newest release tag (kubernetes-sigs/jobset releases, charts/jobset/Chart.yaml
+    # `version: 0.12.0`); the released chart pins its controller image to the same tag
+    # (hack/helm-chart-package.sh). Check for newer ones with
+    # `helm show chart oci://registry.k8s.io/jobset/charts/jobset --version <v>`.
+    repository="oci://registry.k8s.io/jobset/charts/jobset",
+    name="jobset",
+    version="0.12.0",
+    namespace="jobset-system",
+)
+CHARTS: tuple[Chart, ...] = (NVIDIA_DEVICE_PLUGIN, EFA_DEVICE_PLUGIN, DCGM_EXPORTER, JOBSET)
 
 # Every chart here runs on the tainted GPU nodes only: a node selector on the GPU nodes' label
 # and a toleration of the GPU taint (and nothing else).
@@ -109,17 +126,58 @@ class DevicePlugins(Construct):
     def _install(
         self, cluster: eks.Cluster, construct_id: str, chart: Chart, values: dict
     ) -> eks.HelmChart:
-        return eks.HelmChart(
+        # DaemonSets on GPU nodes that may not exist yet (min size 0): never wait for them.
+        return install_chart(self, construct_id, cluster=cluster, chart=chart, values=values)
+
+
+def install_chart(
+    scope: Construct,
+    construct_id: str,
+    *,
+    cluster: eks.Cluster,
+    chart: Chart,
+    values: dict,
+    wait: bool = False,
+) -> eks.HelmChart:
+    return eks.HelmChart(
+        scope,
+        construct_id,
+        cluster=cluster,
+        repository=chart.repository,
+        chart=chart.name,
+        version=chart.version,
+        namespace=chart.namespace,
+        release=chart.name,
+        values=values,
+        wait=wait,
+        timeout=Duration.minutes(10),
+    )
+
+
+SYSTEM_NODE_SELECTOR = {"node-role": "system"}
+"""The system node group's label (infra/cluster.py)."""
+
+
+class JobSetController(Construct):
+    """The JobSet API (``jobset.x-k8s.io``) and its controller and webhook, on the system nodes
+    (never on a GPU node: a lost training node must not take the controller that restarts its
+    group along). The stack waits for it (``wait``), after the system nodes: a JobSet submitted
+    before its webhook answers is refused.
+
+    Attribute: `chart` (the HelmChart construct)."""
+
+    def __init__(
+        self, scope: Construct, construct_id: str, *, cluster: eks.Cluster, nodes: Construct
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.chart = install_chart(
             self,
-            construct_id,
+            "Chart",
             cluster=cluster,
-            repository=chart.repository,
-            chart=chart.name,
-            version=chart.version,
-            namespace=chart.namespace,
-            release=chart.name,
-            values=values,
-            # DaemonSets on GPU nodes that may not exist yet (min size 0): never wait for them.
-            wait=False,
-            timeout=Duration.minutes(10),
+            chart=JOBSET,
+            values={"controller": {"nodeSelector": SYSTEM_NODE_SELECTOR}},
+            wait=True,
         )
+        # It waits for its pod: the system nodes (``nodes``) must exist first, as for the
+        # cluster's add-ons (infra/cluster.py).
+        self.chart.node.add_dependency(nodes)

@@ -13,7 +13,7 @@ from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from infra import nag, sizing
-from infra.addons import DevicePlugins
+from infra.addons import DevicePlugins, JobSetController
 from infra.cluster import TrainingCluster
 from infra.config import IMAGES_STACK_NAME, STACK_NAME, StackConfig
 from infra.deployed import SETTINGS_PARAMETER_ID
@@ -100,6 +100,7 @@ class TrainingClusterStack(Stack):
             for retained in network.retained_with_file_system(storage.security_group):
                 retained.apply_removal_policy(RemovalPolicy.RETAIN)
         DevicePlugins(self, "DevicePlugins", cluster=cluster.cluster)
+        JobSetController(self, "JobSet", cluster=cluster.cluster, nodes=cluster.system_nodegroup)
         image = TrainerImage(self, "TrainerImage", config=config.image)
         self.image_tags = image.tags
         fs = storage.file_system

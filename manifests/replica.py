@@ -10,10 +10,11 @@ same pod, launcher command and restart layers), made a JobSet's replicated Job w
   pods (the in-job layer); the other groups' pods and processes are untouched;
 - a lost pod: the group's Job replaces it (its own ``podFailurePolicy``/``backoffLimit``),
   other Jobs are untouched;
-- a group's Job failing outright: the JobSet's failure policy restarts every Job
-  (``RestartJobSet`` is the only restart action JobSet has, kubernetes-sigs/jobset
-  ``FailurePolicyAction``), so the groups fall back to their restore tiers: never worse than a
-  global restart.
+- a group's Job failing outright: the JobSet's failure policy recreates that Job alone
+  (``RestartJob``, "recreate only the failed Job without touching the other Jobs", JobSet
+  v0.12.0's ``FailurePolicyAction``, the release the stack installs: ``infra/addons.py``
+  ``JOBSET``); its new pods restore from the group's tiers and heal from a live peer group. Past
+  ``JOBSET_MAX_RESTARTS`` the JobSet fails.
 
 Per group: its rendezvous is its Job's own (``$(JOB_UID)``, each child Job's uid), its run and
 checkpoint directories are ``.../group-$(REPLICA_GROUP_ID)`` (later flags win), and
@@ -29,9 +30,10 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 
-from manifests.objects.common import FSX_MOUNT, SERVICE_ACCOUNT, TRAINER, size_of
-from manifests.objects.common import labels as component_labels
+from manifests.objects.common import FSX_MOUNT, size_of
 from manifests.objects.job import job_for_args, trainer_args
+from manifests.objects.system_service import system_service_objects
+from training.overrides import build_config
 from training.replica.topology import GROUP_ENV, LIGHTHOUSE_ENV, lighthouse_command
 
 LIGHTHOUSE = "fsdp-lighthouse"
@@ -42,7 +44,26 @@ LIGHTHOUSE_PRIORITY = 1_000_000
 JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 REPLICATED_JOB = "group"
 JOBSET_MAX_RESTARTS = 3
-"""Whole-JobSet restarts (all groups from their restore tiers) after a group's Job fails."""
+"""Recreations of failed groups' Jobs (all groups together) before the JobSet fails."""
+JOBSET_GROUP = "jobset.x-k8s.io"
+JOBSET_VERSION = "v1alpha2"
+JOBSET_API_VERSION = f"{JOBSET_GROUP}/{JOBSET_VERSION}"
+"""The JobSet API (kubernetes-sigs/jobset ``api/jobset/v1alpha2``), served by the chart the stack
+installs."""
+
+
+def group_job_name(job_name: str, group: int) -> str:
+    """The name JobSet gives group ``group``'s Job (kubernetes-sigs/jobset
+    ``pkg/util/placement/placement.go`` ``GenJobName``: ``<jobset>-<replicatedJob>-<index>``)."""
+    return f"{job_name}-{REPLICATED_JOB}-{group}"
+
+
+def replica_groups_of(*, overlay: str, train_args: Sequence[str]) -> int:
+    """The run's replica groups: what the trainer makes of its arguments
+    (``--resilience.replica_groups``, else the recipe's or the config's default)."""
+    size = size_of(overlay)
+    config, _ = build_config([f"--recipe={size.recipe}", "--restart=replica", *train_args])
+    return config.resilience.replica_groups
 
 
 def lighthouse_address(namespace: str) -> str:
@@ -50,105 +71,24 @@ def lighthouse_address(namespace: str) -> str:
 
 
 def lighthouse_objects(*, namespace: str, image: str, groups: int) -> list[dict]:
-    """The Lighthouse as the rendezvous store is deployed (``objects.rdzv_store``): one replica on
-    the system nodes, recreated not rolled, above the trainers' priority, no voluntary
-    eviction, reachable only from trainer pods, no egress (it only answers)."""
-    labels = component_labels("lighthouse")
-    return [
-        {
-            "apiVersion": "scheduling.k8s.io/v1",
-            "kind": "PriorityClass",
-            "metadata": {"name": LIGHTHOUSE_PRIORITY_CLASS, "labels": labels},
-            "value": LIGHTHOUSE_PRIORITY,
-            "globalDefault": False,
-            "preemptionPolicy": "PreemptLowerPriority",
-            "description": "The replica groups' torchft Lighthouse: every step's quorum needs it.",
+    """The Lighthouse as the rendezvous store is deployed (``system_service_objects``): one
+    replica on the system nodes, recreated not rolled, above the trainers' priority, no
+    voluntary eviction, reachable only from trainer pods, no egress (it only answers)."""
+    return system_service_objects(
+        name=LIGHTHOUSE,
+        namespace=namespace,
+        component="lighthouse",
+        priority_class_name=LIGHTHOUSE_PRIORITY_CLASS,
+        priority=LIGHTHOUSE_PRIORITY,
+        description="The replica groups' torchft Lighthouse: every step's quorum needs it.",
+        container={
+            "name": "lighthouse",
+            "image": image,
+            "command": lighthouse_command(groups=groups, port=LIGHTHOUSE_PORT),
         },
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": LIGHTHOUSE, "namespace": namespace, "labels": labels},
-            "spec": {
-                "replicas": 1,
-                # Two Lighthouses behind one Service would form two quorums.
-                "strategy": {"type": "Recreate"},
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "serviceAccountName": SERVICE_ACCOUNT,
-                        "priorityClassName": LIGHTHOUSE_PRIORITY_CLASS,
-                        "affinity": {
-                            "nodeAffinity": {
-                                "requiredDuringSchedulingIgnoredDuringExecution": {
-                                    "nodeSelectorTerms": [
-                                        {
-                                            "matchExpressions": [
-                                                {
-                                                    "key": "nvidia.com/gpu.present",
-                                                    "operator": "DoesNotExist",
-                                                }
-                                            ]
-                                        }
-                                    ]
-                                }
-                            }
-                        },
-                        "containers": [
-                            {
-                                "name": "lighthouse",
-                                "image": image,
-                                "command": lighthouse_command(groups=groups, port=LIGHTHOUSE_PORT),
-                                "ports": [{"name": "lighthouse", "containerPort": LIGHTHOUSE_PORT}],
-                                "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
-                                "readinessProbe": {
-                                    "tcpSocket": {"port": LIGHTHOUSE_PORT},
-                                    "periodSeconds": 5,
-                                },
-                            }
-                        ],
-                    },
-                },
-            },
-        },
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": LIGHTHOUSE, "namespace": namespace, "labels": labels},
-            "spec": {
-                "minAvailable": 1,
-                "selector": {"matchLabels": labels},
-                "unhealthyPodEvictionPolicy": "AlwaysAllow",
-            },
-        },
-        {
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": {"name": LIGHTHOUSE, "namespace": namespace, "labels": labels},
-            "spec": {
-                "podSelector": {"matchLabels": labels},
-                "policyTypes": ["Ingress", "Egress"],
-                "egress": [],
-                "ingress": [
-                    {
-                        "from": [{"podSelector": {"matchLabels": component_labels(TRAINER)}}],
-                        "ports": [{"protocol": "TCP", "port": LIGHTHOUSE_PORT}],
-                    }
-                ],
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": LIGHTHOUSE, "namespace": namespace, "labels": labels},
-            "spec": {
-                "selector": labels,
-                "ports": [
-                    {"name": "lighthouse", "port": LIGHTHOUSE_PORT, "targetPort": LIGHTHOUSE_PORT}
-                ],
-            },
-        },
-    ]
+        port=LIGHTHOUSE_PORT,
+        port_name="lighthouse",
+    )
 
 
 def group_train_args(*, job_name: str, groups: int, train_args: Sequence[str]) -> list[str]:
@@ -166,17 +106,17 @@ def jobset_objects(
     overlay: str,
     namespace: str,
     image: str,
-    groups: int,
+    groups: int | None = None,
     train_args: Sequence[str] | None = None,
 ) -> list[dict]:
-    """The Lighthouse's objects and the JobSet of ``groups`` copies of the overlay's Job: each
-    group has the overlay's nodes, so the run holds ``groups x nodes`` nodes."""
+    """The Lighthouse's objects and the JobSet of ``groups`` copies of the overlay's Job (by
+    default as many as the trainer arguments say, ``replica_groups_of``): each group has the
+    overlay's nodes, so the run holds ``groups x nodes`` nodes."""
     size = size_of(overlay)
-    args = group_train_args(
-        job_name=size.job_name,
-        groups=groups,
-        train_args=size.train_args if train_args is None else train_args,
-    )
+    train_args = size.train_args if train_args is None else train_args
+    if groups is None:
+        groups = replica_groups_of(overlay=overlay, train_args=train_args)
+    args = group_train_args(job_name=size.job_name, groups=groups, train_args=train_args)
     # The overlay's Job as ``job_objects`` builds it, for the replica mode, which
     # ``job_objects`` refuses (a plain Indexed Job cannot run it: ``sizes.RESTART_MODES``).
     trainer = trainer_args(size=size, restart="replica", train_args=args)
@@ -193,7 +133,7 @@ def jobset_objects(
             *container.get("env", []),
         ]
     jobset = {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "apiVersion": JOBSET_API_VERSION,
         "kind": "JobSet",
         "metadata": {
             "name": size.job_name,
@@ -201,7 +141,17 @@ def jobset_objects(
             "labels": job["metadata"].get("labels", {}),
         },
         "spec": {
-            "failurePolicy": {"maxRestarts": JOBSET_MAX_RESTARTS},
+            "failurePolicy": {
+                "maxRestarts": JOBSET_MAX_RESTARTS,
+                # Without a matching rule JobSet restarts every Job (RestartJobSet).
+                "rules": [
+                    {
+                        "name": "restartTheFailedGroupOnly",
+                        "action": "RestartJob",
+                        "targetReplicatedJobs": [REPLICATED_JOB],
+                    }
+                ],
+            },
             "replicatedJobs": [
                 {
                     "name": REPLICATED_JOB,

@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 APPLY_PATCH = "application/apply-patch+yaml"
+CUSTOM_PLURALS = {"JobSet": "jobsets"}
+"""Custom resources this module applies and deletes: kind -> the plural of its API path (the
+JobSet CRD's ``spec.names.plural``, kubernetes-sigs/jobset)."""
 DEFAULT_OUTPUTS = Path("cdk-outputs.json")
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 FIX_KUBECONFIG = "run the stack's UpdateKubeconfigCommand (see cdk-outputs.json)"
@@ -118,6 +121,10 @@ class Cluster:
     batch: Any
     apps: Any
     scheduling: Any
+    policy: Any
+    networking: Any
+    custom: Any
+    """Custom resources (a JobSet): ``CustomObjectsApi``."""
 
     @classmethod
     def connect(cls, *, kubeconfig: str | None, context: str | None, fix: str) -> Cluster:
@@ -141,6 +148,9 @@ class Cluster:
             batch=client.BatchV1Api(api_client),
             apps=client.AppsV1Api(api_client),
             scheduling=client.SchedulingV1Api(api_client),
+            policy=client.PolicyV1Api(api_client),
+            networking=client.NetworkingV1Api(api_client),
+            custom=client.CustomObjectsApi(api_client),
         )
 
 
@@ -191,16 +201,25 @@ def apply(cluster: Cluster, objects: Sequence[dict], *, fix: str, field_manager:
         "Service": cluster.core.patch_namespaced_service,
         "Job": cluster.batch.patch_namespaced_job,
         "Deployment": cluster.apps.patch_namespaced_deployment,
+        "PodDisruptionBudget": cluster.policy.patch_namespaced_pod_disruption_budget,
+        "NetworkPolicy": cluster.networking.patch_namespaced_network_policy,
     }
     cluster_scoped = {"PriorityClass": cluster.scheduling.patch_priority_class}
     applied = []
     for obj in objects:
         kind, name = obj["kind"], obj["metadata"]["name"]
         namespace = obj["metadata"].get("namespace")
-        where = (name, namespace) if kind in namespaced else (name,)
+        if kind in CUSTOM_PLURALS:
+            group, version = obj["apiVersion"].split("/")
+            fn: Callable[..., Any] = cluster.custom.patch_namespaced_custom_object
+            where: tuple[str, ...] = (group, version, namespace, CUSTOM_PLURALS[kind], name)
+        elif kind in namespaced:
+            fn, where = namespaced[kind], (name, namespace)
+        else:
+            fn, where = cluster_scoped[kind], (name,)
         try:
             call(
-                namespaced.get(kind) or cluster_scoped[kind],
+                fn,
                 *where,
                 obj,
                 fix=fix,
@@ -209,11 +228,12 @@ def apply(cluster: Cluster, objects: Sequence[dict], *, fix: str, field_manager:
                 _content_type=APPLY_PATCH,
             )
         except ApiException as e:
-            if kind == "Job" and e.status == 422:
-                # A Job's pod template is immutable: a changed submission needs a new Job.
+            if kind in ("Job", "JobSet") and e.status == 422:
+                # A Job's pod template is immutable (a JobSet's replicated Jobs too, its
+                # webhook): a changed submission needs a new one.
                 raise UsageError(
-                    f"job {namespace}/{name} already exists with a different spec: stop it "
-                    f"first (`make eks-stop OVERLAY=...`), then submit again"
+                    f"{kind.lower()} {namespace}/{name} already exists with a different spec: "
+                    f"stop it first (`make eks-stop OVERLAY=...`), then submit again"
                 ) from e
             raise
         applied.append(f"{kind}/{name}")
@@ -386,20 +406,31 @@ def follow(
         sleep(poll_s)
 
 
-def stop(cluster: Cluster, target: Target, *, out: TextIO) -> None:
-    """Delete the Job (its pods go with it) and its Service; the FSx claim and data stay."""
+def stop(
+    cluster: Cluster, target: Target, *, out: TextIO, custom: Sequence[tuple[str, str]] = ()
+) -> None:
+    """Delete the Job (its pods go with it) and its Service, and first the ``custom`` objects
+    ((kind, apiVersion): a JobSet, whose Jobs go with it) of the same name; the FSx claim and
+    data stay."""
     from kubernetes.client.exceptions import ApiException
 
-    deleters = (
-        ("Job", cluster.batch.delete_namespaced_job),
-        ("Service", cluster.core.delete_namespaced_service),
-    )
-    for kind, fn in deleters:
+    deleters: list[tuple[str, Callable[..., Any], tuple[str, ...]]] = [
+        (
+            kind,
+            cluster.custom.delete_namespaced_custom_object,
+            (*api_version.split("/"), target.namespace, CUSTOM_PLURALS[kind], target.job_name),
+        )
+        for kind, api_version in custom
+    ]
+    deleters += [
+        ("Job", cluster.batch.delete_namespaced_job, (target.job_name, target.namespace)),
+        ("Service", cluster.core.delete_namespaced_service, (target.job_name, target.namespace)),
+    ]
+    for kind, fn, where in deleters:
         try:
             call(
                 fn,
-                target.job_name,
-                target.namespace,
+                *where,
                 fix=target.fix,
                 propagation_policy="Foreground",  # the pods are gone before the Job is
             )

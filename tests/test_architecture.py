@@ -44,6 +44,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.runlog.files",
         "training.runlog.phases",
         "training.runlog.writer",
+        "training.runlog.replica",
         # the Kubernetes API (the client is imported inside): the launchers' Job client, and the
         # pod's own cluster actions (the straggler policy counts the spares, the supervisor cordons)
         "ops",
@@ -142,6 +143,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "manifests.objects",
         "manifests.objects.common",
         "manifests.objects.cordon",
+        "manifests.objects.system_service",
         "manifests.objects.rdzv_store",
         "manifests.objects.job",
         "manifests.objects.spares",

@@ -147,17 +147,11 @@ class Trainer:
             seq_len=config.data.seq_len,
             vocab_size=config.model.vocab_size,
         )
-        t = config.train
-        self.layout = BatchLayout(
-            world_size=env.world_size,
-            rank=env.rank,
-            micro_batch_size=t.micro_batch_size,
-            grad_accum_steps=t.grad_accum_steps,
-        )
+        self.layout = self._batch_layout()
         self.sampler = ResumableSampler(
             num_samples=self.shards.num_samples,
             layout=self.layout,
-            seed=t.seed,
+            seed=config.train.seed,
             shuffle=config.data.shuffle,
         )
         self.tokens_per_step = self.layout.global_batch * config.data.seq_len
@@ -171,6 +165,17 @@ class Trainer:
 
     def _model_factory(self) -> Transformer:
         return Transformer(self.config.model)
+
+    def _batch_layout(self) -> BatchLayout:
+        """Which share of every global batch this rank reads: its rank among the job's ranks
+        (a replica group's trainer spans every group's ranks instead)."""
+        t = self.config.train
+        return BatchLayout(
+            world_size=self.env.world_size,
+            rank=self.env.rank,
+            micro_batch_size=t.micro_batch_size,
+            grad_accum_steps=t.grad_accum_steps,
+        )
 
     # -- Stateful ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -3,7 +3,7 @@ PriorityClass, Deployment, disruption budget, NetworkPolicy and Service."""
 
 from __future__ import annotations
 
-from manifests.objects.common import SERVICE_ACCOUNT, TRAINER, labels, priority_class
+from manifests.objects.system_service import system_service_objects
 
 RDZV_STORE = "fsdp-rdzv"
 """The rendezvous store's Deployment and Service (shared by every training Job)."""
@@ -26,120 +26,22 @@ STORE = "rdzv-store"
 
 
 def rdzv_store_objects(*, namespace: str, image: str) -> list[dict]:
-    """A one-replica TCPStore on the system nodes (never on a GPU node, so a lost training node
-    cannot take it along), its Service, which every launcher joins as a client, and what keeps
-    it single, in place and private (see each object)."""
-    store_labels = labels(STORE)
-    return [
-        # Scheduler preemption and the kubelet's node-pressure eviction both rank pods by
-        # priority: with a class above the trainers' (0), the store is neither preempted for nor
-        # evicted before a training pod (kubernetes.io/docs: "Pod Priority and Preemption";
-        # "Node-pressure Eviction", which ranks by usage over requests, then priority).
-        priority_class(
-            name=RDZV_PRIORITY_CLASS,
-            component=STORE,
-            value=RDZV_PRIORITY,
-            preemption_policy="PreemptLowerPriority",
-            description="The training jobs' rendezvous store: every running launcher needs it.",
-        ),
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": RDZV_STORE, "namespace": namespace, "labels": store_labels},
-            "spec": {
-                "replicas": 1,
-                # The old pod goes before the new one starts: a RollingUpdate would serve two
-                # independent stores behind one Service for a while, and launchers that meet
-                # in different stores never form one rendezvous.
-                "strategy": {"type": "Recreate"},
-                "selector": {"matchLabels": store_labels},
-                "template": {
-                    "metadata": {"labels": store_labels},
-                    "spec": {
-                        "serviceAccountName": SERVICE_ACCOUNT,
-                        "priorityClassName": RDZV_PRIORITY_CLASS,
-                        "affinity": {
-                            "nodeAffinity": {
-                                "requiredDuringSchedulingIgnoredDuringExecution": {
-                                    "nodeSelectorTerms": [
-                                        {
-                                            "matchExpressions": [
-                                                {
-                                                    "key": "nvidia.com/gpu.present",
-                                                    "operator": "DoesNotExist",
-                                                }
-                                            ]
-                                        }
-                                    ]
-                                }
-                            }
-                        },
-                        "containers": [
-                            {
-                                "name": "store",
-                                "image": image,
-                                "workingDir": "/app",
-                                "command": list(RDZV_STORE_COMMAND),
-                                "args": [f"--port={RDZV_STORE_PORT}"],
-                                "ports": [{"name": "rdzv", "containerPort": RDZV_STORE_PORT}],
-                                "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
-                                "readinessProbe": {
-                                    "tcpSocket": {"port": RDZV_STORE_PORT},
-                                    "periodSeconds": 5,
-                                },
-                            }
-                        ],
-                    },
-                },
-            },
+    """A one-replica TCPStore on the system nodes, its Service, which every launcher joins as a
+    client, and what keeps it single, in place and private (``system_service_objects``)."""
+    return system_service_objects(
+        name=RDZV_STORE,
+        namespace=namespace,
+        component=STORE,
+        priority_class_name=RDZV_PRIORITY_CLASS,
+        priority=RDZV_PRIORITY,
+        description="The training jobs' rendezvous store: every running launcher needs it.",
+        container={
+            "name": "store",
+            "image": image,
+            "workingDir": "/app",
+            "command": list(RDZV_STORE_COMMAND),
+            "args": [f"--port={RDZV_STORE_PORT}"],
         },
-        # No voluntary eviction (`kubectl drain`, an autoscaler's scale-down) takes the one
-        # store down: with minAvailable equal to the replicas, a drain of its node waits
-        # (kubernetes.io/docs: "Specifying a Disruption Budget for your Application"). A
-        # store that is not ready can still be evicted (unhealthyPodEvictionPolicy), and a
-        # managed node group version update forces its way through after its drain attempts
-        # (the node group's force update, on by default in aws_eks_v2).
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": RDZV_STORE, "namespace": namespace, "labels": store_labels},
-            "spec": {
-                "minAvailable": 1,
-                "selector": {"matchLabels": store_labels},
-                "unhealthyPodEvictionPolicy": "AlwaysAllow",
-            },
-        },
-        # The store has no authentication: only the training Jobs' pods (and the preflight's,
-        # whose pod template is the training Job's) reach its port. Kubelet probes come from
-        # the node, which a NetworkPolicy always admits (kubernetes.io/docs: "Network
-        # Policies"). Egress: none. The store only answers connections made to it (replies on an
-        # admitted connection are allowed, policies being stateful), so it needs no outbound
-        # traffic, and denying it keeps the pod off the node's IMDS (the system nodes' hop
-        # limit is 2; docs/day-two.md). Enforced only where the CNI enforces policies (the VPC
-        # CNI with its network policy agent turned on).
-        {
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": {"name": RDZV_STORE, "namespace": namespace, "labels": store_labels},
-            "spec": {
-                "podSelector": {"matchLabels": store_labels},
-                "policyTypes": ["Ingress", "Egress"],
-                "egress": [],
-                "ingress": [
-                    {
-                        "from": [{"podSelector": {"matchLabels": labels(TRAINER)}}],
-                        "ports": [{"protocol": "TCP", "port": RDZV_STORE_PORT}],
-                    }
-                ],
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": RDZV_STORE, "namespace": namespace, "labels": store_labels},
-            "spec": {
-                "selector": store_labels,
-                "ports": [{"name": "rdzv", "port": RDZV_STORE_PORT, "targetPort": RDZV_STORE_PORT}],
-            },
-        },
-    ]
+        port=RDZV_STORE_PORT,
+        port_name="rdzv",
+    )

@@ -15,7 +15,7 @@ from infra_template import (
     only_one_has,
 )
 
-from infra.addons import CHARTS, DCGM_EXPORTER, EFA_DEVICE_PLUGIN, NVIDIA_DEVICE_PLUGIN
+from infra.addons import CHARTS, DCGM_EXPORTER, EFA_DEVICE_PLUGIN, JOBSET, NVIDIA_DEVICE_PLUGIN
 
 
 def test_charts_are_pinned_in_one_place(default_assertions: Template) -> None:
@@ -27,9 +27,10 @@ def test_charts_are_pinned_in_one_place(default_assertions: Template) -> None:
             "nvidia-device-plugin",
             "aws-efa-k8s-device-plugin",
             "dcgm-exporter",
+            "jobset",
         }
     )
-    assert {NVIDIA_DEVICE_PLUGIN, EFA_DEVICE_PLUGIN, DCGM_EXPORTER} == set(CHARTS)
+    assert {NVIDIA_DEVICE_PLUGIN, EFA_DEVICE_PLUGIN, DCGM_EXPORTER, JOBSET} == set(CHARTS)
     for pinned in CHARTS:
         only_one_has(
             default_assertions,

@@ -1,7 +1,8 @@
 """The alert rules (observability/alerts.yaml) with Prometheus' own tool: `promtool check rules` and
 `promtool test rules` on tests/observability/alerts_test.yaml (a stalled run fires, a healthy or
 finished run does not, a restart storm fires, spread-out restarts do not, XID and ECC errors
-fire, a straggler and an overdue checkpoint fire), and every metric they name exists.
+fire, a straggler, an overdue checkpoint and a replica group out for 5 minutes fire), and every
+metric they name exists.
 
     .venv/bin/pytest tests/observability/test_alerts.py -q     # needs Debian's `prometheus`
 
@@ -55,6 +56,11 @@ def test_the_alert_rules_pass_their_unit_tests() -> None:
         ("> 3\n", "> 4\n"),  # a storm of 4 no longer fires
         ("for: 1m", "for: 30m"),  # the stall fires later than the test expects
         ("unless on (training_job) training_run_active", ""),  # a finished run "vanishes"
+        # a replica group out for 5 minutes no longer fires
+        (
+            "training_replica_waiting_since_timestamp_seconds > 300",
+            "training_replica_waiting_since_timestamp_seconds > 1800",
+        ),
     ],
 )
 def test_the_unit_tests_catch_a_changed_rule(tmp_path: Path, old: str, new: str) -> None:
@@ -89,6 +95,7 @@ def test_the_rules_read_the_exporter_and_dcgm() -> None:
         "training_restarts_total",
         "training_straggler_flagged",
         "training_checkpoint_last_commit_step",
+        "training_replica_waiting_since_timestamp_seconds",
         "DCGM_FI_DEV_XID_ERRORS",
         "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
     } <= names

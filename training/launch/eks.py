@@ -13,6 +13,12 @@ FSx volume and claim, service account, ConfigMap) belong to the CDK stack: this 
 they exist and applies only the job's Service and Indexed Job, by server-side apply, so
 submitting twice changes nothing. Stopping deletes the Job and its Service, never the data.
 This module is the CLI; the client calls are `ops.cluster`'s.
+
+``--restart replica`` (``make train TARGET=eks RESTART=replica``) submits the replica groups
+instead (``manifests/replica.py``): the torchft Lighthouse's objects and a JobSet of one Job per
+group (the stack installs the JobSet controller: ``infra/addons.py``). ``--follow`` then
+watches group 0's Job, ``status`` and ``logs`` the one ``--group`` names; ``stop`` deletes the
+JobSet with its Jobs (the Lighthouse stays, like the rendezvous store).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from manifests import render
+from manifests import render, replica
 from ops.cluster import (
     DEFAULT_OUTPUTS,
     Cluster,
@@ -38,19 +44,30 @@ from ops.cluster import (
     target_from_flags,
 )
 from training import exits
+from training.modes import MODES
+
+REPLICA_MODES = tuple(m for m, row in MODES.items() if row.replica_groups)
+"""Modes run as a JobSet of replica groups (``manifests/replica.py``), not a plain Job."""
 
 # --- the target --------------------------------------------------------------------------------
 
 
 def resolve_target(ns: argparse.Namespace) -> Target:
-    """The overlay's training Job, in the namespace and image of flags over stack outputs."""
+    """The overlay's training Job (a replica run's: one group's Job of its JobSet), in the
+    namespace and image of flags over stack outputs."""
     size = render.size_of(ns.overlay)  # an unknown overlay fails before any file is read
+    job_name = size.job_name
+    group = getattr(ns, "group", None)
+    if group is None and getattr(ns, "restart", None) in REPLICA_MODES:
+        group = 0  # a replica submission's --follow watches group 0's Job unless told
+    if group is not None:
+        job_name = replica.group_job_name(size.job_name, group)
     return target_from_flags(
         namespace=ns.namespace,
         image=ns.image,
         outputs=Path(ns.outputs),
         needs_image=ns.command == "submit",
-        job_name=size.job_name,
+        job_name=job_name,
         container=render.CONTAINER,
     )
 
@@ -69,23 +86,34 @@ def submit(
 ) -> list[str]:
     check_shared_objects(cluster, target, claim=render.PVC_NAME)
     # The overlay's hot spares first (placeholders holding whole GPU nodes, which a replacement
-    # trainer pod preempts; none for an overlay without spares), then the Job's Service and Job.
-    objects = [
-        *render.spare_objects(overlay=overlay, namespace=target.namespace, image=target.image),
-        *render.job_objects(
+    # trainer pod preempts; none for an overlay without spares; they serve any replica group),
+    # then the Job's Service and Job, or the Lighthouse's objects and the groups' JobSet.
+    spares = render.spare_objects(overlay=overlay, namespace=target.namespace, image=target.image)
+    size = render.size_of(overlay)
+    if restart in REPLICA_MODES:
+        args = list(train_args) or size.train_args
+        groups = replica.replica_groups_of(overlay=overlay, train_args=args)
+        job = replica.jobset_objects(
+            overlay=overlay,
+            namespace=target.namespace,
+            image=target.image,
+            groups=groups,
+            train_args=args,
+        )
+        shape = f"{groups} replica groups x {size.nodes} node(s) x {size.nproc_per_node} GPUs"
+    else:
+        job = render.job_objects(
             overlay=overlay,
             namespace=target.namespace,
             image=target.image,
             restart=restart,
             train_args=list(train_args) or None,
-        ),
-    ]
-    applied = apply(cluster, objects, fix=target.fix, field_manager=render.PROJECT)
-    size = render.size_of(overlay)
+        )
+        shape = f"{size.nodes} node(s) x {size.nproc_per_node} GPUs = world size {size.world_size}"
+    applied = apply(cluster, [*spares, *job], fix=target.fix, field_manager=render.PROJECT)
     out.write(
         f"applied {', '.join(applied)} in {target.namespace} (server-side, field manager "
-        f"{render.PROJECT}): {size.nodes} node(s) x {size.nproc_per_node} GPUs = "
-        f"world size {size.world_size}, recipe {size.recipe}; {size.spares} hot spare(s)\n"
+        f"{render.PROJECT}): {shape}, recipe {size.recipe}; {size.spares} hot spare(s)\n"
     )
     return applied
 
@@ -100,13 +128,23 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--image", help="overrides the stack's ImageUri")
     common.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube)")
     common.add_argument("--context", help="kubeconfig context (default: the current one)")
+    group = argparse.ArgumentParser(add_help=False)
+    group.add_argument(
+        "--group", type=int, help="a replica run's group whose Job to watch (submit: 0)"
+    )
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("submit", parents=[common], help="apply the job (idempotent)")
-    s.add_argument("--restart", choices=render.RESTART_MODES, help="default: the overlay's")
+    s = sub.add_parser("submit", parents=[common, group], help="apply the job (idempotent)")
+    s.add_argument(
+        "--restart", choices=(*render.RESTART_MODES, *REPLICA_MODES), help="default: the overlay's"
+    )
     s.add_argument("--follow", action="store_true", help="wait, stream rank 0, report the end")
     s.add_argument("--timeout", type=float, help="seconds --follow waits before giving up")
-    sub.add_parser("status", parents=[common], help="the job's pods, restarts and completion")
-    lg = sub.add_parser("logs", parents=[common], help="stream rank 0's log until the job ends")
+    sub.add_parser(
+        "status", parents=[common, group], help="the job's pods, restarts and completion"
+    )
+    lg = sub.add_parser(
+        "logs", parents=[common, group], help="stream rank 0's log until the job ends"
+    )
     lg.add_argument("--timeout", type=float, help="seconds to wait before giving up")
     sub.add_parser("stop", parents=[common], help="delete the job, never the data")
     return p
@@ -149,7 +187,8 @@ def run(
         return 0 if state.exists else 1
     if ns.command == "logs":
         return follow(cluster, target, out=out, timeout_s=ns.timeout, sleep=sleep)
-    stop(cluster, target, out=out)
+    # A replica run's JobSet (and its Jobs) goes first; a plain run has none (404: "not found").
+    stop(cluster, target, out=out, custom=[("JobSet", replica.JOBSET_API_VERSION)])
     return 0
 
 

@@ -7,7 +7,8 @@ and tests check both. Names follow Prometheus' conventions: base units (seconds,
 
 Labels: ``training_job`` (the Kubernetes Job's name, or the local run directory's name) on every
 series; ``node`` (a node index) on the per-node ones; ``layer`` (the restart layer: inprocess,
-injob, cold) and ``cause`` on restarts; ``cause`` on faults. Standard library only.
+injob, cold) and ``cause`` on restarts; ``cause`` on faults; ``replica_group`` (the group's
+index) on the replica groups' (``restart=replica``). Standard library only.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ same; tests/observability checks that they agree)."""
 
 JOB_LABEL = "training_job"
 NODE_LABEL = "node"
+REPLICA_GROUP_LABEL = "replica_group"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,6 +176,86 @@ _JOB_METRICS: tuple[Metric, ...] = (
     ),
 )
 
+_G = (REPLICA_GROUP_LABEL,)
+_REPLICA_METRICS: tuple[Metric, ...] = (
+    # restart=replica, from each group's events (training/runlog/replica.py); the job's
+    # reporting exporter of each group serves its group's, labelled with the group.
+    Metric(
+        name="training_replica_groups",
+        type="gauge",
+        help="Replica groups the job has (resilience.replica_groups).",
+        labels=_G,
+    ),
+    Metric(
+        name="training_replica_quorum_participants",
+        type="gauge",
+        help="Groups in the group's newest quorum (waiting semantics: every group, or none forms).",
+        labels=_G,
+    ),
+    Metric(
+        name="training_replica_quorum_changes_total",
+        type="counter",
+        help="Quorums whose members changed, or that ended a wait for a group that was out.",
+        labels=_G,
+    ),
+    Metric(
+        name="training_replica_waiting",
+        type="gauge",
+        help="1 while the group's ranks wait at a quorum for a group that is out, else 0.",
+        labels=_G,
+    ),
+    Metric(
+        name="training_replica_waiting_since_timestamp_seconds",
+        type="gauge",
+        help="Unix time the group's ranks began waiting for a group that is out; absent while "
+        "no group is out (the ReplicaGroupOut alert counts from here).",
+        labels=_G,
+    ),
+    Metric(
+        name="training_replica_steps_discarded_total",
+        type="counter",
+        help="Steps the group discarded because a cross-group collective failed (redone).",
+        labels=_G,
+    ),
+    Metric(
+        name="training_replica_stalls_total",
+        type="counter",
+        help="Failures of another group this group waited for (one stall each).",
+        labels=_G,
+    ),
+    Metric(
+        name="training_replica_stall_seconds_total",
+        type="counter",
+        help="Seconds this group went without a step waiting for failed groups (the slowest "
+        "rank's, summed over stalls).",
+        labels=_G,
+    ),
+    Metric(
+        name="training_replica_stall_seconds",
+        type="gauge",
+        help="The newest survivor's stall: seconds without a step for one failure.",
+        labels=_G,
+    ),
+    Metric(
+        name="training_replica_heals_total",
+        type="counter",
+        help="Times this group healed from a live peer group (instead of storage).",
+        labels=_G,
+    ),
+    Metric(
+        name="training_replica_heal_seconds",
+        type="gauge",
+        help="The newest heal's quorum-and-transfer time (the slowest rank).",
+        labels=_G,
+    ),
+    Metric(
+        name="training_replica_heal_bytes_total",
+        type="counter",
+        help="Bytes this group's ranks received from peer groups when healing.",
+        labels=_G,
+    ),
+)
+
 _NODE_METRICS: tuple[Metric, ...] = (
     Metric(
         name="training_faults_total",
@@ -228,7 +310,7 @@ _NODE_METRICS: tuple[Metric, ...] = (
     ),
 )
 
-METRICS: dict[str, Metric] = {m.name: m for m in (*_JOB_METRICS, *_NODE_METRICS)}
+METRICS: dict[str, Metric] = {m.name: m for m in (*_JOB_METRICS, *_REPLICA_METRICS, *_NODE_METRICS)}
 
 STRAGGLER_EVENT = STRAGGLER_REPORT_EVENT
 """The straggler detector's report (its shape: ``training.runlog.files.STRAGGLER_REPORT_EVENT``):

@@ -22,9 +22,21 @@ from pathlib import Path
 from typing import Any
 
 from training.observe import efa
-from training.observe.catalog import JOB_LABEL, METRICS, NODE_LABEL, STRAGGLER_EVENT
+from training.observe.catalog import (
+    JOB_LABEL,
+    METRICS,
+    NODE_LABEL,
+    REPLICA_GROUP_LABEL,
+    STRAGGLER_EVENT,
+)
 from training.runlog.accounting import RunDirError, RunSummary, summarize
 from training.runlog.files import EVENTS_FILE, METRICS_FILE, parse_jsonl
+from training.runlog.replica import READ_KINDS, summarize_replica
+
+GROUP_DIRS = "group-*"
+"""The replica groups' run directories under a local replica run's (``training/replica/
+launch.py``'s ``group_dir``): the local run's exporter serves each group's replica figures.
+On EKS each group's exporter reads its own group's directory."""
 
 CALIBRATION_STEPS = 50
 """Steps of the current attempt whose median is the calibrated step time."""
@@ -183,6 +195,9 @@ class RunView:
         self._clock = clock
         self._metrics = JsonlTail(self.run_dir / METRICS_FILE)
         self._events = JsonlTail(self.run_dir / EVENTS_FILE)
+        self._group_tails: dict[Path, JsonlTail] = {}
+        self._replica: dict[Path, list[dict[str, Any]]] = {}
+        """events file -> its events ``summarize_replica`` reads (one file: one group)."""
         self._reset()
 
     def _reset(self) -> None:
@@ -193,6 +208,7 @@ class RunView:
         self._summary_due = True
         self._restarts: dict[tuple[str, str], float] = {}
         self._lost: dict[str, float] = {}
+        self._replica.pop(self._events.path, None)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -324,7 +340,23 @@ class RunView:
         for e in events:
             self._take_event(e)
         if self.reporter:
+            self._keep_replica(self._events.path, events)
+            self._read_groups()
             self._refresh_summary()
+
+    def _keep_replica(self, path: Path, events: list[dict[str, Any]]) -> None:
+        kept = [e for e in events if e.get("kind") in READ_KINDS]
+        if kept:
+            self._replica.setdefault(path, []).extend(kept)
+
+    def _read_groups(self) -> None:
+        """The replica groups' own run directories under this one (a local replica run)."""
+        for path in sorted(self.run_dir.glob(f"{GROUP_DIRS}/{EVENTS_FILE}")):
+            tail = self._group_tails.setdefault(path, JsonlTail(path))
+            events, restarted = tail.read()
+            if restarted:  # a new run in the same directory: its file is read from the top
+                self._replica.pop(path, None)
+            self._keep_replica(path, events)
 
     # -- samples ------------------------------------------------------------------------------
 
@@ -417,3 +449,35 @@ class RunView:
             add("training_checkpoint_restore_seconds", seconds, source=source)
         for source, count in sorted(ev.restores.items()):
             add("training_checkpoint_restores_total", float(count), source=source)
+        self._replica_samples(add)
+
+    def _replica_samples(self, add: Callable[..., None]) -> None:
+        """Each replica group's figures (``training/runlog/replica.py``), one events file each."""
+        for events in self._replica.values():
+            r = summarize_replica(events)
+            if r is None or r.group is None:
+                continue
+            labels = {REPLICA_GROUP_LABEL: str(r.group)}
+            add("training_replica_groups", None if r.groups is None else float(r.groups), **labels)
+            participants = r.participants
+            add(
+                "training_replica_quorum_participants",
+                None if participants is None else float(participants),
+                **labels,
+            )
+            add("training_replica_quorum_changes_total", float(len(r.quorum_changes)), **labels)
+            add("training_replica_waiting", float(r.waiting_since is not None), **labels)
+            add("training_replica_waiting_since_timestamp_seconds", r.waiting_since, **labels)
+            add("training_replica_steps_discarded_total", float(r.steps_discarded), **labels)
+            add("training_replica_stalls_total", float(len(r.stalls)), **labels)
+            add(
+                "training_replica_stall_seconds_total",
+                sum(stall.stall_s for stall in r.stalls),
+                **labels,
+            )
+            if r.stalls:
+                add("training_replica_stall_seconds", r.stalls[-1].stall_s, **labels)
+            add("training_replica_heals_total", float(len(r.heals)), **labels)
+            if r.heals:
+                add("training_replica_heal_seconds", r.heals[-1].heal_s, **labels)
+            add("training_replica_heal_bytes_total", float(r.heal_bytes_total), **labels)

@@ -43,12 +43,18 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from training.config import JobConfig
-from training.data import BatchLayout, ResumableSampler
+from training.data import BatchLayout
 from training.modes import spec
 from training.replica.topology import ReplicaTopology
 from training.trainer import Trainer
 
 STORE_KEY = "replica/manager_store"
+WAITING_EVENT_S = 2.0
+"""A quorum that has not formed after this long is a wait for a group that is out (or slow): the
+ranks say so once (``replica_waiting``, with the wait's start), so the exporter can tell how
+long a group has been out while it still is (``training/runlog/replica.py``). A quorum of groups
+that are all in and in step forms in milliseconds; a rejoin adds the Lighthouse's
+``--join_timeout_ms`` (1 s)."""
 
 
 def trainer_for(config: JobConfig) -> Callable[..., Trainer]:
@@ -130,25 +136,11 @@ class _CommitGate:
 
 class ReplicaTrainer(Trainer):
     def __init__(self, *, topology: ReplicaTopology, **kwargs: Any) -> None:
+        self.topology = topology  # before Trainer's: its data layout (_batch_layout) reads it
         super().__init__(**kwargs)
         from torchft import Manager, ProcessGroupBabyNCCL, ProcessGroupGloo
 
-        self.topology = topology
-        env, t, r = self.env, self.config.train, self.config.resilience
-        self.layout = replica_layout(
-            topology=topology,
-            group_size=env.world_size,
-            rank=env.rank,
-            micro_batch_size=t.micro_batch_size,
-            grad_accum_steps=t.grad_accum_steps,
-        )
-        self.sampler = ResumableSampler(
-            num_samples=self.shards.num_samples,
-            layout=self.layout,
-            seed=t.seed,
-            shuffle=self.config.data.shuffle,
-        )
-        self.tokens_per_step = self.layout.global_batch * self.config.data.seq_len
+        env, r = self.env, self.config.resilience
         timeout = timedelta(seconds=r.replica_timeout_s)
         # NCCL in a subprocess on GPUs (torchft's recommendation for aborting a stuck
         # communicator); gloo on CPU.
@@ -183,6 +175,16 @@ class ReplicaTrainer(Trainer):
         self._participants = 0
         self._quorum_id: int | None = None
         self._healed: tuple[int, int] | None = None  # (step, bytes) of the last heal
+
+    def _batch_layout(self) -> BatchLayout:
+        t = self.config.train
+        return replica_layout(
+            topology=self.topology,
+            group_size=self.env.world_size,
+            rank=self.env.rank,
+            micro_batch_size=t.micro_batch_size,
+            grad_accum_steps=t.grad_accum_steps,
+        )
 
     # -- across groups -----------------------------------------------------------------------
     def _average_across_groups(self, reduce_output: torch.Tensor) -> None:
@@ -231,8 +233,12 @@ class ReplicaTrainer(Trainer):
         torch.set_rng_state(state["rng"])
         self._healed = (self.step, nbytes)
 
-    def _quorum(self) -> None:
-        """One quorum (and heal, if this group is behind); its changes to events.jsonl."""
+    def _quorum(self) -> tuple[float, bool, bool]:
+        """One quorum (and heal, if this group is behind); its changes to events.jsonl.
+        Returns (seconds it took, whether it waited for a group that was out: a long wait that
+        ended in a quorum of new members, whether this group healed in it). A long wait in the
+        same quorum was for a slow group (a checkpoint save, a restarted group's first steps):
+        seen in the fault test, 5 and 25 s after the heal, with the quorum id unchanged."""
         if self.manager.current_step() != self.step:
             # A restarted group starts from its restore tiers' step: the quorum compares it.
             self.manager.load_state_dict(
@@ -241,9 +247,12 @@ class ReplicaTrainer(Trainer):
         started = time.perf_counter()
         behind = self.step
         wait = timedelta(seconds=self.config.resilience.replica_wait_s)
-        self._keeping_alive(partial(self.manager.start_quorum, timeout=wait))
+        waited = self._keeping_alive(
+            partial(self.manager.start_quorum, timeout=wait), step=self.step
+        )
         elapsed = time.perf_counter() - started
         participants = self.manager.num_participants()
+        healed = self._healed is not None
         if self._healed is not None:
             step, nbytes = self._healed
             self._healed = None
@@ -256,23 +265,31 @@ class ReplicaTrainer(Trainer):
             )
         # A new quorum id: the members changed (a group out or back; torchft reconfigures its
         # process group then). Private in torchft 2026.10.26, read only for the event.
+        # A wait that was announced always ends with one (the exporter's open wait closes).
         quorum_id = getattr(self.manager, "_quorum_id", None)
-        if participants != self._participants or quorum_id != self._quorum_id:
+        changed = quorum_id != self._quorum_id
+        if participants != self._participants or changed or waited:
             self._quorum_id = quorum_id
             self._emit(
                 "replica_quorum",
                 step=self.step,
                 participants=participants,
+                groups=self.topology.groups,
+                quorum_id=quorum_id,
                 wait_s=round(elapsed, 4),
             )
             self._participants = participants
+        return elapsed, waited and changed, healed
 
-    def _keeping_alive(self, wait: Callable[[], None]) -> None:
+    def _keeping_alive(self, wait: Callable[[], None], *, step: int) -> bool:
         """Run ``wait`` (a quorum, which blocks while a group is out) in a thread while this one
         reports liveness (``StepHooks.keepalive``: the in-job layer's heartbeat), so the rank
         monitor does not take a survivor waiting for its peers for a hung rank. The main thread
-        does nothing meanwhile: the heal torchft applies in ``wait`` touches no state it uses."""
+        does nothing meanwhile: the heal torchft applies in ``wait`` touches no state it uses.
+        Past ``WAITING_EVENT_S`` it says once that it waits (``replica_waiting``); returns
+        whether it did."""
         failure: list[BaseException] = []
+        since, announced = time.time(), False
 
         def run() -> None:
             try:
@@ -285,15 +302,23 @@ class ReplicaTrainer(Trainer):
         while thread.is_alive():
             thread.join(timeout=0.05)
             self.hooks.keepalive()
+            if not announced and thread.is_alive() and time.time() - since >= WAITING_EVENT_S:
+                announced = True
+                self._emit("replica_waiting", step=step, since=round(since, 4))
         if failure:
             raise failure[0]
+        return announced
 
     def _emit(self, kind: str, **extra: Any) -> None:
         self.events.emit(kind, group=self.topology.group, pid=os.getpid(), **extra)
 
     # -- the step ----------------------------------------------------------------------------
     def begin_step(self) -> None:
-        self._quorum()
+        trained_here = self._participants > 0  # not this process's first quorum (its start)
+        elapsed, waited, healed = self._quorum()
+        if trained_here and waited and not healed:
+            # A group went out between steps: this survivor's stall is the wait at the quorum.
+            self._emit("replica_stall", step=self.step + 1, stall_s=round(elapsed, 4))
 
     def train_step(self) -> torch.Tensor:
         while True:

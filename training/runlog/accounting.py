@@ -22,6 +22,7 @@ from typing import Any
 
 from training.runlog.files import EVENTS_FILE, METRICS_FILE, read_jsonl
 from training.runlog.phases import DETECTED, PHASES, RESTART_PHASE
+from training.runlog.replica import ReplicaSummary, summarize_replica
 
 # Events that belong to a restart incident. Everything logged between a fault and the first step
 # completed after it (by any rank, in any order) is one incident.
@@ -220,6 +221,9 @@ class RunSummary:
     """Each node's lowest score over those reports (1.0: as fast as the fastest rank)."""
     evicted_nodes: tuple[str, ...] = ()
     """Nodes the straggler policy evicted (``straggler_eviction``), in order."""
+    replica: ReplicaSummary | None = None
+    """``restart=replica``: this group's quorums, heals and survivors' stalls
+    (``training/runlog/replica.py``); None for other modes."""
 
     @property
     def phase_totals_s(self) -> dict[str, float]:
@@ -236,6 +240,14 @@ class RunSummary:
         out = asdict(self)
         out["restarts"] = [r.to_json() for r in self.restarts]
         out["phase_totals_s"] = self.phase_totals_s
+        if self.replica is not None:
+            r = self.replica
+            out["replica"].update(
+                participants=r.participants,
+                stall_p50_s=r.stall_p50_s,
+                stall_max_s=r.stall_max_s,
+                heal_bytes_total=r.heal_bytes_total,
+            )
         return out
 
 
@@ -524,4 +536,5 @@ def summarize(*, run_dir: Path) -> RunSummary:
         evicted_nodes=tuple(
             str(e.get("node")) for e in events if e["kind"] == "straggler_eviction"
         ),
+        replica=summarize_replica(events),
     )

@@ -34,6 +34,7 @@ __all__ = [
     "RunDirError",
     "RunSummary",
     "format_phases",
+    "format_replica",
     "format_summary",
     "main",
     "plot_timeline",
@@ -163,7 +164,61 @@ def format_summary(summary: RunSummary) -> str:
     if phase_lines:
         lines.append("")
         lines.extend(phase_lines)
+    replica_lines = format_replica(summary)
+    if replica_lines:
+        lines.append("")
+        lines.extend(replica_lines)
     return "\n".join(lines)
+
+
+def format_replica(summary: RunSummary) -> list[str]:
+    """``restart=replica``: this group's quorum changes, heals and survivors' stalls, on one
+    time axis with the run (seconds since its start). Empty for other modes."""
+    r = summary.replica
+    if r is None:
+        return []
+    t0 = summary.start_time
+    stalls = (
+        f"{len(r.stalls)} (p50 {_fmt_s(r.stall_p50_s)}, max {_fmt_s(r.stall_max_s)})"
+        if r.stalls
+        else "0"
+    )
+    heals = f"{len(r.heals)} ({r.heal_bytes_total / 1e6:,.1f} MB from peers)" if r.heals else "0"
+    head = [
+        ("replica group", f"{r.group} of {r.groups or '?'}" if r.group is not None else "-"),
+        ("steps discarded", str(r.steps_discarded)),
+        ("survivors' stalls", stalls),
+        ("heals", heals),
+    ]
+    if r.waiting_since is not None:
+        head.append(("waiting for a group since", _fmt_s(r.waiting_since - t0)))
+    rows = [
+        (
+            q.time - t0,
+            "quorum",
+            q.step,
+            f"{q.participants}/{q.groups or '?'} groups",
+            f"waited {_fmt_s(q.wait_s)}",
+        )
+        for q in r.quorum_changes
+    ]
+    rows += [
+        (
+            h.time - t0,
+            "heal",
+            h.step,
+            f"from step {h.from_step}",
+            f"{_fmt_s(h.heal_s)} {h.bytes / 1e6:,.1f} MB",
+        )
+        for h in r.heals
+    ]
+    rows += [(s.time - t0, "stall", s.step, "", _fmt_s(s.stall_s)) for s in r.stalls]
+    cells = [[_fmt_s(t), kind, str(step), who, what] for t, kind, step, who, what in sorted(rows)]
+    return [
+        *text_table(head),
+        "replica timeline",
+        *text_table(cells, headers=["at", "event", "step", "groups", "cost"], align=">><<<"),
+    ]
 
 
 def _plot_phases(ax, summary: RunSummary) -> None:
@@ -288,6 +343,25 @@ def plot_timeline(*, run_dir: Path, summary: RunSummary, out: Path) -> Path:
             mew=1.5,
             label="checkpoint committed",
         )
+    if summary.replica is not None:  # restart=replica: what the other groups cost this one
+        for n, stall in enumerate(summary.replica.stalls):
+            end = stall.time - t0
+            ax.axvspan(
+                end - stall.stall_s,
+                end,
+                color="purple",
+                alpha=0.2,
+                lw=0,
+                label="waited for a group" if n == 0 else None,
+            )
+        for n, heal in enumerate(summary.replica.heals):
+            ax.axvline(
+                heal.time - t0,
+                color="purple",
+                ls="--",
+                lw=1,
+                label="healed from a peer group" if n == 0 else None,
+            )
     ax.set_xlim(0, max(summary.wall_s, 1e-9))
     ax.set_ylim(bottom=0)
     ax.set_xlabel("seconds since run start")

@@ -25,6 +25,10 @@ Scalars (global step in brackets):
 - ``straggler/rank_<rank>`` and ``straggler/node/<node>`` [the report's step]: each rank's and
   each node's relative performance score (``straggler_report``, training/resilience/straggler.py);
   ``straggler/evicted`` [the step]: 1 for each eviction.
+- ``replica/quorum_participants`` and ``replica/quorum_wait_s`` [the step] (group rank 0's),
+  ``replica/stall_s`` (the slowest rank's), ``replica/heal_s`` (the slowest rank's),
+  ``replica/heal_bytes`` (all ranks') and ``replica/step_discarded`` (1 each) [the step], from
+  a replica group's events (``training/runlog/replica.py``; each group has its run directory).
 - ``run/ettr`` [the last step]: when the tailer closes.
 
 Optional: without the ``tensorboard`` package (``pip install '.[tensorboard]'``) the tailer prints
@@ -48,6 +52,8 @@ from typing import Any, Protocol
 
 from training.runlog.accounting import RunDirError, RunSummary, summarize
 from training.runlog.files import EVENTS_FILE, METRICS_FILE, parse_jsonl
+from training.runlog.replica import DISCARDED, HEAL, QUORUM, STALL
+from training.runlog.replica import KINDS as REPLICA_KINDS
 from training.runlog.report import run_dir_main
 
 TB_SUBDIR = "tensorboard"
@@ -169,18 +175,21 @@ def startup_scalars(summary: RunSummary) -> list[Scalar]:
 @dataclass
 class _SlowestRank:
     """The max over ranks of one per-checkpoint value, held until every rank has had time to
-    report it (a stall is the slowest rank's)."""
+    report it (a stall is the slowest rank's); with ``total``, the sum (bytes every rank
+    received)."""
 
     tag: str
     pending: dict[int, tuple[float, float, float]] = field(default_factory=dict)
     """step -> (value, walltime of the first report, monotonic time it was first seen)."""
+    total: bool = False
 
     def add(self, *, step: int, value: float, walltime: float) -> None:
         old = self.pending.get(step)
         if old is None:
             self.pending[step] = (value, walltime, time.monotonic())
         else:
-            self.pending[step] = (max(old[0], value), old[1], old[2])
+            combined = old[0] + value if self.total else max(old[0], value)
+            self.pending[step] = (combined, old[1], old[2])
 
     def drain(self, *, settle_s: float) -> Iterator[Scalar]:
         now = time.monotonic()
@@ -226,8 +235,14 @@ class Tailer:
         self._blocking = _SlowestRank(tag="checkpoint/blocking_s")
         self._write = _SlowestRank(tag="checkpoint/write_s")
         self._snapshot = _SlowestRank(tag="checkpoint/memory_snapshot_s")
+        self._replica = (
+            _SlowestRank(tag="replica/stall_s"),
+            _SlowestRank(tag="replica/heal_s"),
+            _SlowestRank(tag="replica/heal_bytes", total=True),
+        )
         self._restart_seen_at: float | None = None  # monotonic time of the last restart event
-        self._stragglers: list[Scalar] = []  # written as read: one rank reports them
+        # Written as read: one rank reports them (stragglers, replica quorums and discards).
+        self._as_read: list[Scalar] = []
         self._summary: RunSummary | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -280,19 +295,41 @@ class Tailer:
         elif kind == "checkpoint_committed" and (v := _num(e.get("write_s"))) is not None:
             self._write.add(step=step, value=v, walltime=t)
         elif kind == "straggler_report":
-            self._stragglers += [
+            self._as_read += [
                 Scalar(tag=f"straggler/rank_{r['rank']}", value=v, step=step, walltime=t)
                 for r in e.get("scores") or []
                 if (v := _num(r.get("score"))) is not None
             ]
-            self._stragglers += [
+            self._as_read += [
                 Scalar(tag=f"straggler/node/{node}", value=v, step=step, walltime=t)
                 for node, score in (e.get("nodes") or {}).items()
                 if (v := _num(score)) is not None
             ]
+        elif kind in REPLICA_KINDS:
+            self._replica_scalars(e, step=step, walltime=t)
         elif kind == "straggler_eviction":
-            self._stragglers.append(
-                Scalar(tag="straggler/evicted", value=1.0, step=step, walltime=t)
+            self._as_read.append(Scalar(tag="straggler/evicted", value=1.0, step=step, walltime=t))
+
+    def _replica_scalars(self, e: dict[str, Any], *, step: int, walltime: float) -> None:
+        stall, heal_s, heal_bytes = self._replica
+        kind = e.get("kind")
+        if kind == STALL and (v := _num(e.get("stall_s"))) is not None:
+            stall.add(step=step, value=v, walltime=walltime)
+        elif kind == HEAL:
+            if (v := _num(e.get("heal_s"))) is not None:
+                heal_s.add(step=step, value=v, walltime=walltime)
+            if (v := _num(e.get("bytes"))) is not None:
+                heal_bytes.add(step=step, value=v, walltime=walltime)
+        elif e.get("rank") != 0:
+            return  # the same quorum or discard on every rank: the group's rank 0 writes it
+        elif kind == QUORUM:
+            for field_name in ("participants", "wait_s"):
+                if (v := _num(e.get(field_name))) is not None:
+                    tag = f"replica/quorum_{field_name}"
+                    self._as_read.append(Scalar(tag=tag, value=v, step=step, walltime=walltime))
+        elif kind == DISCARDED:
+            self._as_read.append(
+                Scalar(tag="replica/step_discarded", value=1.0, step=step, walltime=walltime)
             )
 
     def _restart_scalars(self, *, final: bool) -> list[Scalar]:
@@ -358,9 +395,11 @@ class Tailer:
             scalars += self._blocking.drain(settle_s=settle)
             scalars += self._write.drain(settle_s=settle)
             scalars += self._snapshot.drain(settle_s=settle)
+            for across_ranks in self._replica:
+                scalars += across_ranks.drain(settle_s=settle)
             scalars += self._restart_scalars(final=final)
-            scalars += self._stragglers
-            self._stragglers = []
+            scalars += self._as_read
+            self._as_read = []
             if final and self._summary is not None and self._summary.final_step is not None:
                 s = self._summary
                 t = s.start_time + s.wall_s

@@ -397,7 +397,8 @@ def test_stop_deletes_job_and_service_never_the_data(fake, outputs):
     code, text = _run(fake, outputs, "stop")
     assert code == 0
     deletes = [r for r in fake.requests if r.method == "DELETE"]
-    assert [r.path for r in deletes] == [f"{JOB}/fsdp-smoke", f"{SVC}/fsdp-smoke"]
+    jobset = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets/fsdp-smoke"
+    assert [r.path for r in deletes] == [jobset, f"{JOB}/fsdp-smoke", f"{SVC}/fsdp-smoke"]
     assert all(r.query["propagationPolicy"] == ["Foreground"] for r in deletes)
     assert "deleted Job/fsdp-smoke (FSx data kept)" in text
     assert "Service/fsdp-smoke not found: nothing to stop" in text  # second stop is a no-op

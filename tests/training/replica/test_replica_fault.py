@@ -35,6 +35,8 @@ from support import (
     tail,
 )
 
+from training.runlog.accounting import summarize
+
 pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.timeout(900)]
 
 STEPS = 14
@@ -149,6 +151,16 @@ def test_sigkill_in_one_group_restarts_it_alone_and_the_run_stays_bit_identical(
         e for e in events(group0) if e["kind"] == "replica_quorum" and e["step"] >= KILL_AFTER_STEP
     ]
     assert rejoined and all(e["participants"] == 2 for e in rejoined), rejoined
+    # What the report, TensorBoard and the exporter read of it (training/runlog/replica.py):
+    # the survivors' stall for this failure, the wait that ended with the group back, the heal.
+    survivor = summarize(run_dir=group0).replica
+    assert survivor.steps_discarded >= 1 and survivor.stalls, survivor
+    assert all(stall.stall_s > 0 for stall in survivor.stalls), survivor.stalls
+    assert survivor.waiting_since is None  # every wait ended (the group came back)
+    waits = [e for e in events(group0) if e["kind"] == "replica_waiting"]
+    assert {e["rank"] for e in waits} >= {0, 1} and all(e["since"] < e["time"] for e in waits)
+    healed = summarize(run_dir=group1).replica
+    assert sum(h.bytes for h in healed.heals) == sum(e["bytes"] for e in heals)
 
     # Waiting semantics: both groups end exactly where the fault-free run ends.
     assert_identical(final_state(group0), reference, steps=STEPS)
