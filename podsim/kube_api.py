@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from ops.cordon import REASONS, cordon_patch
+
 TOKEN = "emulated-service-account-token"
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
@@ -86,14 +88,16 @@ def serve(
             scheme, _, token = self.headers.get("Authorization", "").partition(" ")
             if scheme.lower() != "bearer" or token.strip() != TOKEN:
                 return self._reply(401, {"kind": "Status", "code": 401})
-            if not self.path.startswith(prefix) or body != {"spec": {"unschedulable": True}}:
+            # The trainer's one node write (ops.cordon.cordon_patch: the cordon and the
+            # product's unfit label); the admission policy admits no other body either.
+            if not self.path.startswith(prefix) or body not in [cordon_patch(r) for r in REASONS]:
                 return self._reply(404, {"kind": "Status", "code": 404})
             name = self.path[len(prefix) :].split("?")[0]
             on_cordon(name)
             node = {
                 "apiVersion": "v1",
                 "kind": "Node",
-                "metadata": {"name": name},
+                "metadata": {"name": name, "labels": body["metadata"]["labels"]},
                 "spec": {"unschedulable": True},
             }
             self._reply(200, node)

@@ -550,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
             except OSError as err:
                 print(f"startup_check: cannot write {path}: {err}", file=sys.stderr)
     if report.code == exits.NODE_UNFIT and cluster.in_cluster():
-        cluster.cordon(node)  # a warning when it fails: the exit code stands
+        cluster.cordon(node, reason=cluster.STARTUP_CHECK)  # a warning when it fails
     return report.code
 
 

@@ -55,6 +55,8 @@ def test_the_alert_rules_pass_their_unit_tests() -> None:
         ("> 3\n", "> 4\n"),  # a storm of 4 no longer fires
         ("for: 1m", "for: 30m"),  # the stall fires later than the test expects
         ("unless on (training_job) training_run_active", ""),  # a finished run "vanishes"
+        ("(max(node_fencer_halted) > 0)", "(max(node_fencer_halted) > 1)"),  # halt never fires
+        ("node_fencer_nodes[10m]", "node_fencer_nodes[30m]"),  # a dead fencer noticed late
     ],
 )
 def test_the_unit_tests_catch_a_changed_rule(tmp_path: Path, old: str, new: str) -> None:
