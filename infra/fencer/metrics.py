@@ -23,7 +23,7 @@ METRICS: dict[str, tuple[str, str]] = {
         "gauge",
         "1 while fencing and replacing stopped themselves (too much of the group bad)",
     ),
-    BAD_NODES: ("gauge", "GPU nodes not Ready or unfit, not yet ended"),
+    BAD_NODES: ("gauge", "GPU nodes not Ready, unfit or never joined, not yet ended"),
     NODES: ("gauge", "GPU nodes of the node group"),
     IN_FLIGHT: ("gauge", "Nodes ended whose Node object is still there"),
     TERMINATIONS: (
