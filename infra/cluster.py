@@ -48,10 +48,47 @@ VPC_CNI_CONFIGURATION = {"enableNetworkPolicy": "true"}
 # half of the group (AWS::EKS::Nodegroup NodeRepairConfig; defaults: no limit on parallel
 # repairs, and above 20% of a group of more than five nodes repairs stop).
 SYSTEM_NODE_REPAIR = {"Enabled": True, "MaxParallelNodesRepairedCount": 1}
+# GPU nodes: a node that still answers but whose node monitoring agent (the add-on below)
+# reports a fatal networking, kernel or container-runtime reason is replaced after 2 minutes,
+# not after the 30 minutes EKS waits on those conditions by default (node-repair.html). Each
+# override names one condition and one reason the agent sets, and EKS requires all four fields
+# ("If you use this, you must specify all the values": AWS::EKS::Nodegroup
+# NodeRepairConfigOverrides; EKS API reference, NodeRepairConfigOverrides; MinRepairWaitTimeMins
+# >= 1, RepairAction Replace | Reboot | NoAction). The reasons are the agent's own with
+# severity Fatal, the ones that turn its condition False (aws/eks-node-monitoring-agent, its
+# reasons catalogue, `defaultSeverity: "Fatal"`; the others are only events). Replace, not
+# Reboot: the same bad hardware would come back, and the trainer pod moves to a spare either
+# way. AcceleratedHardwareReady keeps the agent's per-XID defaults (10 min, Reboot or Replace
+# by reason): its reasons are parameterised (NvidiaXID<n>Error), and the trainer's start-up
+# check already cordons a node whose GPUs fall short (the node fencer then replaces it). A node
+# with no kubelet (Ready Unknown) has no agent reason to match: the node fencer owns it.
+GPU_REPAIR_WAIT_MINS = 2
+GPU_REPAIR_FATAL_REASONS = {
+    "NetworkingReady": (
+        "InterfaceNotUp",
+        "InterfaceNotRunning",
+        "IPAMDNotReady",
+        "IPAMDNotRunning",
+        "MissingLoopbackInterface",
+    ),
+    "KernelReady": ("ForkFailedOutOfPIDs",),
+    # A pod stuck Terminating holds its Job completion index: no replacement until it is gone.
+    "ContainerRuntimeReady": ("PodStuckTerminating",),
+}
 GPU_NODE_REPAIR = {
     "Enabled": True,
     "MaxParallelNodesRepairedCount": 2,
     "MaxUnhealthyNodeThresholdPercentage": 50,
+    "NodeRepairConfigOverrides": [
+        {
+            "NodeMonitoringCondition": condition,
+            "NodeUnhealthyReason": reason,
+            "MinRepairWaitTimeMins": GPU_REPAIR_WAIT_MINS,
+            "RepairAction": "Replace",
+        }
+        for condition, reasons in GPU_REPAIR_FATAL_REASONS.items()
+        for reason in reasons
+    ],
 }
 
 

@@ -14,7 +14,8 @@ RUN pip install "kubernetes==${KUBERNETES_VERSION}" "awscrt==${AWSCRT_VERSION}" 
 WORKDIR /app
 COPY infra/__init__.py infra/aws_call.py infra/
 COPY infra/fencer/__init__.py infra/fencer/__main__.py infra/fencer/controller.py \
-     infra/fencer/decide.py infra/fencer/ec2.py infra/fencer/settings.py infra/fencer/
+     infra/fencer/decide.py infra/fencer/ec2.py infra/fencer/metrics.py \
+     infra/fencer/settings.py infra/fencer/
 # No root needed: it only calls the Kubernetes API and EC2.
 USER 65534:65534
 ENTRYPOINT []

@@ -38,7 +38,7 @@ FENCER_CONTEXT = (
     "infra/aws_call.py",
     *(
         f"infra/fencer/{name}.py"
-        for name in ("__init__", "__main__", "controller", "decide", "ec2", "settings")
+        for name in ("__init__", "__main__", "controller", "decide", "ec2", "metrics", "settings")
     ),
 )
 

@@ -10,15 +10,23 @@ Every permission, and why:
   again. A system node, another node group or another cluster's instance is refused by IAM.
 - IAM ``ec2:DescribeInstances`` on ``*``: EC2's Describe actions take no resource-level
   permissions (Service Authorization Reference, Amazon EC2: DescribeInstances has no resource
-  type); read-only. The fencer waits for ``terminated`` before it marks the node.
-- Kubernetes ``get``/``list``/``watch`` on Nodes (read the node group's nodes and their
-  ``Ready`` condition) and ``patch`` (the out-of-service taint). No ``delete``: the cloud node
-  lifecycle controller deletes the Node of a terminated instance. Nothing on pods: PodGC and the
-  Job controller move them (kubernetes.io "Node Shutdowns", *Non-graceful node shutdown*).
+  type); read-only. The fencer waits for ``terminated`` before it marks the node, and lists the
+  group's instances (by the same two tags) to find one that never joined.
+- Kubernetes ``get``/``list``/``watch`` on Nodes (read the node group's nodes, their ``Ready``
+  condition, cordon and the product's unfit label) and ``patch`` (the out-of-service taint). No
+  ``delete``: the cloud node lifecycle controller deletes the Node of a terminated instance.
+- Kubernetes ``list`` on pods, in the training namespace only (a Role, not a ClusterRole): is a
+  training pod still on an unfit node? Nothing else on pods: PodGC and the Job controller move
+  them (kubernetes.io "Node Shutdowns", *Non-graceful node shutdown*).
+The same ``TerminateInstances`` ends both kinds of bad node (infra/fencer/decide.py): a silent
+one (fenced) and one the product cordoned (``ops.cordon.UNFIT_LABEL``) once it is empty
+(replaced); a node a person cordoned is never touched.
 The role is assumable only by this ServiceAccount of this cluster (infra/pod_identity.py).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from aws_cdk import Aws
 from aws_cdk import aws_eks_v2 as eks
@@ -28,6 +36,7 @@ from constructs import Construct, IDependable
 from infra.fencer.settings import FENCER, FencerSettings
 from infra.pod_identity import pod_identity_role
 from manifests.sizes import SIZES
+from ops.cordon import UNFIT_LABEL
 
 NAMESPACE = "kube-system"
 NAME = "node-fencer"
@@ -36,6 +45,9 @@ SYSTEM_NODE_SELECTOR = {"node-role": "system"}
 NODEGROUP_LABEL = "eks.amazonaws.com/nodegroup"
 """The label EKS managed node groups put on their nodes (EKS User Guide, "Managed node groups")."""
 NODE_VERBS = ("get", "list", "watch", "patch")
+POD_VERBS = ("list",)
+METRICS_PORT_NAME = "metrics"
+"""The container port the stack's scraper keeps (infra/observability.py, job ``node-fencer``)."""
 
 
 def max_in_flight(overlay: str | None) -> int:
@@ -67,11 +79,14 @@ def kubernetes_objects(
     *,
     image: str,
     region: str,
+    cluster_name: str,
     nodegroup_name: str,
     max_in_flight: int,
+    training_namespace: str,
     settings: FencerSettings = FENCER,
 ) -> list[dict]:
-    """ServiceAccount, ClusterRole + binding (Nodes only) and the Deployment."""
+    """ServiceAccount, ClusterRole + binding (Nodes only), Role + binding (list pods in the
+    training namespace) and the Deployment."""
     labels = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "eks-fsdp-resilient"}
     meta = {"name": NAME, "namespace": NAMESPACE, "labels": labels}
     env = {
@@ -81,7 +96,14 @@ def kubernetes_objects(
         "FENCE_MAX_IN_FLIGHT": str(max_in_flight),
         "FENCE_MAX_BAD_FRACTION": str(settings.max_bad_fraction),
         "FENCE_POLL_S": str(settings.poll_s),
+        "FENCE_UNFIT_LABEL": UNFIT_LABEL,
+        "FENCE_NAMESPACES": training_namespace,
+        "FENCE_METRICS_PORT": str(settings.metrics_port),
+        "FENCE_JOIN_TIMEOUT_S": str(settings.join_timeout_s),
+        "FENCE_CLUSTER_NAME": cluster_name,
+        "FENCE_NODEGROUP_NAME": nodegroup_name,
     }
+    binding_subjects = [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
         {
@@ -99,7 +121,20 @@ def kubernetes_objects(
                 "kind": "ClusterRole",
                 "name": NAME,
             },
-            "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}],
+            "subjects": binding_subjects,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": NAME, "namespace": training_namespace, "labels": labels},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": list(POD_VERBS)}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": NAME, "namespace": training_namespace, "labels": labels},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": NAME},
+            "subjects": binding_subjects,
         },
         {
             "apiVersion": "apps/v1",
@@ -128,6 +163,12 @@ def kubernetes_objects(
                                 "image": image,
                                 "command": ["python", "-m", "infra.fencer"],
                                 "env": [{"name": k, "value": v} for k, v in env.items()],
+                                "ports": [
+                                    {
+                                        "name": METRICS_PORT_NAME,
+                                        "containerPort": settings.metrics_port,
+                                    }
+                                ],
                                 "resources": {
                                     "requests": {"cpu": "50m", "memory": "128Mi"},
                                     "limits": {"memory": "256Mi"},
@@ -158,8 +199,11 @@ class NodeFencer(Construct):
         nodegroup: eks.Nodegroup,
         image: str,
         max_in_flight: int,
+        training_namespace: str,
         pod_identity_agent: IDependable,
+        after: Sequence[IDependable] = (),
     ) -> None:
+        """`after`: what must exist first (the training namespace, for the Role in it)."""
         super().__init__(scope, construct_id)
         self.role = pod_identity_role(
             self,
@@ -191,9 +235,13 @@ class NodeFencer(Construct):
             *kubernetes_objects(
                 image=image,
                 region=Aws.REGION,
+                cluster_name=cluster.cluster_name,
                 nodegroup_name=nodegroup_name,
                 max_in_flight=max_in_flight,
+                training_namespace=training_namespace,
             ),
         )
+        for dependency in after:
+            self.manifest.node.add_dependency(dependency)
         # Credentials before the pod starts: its first EC2 call would fail otherwise.
         self.manifest.node.add_dependency(self.association)

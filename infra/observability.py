@@ -1,6 +1,6 @@
 """Metrics collection and alerts: an Amazon Managed Service for Prometheus (AMP) workspace, its
-managed (agentless) scraper for the trainer pods and the DCGM exporter, the project's alert
-rules, and an SNS topic the alerts go to (docs/observability.md says why this design).
+managed (agentless) scraper for the trainer pods, the DCGM exporter and the node fencer, the
+project's alert rules, and an SNS topic the alerts go to (docs/observability.md says why).
 
 - Scraper (`AWS::APS::Scraper`): runs in AWS, reaches the pods through its own network
   interfaces in the cluster's private subnets with the cluster security group (which every
@@ -35,6 +35,8 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
+
+from infra import node_fencer
 
 OBSERVABILITY_DIR = Path(__file__).resolve().parents[1] / "observability"
 ALERT_RULES_FILE = OBSERVABILITY_DIR / "alerts.yaml"
@@ -89,6 +91,15 @@ def scrape_config(*, training_namespace: str) -> dict[str, Any]:
                 keep={
                     "label_app_kubernetes_io_name": "dcgm-exporter",
                     "container_port_name": "metrics",
+                },
+            ),
+            # The node fencer's state (infra/fencer/metrics.py): the FencingHalted alert.
+            pods(
+                job=node_fencer.NAME,
+                namespace=node_fencer.NAMESPACE,
+                keep={
+                    "label_app_kubernetes_io_name": node_fencer.NAME,
+                    "container_port_name": node_fencer.METRICS_PORT_NAME,
                 },
             ),
         ],

@@ -104,7 +104,7 @@ class TrainingClusterStack(Stack):
         image = TrainerImage(self, "TrainerImage", config=config.image)
         self.image_tags = image.tags
         fs = storage.file_system
-        TrainingWorkloads(
+        workloads = TrainingWorkloads(
             self,
             "Workloads",
             cluster=cluster.cluster,
@@ -124,7 +124,9 @@ class TrainingClusterStack(Stack):
             nodegroup=gpu.nodegroup,
             image=image.fencer_image_uri,
             max_in_flight=max_in_flight(config.gpu.overlay),
+            training_namespace=config.workload.namespace,
             pod_identity_agent=cluster.pod_identity_agent,
+            after=[workloads.namespace],
         )
         observability = Observability(
             self,

@@ -26,8 +26,30 @@ import os
 import sys
 from typing import Any, Protocol
 
-CORDON_PATCH: dict[str, Any] = {"spec": {"unschedulable": True}}
-"""The whole request body: ``kubectl cordon`` sends the same field."""
+UNFIT_LABEL = "eks-fsdp-resilient/unfit"
+"""The label that says *the product* cordoned this node, and why (one of `REASONS`). The node
+fencer (infra/fencer) replaces a node that carries it and is still cordoned once no training pod
+runs there; a node a person cordoned (``kubectl cordon``: no label) is never acted on, and a
+person keeps a marked node by uncordoning it or removing the label. One owner: the admission
+policy (manifests/objects/cordon.py) and the fencer's Deployment (infra/node_fencer.py) read it
+here. A label, not an annotation, so ``kubectl get nodes -l eks-fsdp-resilient/unfit`` lists them;
+its prefix is no ``kubernetes.io``/``k8s.io`` one (kubernetes.io "Well-Known Labels": reserved)."""
+STARTUP_CHECK = "startup-check"
+"""Reason: the start-up check found this node's own fault (``NODE_UNFIT``: GPUs, driver, EFA,
+a /fsx write that fails or hangs, i.e. the node's Lustre mount)."""
+STRAGGLER = "straggler"
+"""Reason: the straggler policy evicted this node (``training.launch.pod``)."""
+REASONS = (STARTUP_CHECK, STRAGGLER)
+
+
+def cordon_patch(reason: str) -> dict[str, Any]:
+    """The whole request body: ``kubectl cordon``'s field (``spec.unschedulable: true``) and the
+    product's label, in one request, so a node is never marked without being cordoned."""
+    if reason not in REASONS:
+        raise ValueError(f"reason: {reason!r}; give one of {', '.join(REASONS)}")
+    return {"spec": {"unschedulable": True}, "metadata": {"labels": {UNFIT_LABEL: reason}}}
+
+
 API_TIMEOUT_S = 10.0
 """One request's connect + read timeout: a pod being evicted does not wait on a slow API."""
 
@@ -97,16 +119,16 @@ def in_cluster_node_api() -> NodeApi:
     return client.CoreV1Api()
 
 
-def cordon(node: str, *, api: NodeApi | None = None) -> bool:
-    """Mark `node` unschedulable. True when the API server accepted it; False (and a warning on
-    stderr) when it could not be done, which never stops the caller."""
+def cordon(node: str, *, reason: str, api: NodeApi | None = None) -> bool:
+    """Mark `node` unschedulable and unfit for `reason` (`cordon_patch`). True when the API
+    server accepted it; False (and a warning on stderr) when it could not be done, which never
+    stops the caller."""
+    body = cordon_patch(reason)
     if not node:
         print("warning: cordon: this pod does not know its node (NODE_NAME)", file=sys.stderr)
         return False
     try:
-        (api or in_cluster_node_api()).patch_node(
-            node, CORDON_PATCH, _request_timeout=API_TIMEOUT_S
-        )
+        (api or in_cluster_node_api()).patch_node(node, body, _request_timeout=API_TIMEOUT_S)
     except Exception as err:  # any failure: the eviction goes on without the cordon
         print(
             f"warning: cordon: node {node} was not cordoned ({type(err).__name__}: "
@@ -115,5 +137,10 @@ def cordon(node: str, *, api: NodeApi | None = None) -> bool:
             flush=True,
         )
         return False
-    print(f"cordoned node {node} (spec.unschedulable=true)", file=sys.stderr, flush=True)
+    print(
+        f"cordoned node {node} (spec.unschedulable=true, {UNFIT_LABEL}={reason}): the node "
+        "fencer replaces it once no training pod runs there",
+        file=sys.stderr,
+        flush=True,
+    )
     return True

@@ -137,6 +137,8 @@ class ControlPlane:
         """Placeholders preempted and not yet back: the Deployment's Pending replicas."""
         self.events: list[tuple[float, str]] = []
         self.cordoned: set[str] = set()
+        self.unfit: dict[str, str] = {}
+        """Node -> the product's reason (ops.cordon.UNFIT_LABEL's value), set with its cordon."""
         self.bound_at: dict[str, float] = {}
         self.deleted: set[str] = set()
         """Node objects deleted (their instance terminated)."""
@@ -153,11 +155,14 @@ class ControlPlane:
 
     # --- the scheduler ------------------------------------------------------------------------
 
-    def cordon(self, node: str) -> None:
-        """`spec.unschedulable: true` on `node` (the API call, kube_api.py)."""
+    def cordon(self, node: str, reason: str = "") -> None:
+        """`spec.unschedulable: true` on `node` (the API call, kube_api.py), with the product's
+        unfit label when `reason` is given."""
         with self._lock:
             self.cordoned.add(node)
-        self._event(f"{node} cordoned")
+            if reason:
+                self.unfit[node] = reason
+        self._event(f"{node} cordoned" + (f" (unfit: {reason})" if reason else ""))
 
     def released(self, pod: Pod) -> None:
         """`pod` ended on its node (the kubelet reported its exit): the node is free again."""
@@ -278,11 +283,30 @@ class ControlPlane:
         return out
 
     def out_of_service(self, name: str) -> None:
-        """The fencer tainted `name` node.kubernetes.io/out-of-service:NoExecute."""
+        """The fencer tainted `name` node.kubernetes.io/out-of-service:NoExecute. A lost node's
+        pod is then failed by PodGC (`failed_pods`). A node that was not lost (an unfit one the
+        fencer replaced, its instance terminated) has no pod of the Job left: its Node object
+        goes (the cloud node lifecycle controller deletes the Node of an instance that no
+        longer runs) and the node group's new instance joins after the boot and image pull,
+        where a Pending spare placeholder lands (`failed_pods`)."""
+        now = time.time()
         with self._lock:
-            (loss,) = [loss for loss in self.losses if loss.node.name == name]
-            loss.out_of_service_at = time.time()
+            lost = [loss for loss in self.losses if loss.node.name == name]
+            if lost:
+                (loss,) = lost
+                loss.out_of_service_at = now
+            else:
+                self.deleted.add(name)
+                self.joins.append(now + self.times.boot_and_pull_s)
         self._event(f"{name} tainted out-of-service by the fencer")
+
+    def running_pods(self) -> list[tuple[str, str]]:
+        """(pod name, node name) of the Job's pods whose container still runs (phase Running,
+        as the kubelet reports it); a lost node's pod counts too (its phase is never updated)."""
+        with self._lock:
+            pods = list(self.pods.values())
+        by_netns = {n.netns: n.name for n in self.cluster.nodes}
+        return [(p.name, by_netns[p.netns]) for p in pods if p.process.poll() is None]
 
     def silent(self, pod: Pod) -> bool:
         """`pod` runs on a lost node: whatever its processes do, no kubelet reports it."""

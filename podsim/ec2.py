@@ -6,8 +6,10 @@ Emulated because no AWS account can be used here. The fencer's side is real: its
 (infra/fencer/ec2.py: SigV4-signed Query API requests, awscrt) go over HTTP to moto; its
 Kubernetes side reads and patches Node objects that `NodeApi` builds from the emulated control
 plane (the shapes of the API's JSON: ``status.conditions[Ready]``, ``spec.providerID``,
-``spec.taints``). Moto cannot share the project's venv (botocore pins python-dateutil<3,
-kubernetes needs >=3): it runs from its own, ``.venv-moto`` (``make moto-venv``). The fencer
+``spec.taints``, ``spec.unschedulable``, the product's unfit label) and lists the Job's running
+pods as the API server answers the fencer's field selector. Moto cannot share the project's
+venv (botocore pins python-dateutil<3, kubernetes needs >=3): it runs from its own,
+``.venv-moto`` (``make moto-venv``). The fencer
 reaches moto through `ec2_front`, where the hypervisor's side of a termination happens.
 """
 
@@ -29,6 +31,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from infra.fencer.ec2 import Ec2
+from ops.cordon import UNFIT_LABEL
 from podsim.control_plane import ControlPlane
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,6 +39,8 @@ MOTO_SERVER = REPO / ".venv-moto" / "bin" / "moto_server"
 CLUSTER = "fsdp-emulated"
 NODEGROUP = "gpu"
 ZONE = "us-east-2a"
+NAMESPACE = "training"
+"""The emulated Job's namespace (podsim/kube_api.py's ServiceAccount namespace file)."""
 SELECTOR = f"eks.amazonaws.com/nodegroup={NODEGROUP}"
 """The label EKS managed node groups put on their nodes (EKS User Guide, "Managed node
 groups": ``eks.amazonaws.com/nodegroup``)."""
@@ -207,12 +212,16 @@ class NodeApi:
         assert label_selector == SELECTOR, label_selector
         items = []
         for name, ready, since, taints in self.plane.node_states():
+            labels = {SELECTOR.split("=")[0]: NODEGROUP}
+            if name in self.plane.unfit:
+                labels[UNFIT_LABEL] = self.plane.unfit[name]
             items.append(
                 {
-                    "metadata": {"name": name, "labels": {SELECTOR.split("=")[0]: NODEGROUP}},
+                    "metadata": {"name": name, "labels": labels},
                     "spec": {
                         "providerID": f"aws:///{ZONE}/{self.cloud.instance(name)}",
                         "taints": taints,
+                        "unschedulable": name in self.plane.cordoned,
                     },
                     "status": {
                         "conditions": [
@@ -221,6 +230,20 @@ class NodeApi:
                     },
                 }
             )
+        return SimpleNamespace(items=items)
+
+    def list_namespaced_pod(
+        self, namespace: str, *, field_selector: str, **_: object
+    ) -> SimpleNamespace:
+        """The Job's pods that still run, as the API server answers the fencer's field selector
+        (``status.phase!=Succeeded,status.phase!=Failed``): every Job pod is in `NAMESPACE`."""
+        assert field_selector == "status.phase!=Succeeded,status.phase!=Failed", field_selector
+        if namespace != NAMESPACE:
+            return SimpleNamespace(items=[])
+        items = [
+            {"metadata": {"name": pod}, "spec": {"nodeName": node}, "status": {"phase": "Running"}}
+            for pod, node in self.plane.running_pods()
+        ]
         return SimpleNamespace(items=items)
 
     def patch_node(self, name: str, body: dict, **_: object) -> dict:

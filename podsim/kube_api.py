@@ -8,7 +8,8 @@ Emulated because no API server can run here (design notes). The pod side is real
 whose spec mounts a ServiceAccount token (kubernetes.io, "Accessing the Kubernetes API from a
 Pod"): ``KUBERNETES_SERVICE_HOST``/``_PORT`` and ``token``, ``ca.crt`` and ``namespace`` under
 ``/var/run/secrets/kubernetes.io/serviceaccount`` (cluster.start_pod mounts them). This fake
-checks the bearer token and hands the node name to `on_cordon` (the emulated scheduler then
+checks the bearer token and hands the node name and the unfit reason to `on_cordon` (the
+emulated scheduler then
 skips the node, as the NodeUnschedulable filter does); it answers any other request 404. It
 does not emulate RBAC or the admission policy (manifests/render.py, node_cordon_objects).
 """
@@ -25,6 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from ops.cordon import REASONS, UNFIT_LABEL, cordon_patch
 
 TOKEN = "emulated-service-account-token"
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -62,7 +65,7 @@ def serve(
     root: Path,
     *,
     ip: str,
-    on_cordon: Callable[[str], None],
+    on_cordon: Callable[[str, str], None],
     spare_nodes: Callable[[], list[str]] = list,
     spare_labels: dict[str, str] | None = None,
 ) -> Iterator[ApiEndpoint]:
@@ -86,14 +89,16 @@ def serve(
             scheme, _, token = self.headers.get("Authorization", "").partition(" ")
             if scheme.lower() != "bearer" or token.strip() != TOKEN:
                 return self._reply(401, {"kind": "Status", "code": 401})
-            if not self.path.startswith(prefix) or body != {"spec": {"unschedulable": True}}:
+            # The trainer's one node write (ops.cordon.cordon_patch: the cordon and the
+            # product's unfit label); the admission policy admits no other body either.
+            if not self.path.startswith(prefix) or body not in [cordon_patch(r) for r in REASONS]:
                 return self._reply(404, {"kind": "Status", "code": 404})
             name = self.path[len(prefix) :].split("?")[0]
-            on_cordon(name)
+            on_cordon(name, body["metadata"]["labels"][UNFIT_LABEL])
             node = {
                 "apiVersion": "v1",
                 "kind": "Node",
-                "metadata": {"name": name},
+                "metadata": {"name": name, "labels": body["metadata"]["labels"]},
                 "spec": {"unschedulable": True},
             }
             self._reply(200, node)

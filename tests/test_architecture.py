@@ -78,6 +78,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "infra.fencer",
         "infra.fencer.settings",
         "infra.fencer.decide",
+        "infra.fencer.metrics",
     ),
     # configuration, and what reads a run directory
     (

@@ -16,8 +16,9 @@ exits with one of two codes (training/exits.py), which the Job's pod failure pol
 - ``NODE_UNFIT`` for what is this node's own (CUDA sees no GPU or too few, a driver older than
   the CUDA build, no EFA device, a write to /fsx that fails with an I/O error or does not
   finish): the pod fails and counts against ``backoffLimit``; in a pod, the check first cordons
-  its node (``ops.cordon.cordon``, the trainer's one node permission), so the replacement
-  never lands on the same bad node (the fencer replaces a node only when it stops answering).
+  its node with the product's unfit label (``ops.cordon.cordon``, the trainer's one node
+  permission), so the replacement never lands on the same bad node, and the node fencer
+  replaces the node once no training pod runs there (docs/node-loss.md).
 
 Checks on ``cuda``: CUDA available, ``torch.cuda.device_count() >= NPROC_PER_NODE``, NCCL built
 in, the CUDA driver at least the torch build's CUDA major (CUDA 13 needs an R580+ driver:
@@ -550,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
             except OSError as err:
                 print(f"startup_check: cannot write {path}: {err}", file=sys.stderr)
     if report.code == exits.NODE_UNFIT and cluster.in_cluster():
-        cluster.cordon(node)  # a warning when it fails: the exit code stands
+        cluster.cordon(node, reason=cluster.STARTUP_CHECK)  # a warning when it fails
     return report.code
 
 

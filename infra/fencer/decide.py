@@ -1,14 +1,26 @@
-"""Which GPU nodes to fence now: a pure function of the Nodes' state, the clock and the policy.
+"""Which GPU nodes to end now: a pure function of the Nodes' state, the clock and the policy.
 
-A node is a candidate once its ``Ready`` condition has been ``Unknown`` (the node lifecycle
-controller's verdict when the kubelet stops renewing its Lease: kubernetes.io "Nodes", *Node
-status* and *Heartbeats*) for ``wait_s`` since its ``lastTransitionTime``. ``Ready=False`` (a
-kubelet that answers and says it is unhealthy) is left to EKS node repair: that node can still
-be drained. Fencing is paced and can stop itself:
-- never more nodes fenced and not yet gone than ``max_in_flight`` (the hot spares: each fenced
-  node's pods need a spare to land on at once);
-- no fencing at all while more than ``max_bad_fraction`` of the group (and more than
-  ``max_in_flight`` nodes) is not Ready: a
+Two kinds of bad node end the same way (their instance terminated, then the out-of-service
+taint; the node group launches a new instance, the next spare):
+- *silent*: its ``Ready`` condition has been ``Unknown`` (the node lifecycle controller's
+  verdict when the kubelet stops renewing its Lease: kubernetes.io "Nodes", *Node status* and
+  *Heartbeats*) for ``wait_s`` since its ``lastTransitionTime``: fenced, its pods still bound;
+- *unfit*: the product cordoned it (``spec.unschedulable`` and the ``ops.cordon.UNFIT_LABEL``
+  label: a failed start-up check, ``NODE_UNFIT``, or a straggler eviction) and no pod of the
+  training namespaces runs there any more (its work moved to a spare): replaced. A node a person
+  cordoned carries no label and is never acted on; uncordoning a marked node keeps it too;
+- *never joined*: an instance of the node group (EC2 tags) that has had no Node for
+  ``join_timeout_s`` after its launch: its boot failed before the kubelet registered (the
+  Lustre client set-up, infra/gpu_nodegroup.py ``LUSTRE_SCRIPT``, keeps a node out on purpose;
+  a bad bootstrap does too). EKS marks the group degraded (``NodeCreationFailure``) but the
+  Auto Scaling group's EC2 health check sees a running instance and keeps it, billed.
+``Ready=False`` (a kubelet that answers and says it is unhealthy) is left to EKS node repair:
+that node can still be drained. Both kinds share one pace and one halt:
+- never more nodes ended and not yet gone than ``max_in_flight`` (the hot spares: each ended
+  node's pods, or the pods that left it, hold a spare until its replacement joins); silent
+  nodes first (their pods wait for the fence), then unfit ones;
+- no fencing or replacing at all while more than ``max_bad_fraction`` of the group (and more
+  than ``max_in_flight`` nodes) is bad (not Ready, or unfit): a
   partition of the control plane, an AZ event or a bad AMI looks like many dead nodes, and
   terminating them would make it worse (EKS node repair's own guard:
   ``MaxUnhealthyNodeThresholdPercentage``, node-repair.html). The fencer then raises an alert
@@ -18,6 +30,7 @@ be drained. Fencing is paced and can stop itself:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 OUT_OF_SERVICE_TAINT = {
@@ -39,6 +52,8 @@ class FencePolicy:
     """Nodes fenced at once, at most: the spares that absorb their pods."""
     max_bad_fraction: float
     """Above this share of the group not Ready, fence nothing and alert."""
+    join_timeout_s: float = math.inf
+    """An instance with no Node this long after its launch never joined (inf: not looked at)."""
 
     def __post_init__(self) -> None:
         if self.wait_s < 0:
@@ -46,6 +61,10 @@ class FencePolicy:
         if self.max_in_flight < 1:
             raise ValueError(
                 f"max_in_flight: {self.max_in_flight}; give at least 1 (the spare count)"
+            )
+        if self.join_timeout_s <= 0:
+            raise ValueError(
+                f"join_timeout_s: {self.join_timeout_s}; give seconds > 0 (a p5's boot and join)"
             )
         if not 0 < self.max_bad_fraction <= 1:
             raise ValueError(
@@ -66,13 +85,41 @@ class NodeView:
     """Its ``lastTransitionTime`` (epoch seconds)."""
     out_of_service: bool
     """Already carries the out-of-service taint (fenced)."""
+    unfit: str | None = None
+    """The product's reason (``ops.cordon.UNFIT_LABEL``'s value) when the node carries the
+    label *and* is cordoned (``spec.unschedulable``); None otherwise."""
+    busy: bool = False
+    """A pod of the training namespaces runs on it (phase neither Succeeded nor Failed)."""
+
+    @property
+    def bad(self) -> bool:
+        """Counted against ``max_bad_fraction``: not Ready, or unfit, and not yet ended."""
+        return not self.out_of_service and (self.ready != "True" or self.unfit is not None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Instance:
+    """One live EC2 instance of the node group (DescribeInstances)."""
+
+    instance_id: str
+    state: str
+    """``pending``, ``running`` or ``shutting-down``."""
+    launched: float
+    """``launchTime``, epoch seconds."""
 
 
 @dataclass(frozen=True)
 class Decision:
     fence: tuple[NodeView, ...]
+    """Silent nodes to fence now."""
     alert: str | None
     """Set when fencing stopped itself: the reason, for a person."""
+    replace: tuple[NodeView, ...] = ()
+    """Unfit, empty nodes to replace now."""
+    never_joined: tuple[Instance, ...] = ()
+    """Instances that never became a Node, to terminate now."""
+    bad: int = 0
+    """Bad nodes seen (`NodeView.bad`, and instances that never joined)."""
 
 
 def instance_id(provider_id: str) -> str | None:
@@ -84,24 +131,53 @@ def instance_id(provider_id: str) -> str | None:
     return last if last.startswith("i-") else None
 
 
-def decide(nodes: list[NodeView], *, now: float, policy: FencePolicy, in_flight: int) -> Decision:
-    """The nodes to fence now (oldest silence first). `in_flight`: nodes fenced whose Node
-    object is still there (their pods may not have moved yet)."""
-    if not nodes:
+def unjoined(
+    nodes: Sequence[NodeView], instances: Sequence[Instance], *, now: float, policy: FencePolicy
+) -> list[Instance]:
+    """Running instances of the group with no Node for ``join_timeout_s`` since launch."""
+    joined = {n.instance_id for n in nodes}
+    return [
+        i
+        for i in instances
+        if i.state in ("pending", "running")
+        and i.instance_id not in joined
+        and now - i.launched >= policy.join_timeout_s
+    ]
+
+
+def decide(
+    nodes: list[NodeView],
+    *,
+    now: float,
+    policy: FencePolicy,
+    in_flight: int,
+    instances: Sequence[Instance] = (),
+) -> Decision:
+    """The nodes to end now: silent ones (oldest silence first), then unfit, empty ones (by
+    name), then instances that never joined (oldest first). `in_flight`: nodes ended whose Node
+    object is still there, and instances ended that EC2 still shows shutting down (their
+    replacement has not joined yet). `instances`: the group's live instances (empty: the
+    never-joined check is off)."""
+    lost = sorted(unjoined(nodes, instances, now=now, policy=policy), key=lambda i: i.launched)
+    if not nodes and not lost:
         return Decision(fence=(), alert=None)
-    bad = [n for n in nodes if n.ready != "True" and not n.out_of_service]
+    bad = [n for n in nodes if n.bad]
+    size = len(nodes) + len(lost)
+    bad_count = len(bad) + len(lost)
     # A small group may always lose as many nodes as it has spares (2 nodes + 1 spare: one
     # lost node is a third of the group, the normal case, not an incident).
-    allowed_bad = max(math.floor(policy.max_bad_fraction * len(nodes)), policy.max_in_flight)
-    if len(bad) > allowed_bad:
-        names = ", ".join(sorted(n.name for n in bad))
+    allowed_bad = max(math.floor(policy.max_bad_fraction * size), policy.max_in_flight)
+    if bad_count > allowed_bad:
+        names = ", ".join([*sorted(n.name for n in bad), *(i.instance_id for i in lost)])
         return Decision(
             fence=(),
             alert=(
-                f"{len(bad)} of {len(nodes)} GPU nodes are not Ready ({names}), more than "
-                f"max_bad_fraction={policy.max_bad_fraction}: fencing stopped; look at the "
-                "cluster (a control-plane partition, an AZ event or a bad AMI looks like this)"
+                f"{bad_count} of {size} GPU nodes are bad (not Ready, unfit or never joined: "
+                f"{names}), more than max_bad_fraction={policy.max_bad_fraction}: fencing and "
+                "replacing stopped; look at the cluster (a control-plane partition, an AZ event "
+                "or a bad AMI looks like this)"
             ),
+            bad=bad_count,
         )
     due = sorted(
         (
@@ -111,5 +187,20 @@ def decide(nodes: list[NodeView], *, now: float, policy: FencePolicy, in_flight:
         ),
         key=lambda n: n.ready_since,
     )
+    silent = {n.name for n in due}
+    empty = sorted(
+        (n for n in bad if n.unfit and not n.busy and n.instance_id and n.name not in silent),
+        key=lambda n: n.name,
+    )
     room = max(policy.max_in_flight - in_flight, 0)
-    return Decision(fence=tuple(due[:room]), alert=None)
+    fence = tuple(due[:room])
+    room -= len(fence)
+    replace = tuple(empty[:room])
+    room -= len(replace)
+    return Decision(
+        fence=fence,
+        alert=None,
+        replace=replace,
+        never_joined=tuple(lost[:room]),
+        bad=bad_count,
+    )

@@ -1,4 +1,4 @@
-"""The fencer's two EC2 calls, over EC2's Query API, signed by awscrt (infra/aws_call.py).
+"""The fencer's EC2 calls, over EC2's Query API, signed by awscrt (infra/aws_call.py).
 
 ``TerminateInstances`` and ``DescribeInstances`` (EC2 API Reference; Query requests: a
 form-encoded POST with ``Action`` and ``Version``, an XML answer in the
@@ -17,13 +17,19 @@ import os
 import urllib.parse
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
+from datetime import datetime
 
 from infra.aws_call import signed_bytes
+from infra.fencer.decide import Instance
 
 API_VERSION = "2016-11-15"
 GONE = frozenset({"terminated"})
 """The instance states in which nothing of the instance runs any more (EC2 User Guide,
 "Instance state changes": ``shutting-down`` still runs the shutdown; ``terminated`` does not)."""
+
+
+LIVE = ("pending", "running", "shutting-down")
+"""The states `group_instances` asks for: booting, up, or on their way out."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,3 +76,36 @@ class Ec2:
             iid = item.findtext("{*}instanceId", default="")
             out[iid] = item.findtext("{*}instanceState/{*}name", default="")
         return out
+
+    def group_instances(self, *, cluster: str, nodegroup: str) -> list[Instance]:
+        """DescribeInstances of this node group's live instances: the tags EKS puts on a
+        managed node group's instances (``eks:cluster-name``, ``eks:nodegroup-name``; the same
+        tags the fencer's IAM condition names) and `LIVE` states, every page (``NextToken``)."""
+        params = {
+            "Filter.1.Name": "tag:eks:cluster-name",
+            "Filter.1.Value.1": cluster,
+            "Filter.2.Name": "tag:eks:nodegroup-name",
+            "Filter.2.Value.1": nodegroup,
+            "Filter.3.Name": "instance-state-name",
+            **{f"Filter.3.Value.{i}": state for i, state in enumerate(LIVE, start=1)},
+        }
+        out: list[Instance] = []
+        token = ""
+        while True:
+            root = self.call(
+                "DescribeInstances", {**params, **({"NextToken": token} if token else {})}
+            )
+            for item in root.findall(".//{*}reservationSet/{*}item/{*}instancesSet/{*}item"):
+                launched = item.findtext("{*}launchTime", default="")
+                out.append(
+                    Instance(
+                        instance_id=item.findtext("{*}instanceId", default=""),
+                        state=item.findtext("{*}instanceState/{*}name", default=""),
+                        launched=datetime.fromisoformat(
+                            launched.replace("Z", "+00:00")
+                        ).timestamp(),
+                    )
+                )
+            token = root.findtext("{*}nextToken", default="")
+            if not token:
+                return out

@@ -17,6 +17,14 @@ class FencerSettings:
     """Seconds between passes over the Nodes."""
     max_bad_fraction: float = 0.2
     """EKS node repair's own default threshold (node-repair.html): above it, stop and alert."""
+    join_timeout_s: float = 1200.0
+    """An instance of the group with no Node this long after launch is terminated (it never
+    joined: a failed Lustre client set-up keeps it out on purpose). Covers a p5's boot, the
+    user data (the Lustre part alone may retry for 150 s) and nodeadm with room to spare: a
+    node that is slow but healthy must never be cut off (EKS documents no boot time)."""
+    metrics_port: int = 9102
+    """``GET /metrics`` (infra/fencer/metrics.py): the container port named ``metrics`` that the
+    stack's scraper reads (infra/observability.py)."""
     terminate_s: float = 60.0
     """TerminateInstances to the instance reported ``terminated``: an estimate for a hung p5
     (only a real cluster can measure it; moto answers at once)."""

@@ -4,6 +4,7 @@ binding, and the admission policy that narrows it)."""
 from __future__ import annotations
 
 from manifests.objects.common import SERVICE_ACCOUNT, TRAINER, labels
+from ops.cordon import REASONS, UNFIT_LABEL
 
 NODE_CORDON = "fsdp-trainer-cordon"
 """The ClusterRole, its binding and the admission policy that let a trainer pod cordon its node."""
@@ -23,8 +24,10 @@ def node_cordon_objects(*, namespace: str) -> list[dict]:
     or ``list``: the cordon is one PATCH. A ValidatingAdmissionPolicy (admissionregistration
     v1, GA in 1.30) narrows it: a node update by this ServiceAccount is admitted only when it
     is the caller's own node (the token's ``node-name`` extra) and it sets
-    ``spec.unschedulable`` to true and changes no label, annotation, taint or other spec field.
-    ``nodes/status`` is another resource and is not granted."""
+    ``spec.unschedulable`` to true with the product's unfit label (``ops.cordon.UNFIT_LABEL``,
+    one of its reasons: what tells the node fencer this cordon is the product's) and changes no
+    other label, no annotation, taint or other spec field. ``nodes/status`` is another resource
+    and is not granted."""
     user = f"system:serviceaccount:{namespace}:{SERVICE_ACCOUNT}"
     trainer_labels = labels(TRAINER)
 
@@ -37,6 +40,16 @@ def node_cordon_objects(*, namespace: str) -> list[dict]:
     # Every writable Node spec field but `unschedulable` (`configSource` is gone with dynamic
     # kubelet configuration, 1.24).
     spec_fields = {"podCIDR": "''", "podCIDRs": "[]", "providerID": "''", "taints": "[]"}
+    new_labels = "(has(object.metadata.labels) ? object.metadata.labels : {})"
+    old_labels = "(has(oldObject.metadata.labels) ? oldObject.metadata.labels : {})"
+    reasons = "[" + ", ".join(f"'{r}'" for r in REASONS) + "]"
+    # Every label but the unfit one as it was: none added, changed or removed (`all` over a
+    # map iterates its keys, cel-spec "Macros").
+    other_labels_kept = (
+        f"{new_labels}.all(k, k == '{UNFIT_LABEL}' || "
+        f"(k in {old_labels} && {old_labels}[k] == {new_labels}[k])) && "
+        f"{old_labels}.all(k, k == '{UNFIT_LABEL}' || k in {new_labels})"
+    )
     return [
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -87,14 +100,19 @@ def node_cordon_objects(*, namespace: str) -> list[dict]:
                     },
                     {
                         "expression": (
-                            "has(object.spec.unschedulable) && object.spec.unschedulable"
+                            "has(object.spec.unschedulable) && object.spec.unschedulable && "
+                            f"'{UNFIT_LABEL}' in {new_labels} && "
+                            f"{new_labels}['{UNFIT_LABEL}'] in {reasons}"
                         ),
-                        "message": "a trainer pod may only set spec.unschedulable to true",
+                        "message": (
+                            "a trainer pod may only set spec.unschedulable to true, with the "
+                            f"label {UNFIT_LABEL}=<{'|'.join(REASONS)}>"
+                        ),
                     },
                     {
                         "expression": " && ".join(
                             [
-                                same("metadata.labels", "{}"),
+                                other_labels_kept,
                                 same("metadata.annotations", "{}"),
                                 same("metadata.ownerReferences", "[]"),
                                 same("metadata.finalizers", "[]"),
@@ -104,7 +122,10 @@ def node_cordon_objects(*, namespace: str) -> list[dict]:
                                 ),
                             ]
                         ),
-                        "message": "a trainer pod may change no field but spec.unschedulable",
+                        "message": (
+                            "a trainer pod may change no field but spec.unschedulable and "
+                            f"the {UNFIT_LABEL} label"
+                        ),
                     },
                 ],
             },

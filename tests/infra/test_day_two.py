@@ -424,6 +424,12 @@ UPGRADE_FROM_BAFC8B0 = [
     ("AWS::IAM::Policy", "add", ()),
     ("AWS::EKS::PodIdentityAssociation", "add", ()),
     ("Custom::AWSCDK-EKS-KubernetesResource", "add", ()),
+    # Every bad node ends the same way (docs/node-loss.md): the trainer's cordon policy admits
+    # the product's unfit label, the FencingHalted and NodeFencerDown rules, the scraper reads
+    # the fencer's /metrics. The GPU node group's repair overrides update it in place (below).
+    ("ValidatingAdmissionPolicy", "update", ("spec",)),
+    ("AWS::APS::RuleGroupsNamespace", "update", ("Data",)),
+    ("AWS::APS::Scraper", "update", ("ScrapeConfiguration",)),
 ]
 
 
@@ -442,7 +448,10 @@ def test_a_stack_deployed_by_main_before_this_change_upgrades_in_place(tmp_path:
     after, args, _ = _deploy(before, {"gpuNodesDesired": "2"}, tmp_path, mask=True)
     changes = replacements.diff(before, after, region=REGION)
     assert sorted((c.type, c.action, c.reasons) for c in changes) == sorted(
-        [*UPGRADE_FROM_BAFC8B0, ("AWS::EKS::Nodegroup", "update", ("ScalingConfig",))]
+        [
+            *UPGRADE_FROM_BAFC8B0,
+            ("AWS::EKS::Nodegroup", "update", ("NodeRepairConfig", "ScalingConfig")),
+        ]
     ), replacements.summary(changes)
     assert {c.logical_id for c in changes if c.type == "AWS::EKS::Nodegroup"} == {_gpu_id(before)}
     (removed,) = [c.logical_id for c in changes if c.action == "remove"]

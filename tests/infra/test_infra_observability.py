@@ -120,8 +120,9 @@ def _pod(name: str, port_name: str, **labels: str) -> dict[str, str]:
 @requires_tool("prometheus")
 @pytest.mark.timeout(120)
 def test_a_real_prometheus_keeps_only_the_metrics_ports(tmp_path: Path) -> None:
-    """The scraper's relabeling, run by Prometheus itself: the trainer pod's `metrics` port and
-    the DCGM exporter's are kept (with the pod's and node's names), the rest dropped."""
+    """The scraper's relabeling, run by Prometheus itself: the trainer pod's `metrics` port, the
+    DCGM exporter's and the node fencer's are kept (with the pod's and node's names), the rest
+    dropped."""
     trainer = {"app_kubernetes_io_component": "trainer"}
     targets = {
         "127.0.0.1:1": _pod("llama-0", catalog.METRICS_PORT_NAME, **trainer),
@@ -130,6 +131,8 @@ def test_a_real_prometheus_keeps_only_the_metrics_ports(tmp_path: Path) -> None:
             "rdzv-store", catalog.METRICS_PORT_NAME, app_kubernetes_io_component="rdzv"
         ),
         "127.0.0.1:4": _pod("dcgm-exporter-x", "metrics", app_kubernetes_io_name="dcgm-exporter"),
+        "127.0.0.1:5": _pod("node-fencer-x", "metrics", app_kubernetes_io_name="node-fencer"),
+        "127.0.0.1:6": _pod("node-fencer-x", "other", app_kubernetes_io_name="node-fencer"),
     }
     config = _with_static_targets(
         observability.scrape_config(training_namespace="training"), targets
@@ -161,6 +164,7 @@ def test_a_real_prometheus_keeps_only_the_metrics_ports(tmp_path: Path) -> None:
     assert kept == {
         ("trainer", "127.0.0.1:1", "llama-0"),
         ("dcgm-exporter", "127.0.0.1:4", "dcgm-exporter-x"),
+        ("node-fencer", "127.0.0.1:5", "node-fencer-x"),
     }
     assert all(t["labels"]["kubernetes_node"].startswith("node-of-") for t in active)
 

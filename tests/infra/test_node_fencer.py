@@ -20,6 +20,7 @@ from infra import node_fencer
 from infra.fencer import __main__ as fencer_main
 from infra.fencer.settings import FENCER
 from infra.image import FENCER_CONTEXT, FENCER_DOCKERFILE
+from ops.cordon import UNFIT_LABEL
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,10 +103,25 @@ def test_kubernetes_rights_are_nodes_only_and_it_runs_on_the_system_nodes(
     default_template: dict[str, Any],
 ) -> None:
     objects = {o["kind"]: o for o in _objects(default_template)}
-    assert set(objects) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment"}
+    assert set(objects) == {
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "Deployment",
+    }
     assert objects["ClusterRole"]["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]}
     ]
+    # Pods: list only, in the training namespace only (is a training pod still on a node?).
+    namespace = default_template["Outputs"]["TrainingNamespace"]["Value"]
+    assert objects["Role"]["metadata"]["namespace"] == namespace
+    assert objects["Role"]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}
+    ]
+    assert objects["RoleBinding"]["roleRef"]["name"] == objects["Role"]["metadata"]["name"]
+    assert objects["RoleBinding"]["subjects"] == objects["ClusterRoleBinding"]["subjects"]
     spec = objects["Deployment"]["spec"]
     assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
     pod = spec["template"]["spec"]
@@ -121,6 +137,43 @@ def test_kubernetes_rights_are_nodes_only_and_it_runs_on_the_system_nodes(
     assert env["FENCE_MAX_BAD_FRACTION"] == str(FENCER.max_bad_fraction)
     assert env["FENCE_MAX_IN_FLIGHT"] == "1"
     assert env["FENCE_NODE_SELECTOR"].startswith(f"{node_fencer.NODEGROUP_LABEL}=")
+    assert env["FENCE_JOIN_TIMEOUT_S"] == str(FENCER.join_timeout_s)
+    # The product's unfit label from its one owner, the trainer's cordon (ops/cordon.py).
+    assert env["FENCE_UNFIT_LABEL"] == UNFIT_LABEL
+    assert env["FENCE_NAMESPACES"] == namespace
+    assert container["ports"] == [{"name": "metrics", "containerPort": FENCER.metrics_port}]
+    assert env["FENCE_METRICS_PORT"] == str(FENCER.metrics_port)
+
+
+def test_the_fencer_is_applied_after_the_training_namespace(
+    default_template: dict[str, Any],
+) -> None:
+    """Its Role lives in the training namespace: applied before it exists, it fails."""
+    _, fencer = _one(default_template, K8S_RESOURCE, "NodeFencer")
+    (namespace_id,) = [
+        k
+        for k, r in default_template["Resources"].items()
+        if r["Type"] == K8S_RESOURCE and "TrainingNamespace" in k
+    ]
+    assert namespace_id in fencer["DependsOn"]
+
+
+def test_the_scraper_reads_the_fencers_metrics_port() -> None:
+    from infra.observability import scrape_config
+
+    (job,) = [
+        j
+        for j in scrape_config(training_namespace="training")["scrape_configs"]
+        if j["job_name"] == node_fencer.NAME
+    ]
+    assert job["kubernetes_sd_configs"] == [
+        {"role": "pod", "namespaces": {"names": [node_fencer.NAMESPACE]}}
+    ]
+    keep = {r["source_labels"][0]: r["regex"] for r in job["relabel_configs"] if r.get("action")}
+    assert keep == {
+        "__meta_kubernetes_pod_label_app_kubernetes_io_name": node_fencer.NAME,
+        "__meta_kubernetes_pod_container_port_name": node_fencer.METRICS_PORT_NAME,
+    }
 
 
 def test_in_flight_follows_the_overlays_spares() -> None:

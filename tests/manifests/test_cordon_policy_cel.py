@@ -34,13 +34,26 @@ import pytest
 from cel_expr_python import cel
 
 from manifests import render
-from ops.cordon import CORDON_PATCH
+from ops.cordon import REASONS, STARTUP_CHECK, STRAGGLER, UNFIT_LABEL, cordon_patch
 
 NAMESPACE = "training"
 TRAINER = f"system:serviceaccount:{NAMESPACE}:{render.SERVICE_ACCOUNT}"
 NODE = "ip-10-0-96-17.us-east-2.compute.internal"
 OTHER_NODE = "ip-10-0-97-4.us-east-2.compute.internal"
 VARIABLES = ("object", "oldObject", "request", "params", "namespaceObject")
+CORDON_PATCH = cordon_patch(STRAGGLER)
+"""The trainer's own request body after a straggler eviction (ops.cordon.cordon_patch)."""
+
+
+def _with(extra: dict, body: dict | None = None) -> dict:
+    """The trainer's body plus `extra`, keeping `extra`'s nulls (a removal in the patch)."""
+    out = copy.deepcopy(CORDON_PATCH if body is None else body)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _with(value, out[key])
+        else:
+            out[key] = value
+    return out
 
 
 def _policy() -> dict[str, Any]:
@@ -146,7 +159,7 @@ def admit(old: dict, new: dict, request: dict, *, policy: dict | None = None) ->
 
 
 def _cordoned(node: dict) -> dict:
-    """The node after the trainer's own request body (ops.cordon.CORDON_PATCH)."""
+    """The node after the trainer's own request body (ops.cordon.cordon_patch)."""
     return _merge_patch(node, CORDON_PATCH)
 
 
@@ -169,6 +182,11 @@ def test_the_trainer_cordons_its_own_node() -> None:
     assert admit(old, _cordoned(old), _request()) is None
     # Cordoning an already cordoned node (a second eviction) is admitted too.
     assert admit(_cordoned(old), _cordoned(old), _request()) is None
+    # Every reason the trainer sends, and a new reason over an old one.
+    for reason in REASONS:
+        assert admit(old, _merge_patch(old, cordon_patch(reason)), _request()) is None
+    again = _merge_patch(_cordoned(old), cordon_patch(STARTUP_CHECK))
+    assert admit(_cordoned(old), again, _request()) is None
 
 
 def test_other_users_are_not_judged_by_the_policy() -> None:
@@ -195,37 +213,61 @@ def test_other_users_are_not_judged_by_the_policy() -> None:
             id="label-only",
         ),
         pytest.param(
-            {"spec": {"unschedulable": True}, "metadata": {"labels": {"a": "b"}}},
+            {"spec": {"unschedulable": True}},
+            {},
+            f"with the label {UNFIT_LABEL}",
+            id="cordon-without-the-unfit-label",
+        ),
+        pytest.param(
+            {"spec": {"unschedulable": True}, "metadata": {"labels": {UNFIT_LABEL: "bored"}}},
+            {},
+            f"with the label {UNFIT_LABEL}",
+            id="unknown-reason",
+        ),
+        pytest.param(
+            _with({"metadata": {"labels": {"a": "b"}}}),
             {},
             "no field but spec.unschedulable",
             id="label",
         ),
         pytest.param(
-            {"spec": {"unschedulable": True}, "metadata": {"annotations": {"a": "b"}}},
+            _with({"metadata": {"labels": {"nvidia.com/gpu.present": "false"}}}),
+            {},
+            "no field but spec.unschedulable",
+            id="label-changed",
+        ),
+        pytest.param(
+            _with({"metadata": {"labels": {"eks.amazonaws.com/nodegroup": None}}}),
+            {},
+            "no field but spec.unschedulable",
+            id="label-removed",
+        ),
+        pytest.param(
+            _with({"metadata": {"annotations": {"a": "b"}}}),
             {},
             "no field but spec.unschedulable",
             id="annotation",
         ),
         pytest.param(
-            {"spec": {"unschedulable": True, "taints": None}},
+            _with({"spec": {"taints": None}}),
             {},
             "no field but spec.unschedulable",
             id="taints-removed",
         ),
         pytest.param(
-            {"spec": {"unschedulable": True, "providerID": "aws:///us-east-2a/i-1"}},
+            _with({"spec": {"providerID": "aws:///us-east-2a/i-1"}}),
             {},
             "no field but spec.unschedulable",
             id="provider-id",
         ),
         pytest.param(
-            {"spec": {"unschedulable": True, "podCIDR": "10.1.0.0/24"}},
+            _with({"spec": {"podCIDR": "10.1.0.0/24"}}),
             {},
             "no field but spec.unschedulable",
             id="pod-cidr",
         ),
         pytest.param(
-            {"spec": {"unschedulable": True}, "metadata": {"finalizers": ["x"]}},
+            _with({"metadata": {"finalizers": ["x"]}}),
             {},
             "no field but spec.unschedulable",
             id="finalizer",

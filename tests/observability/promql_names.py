@@ -1,7 +1,8 @@
 """Metric names in PromQL expressions, and the names that exist (imported as ``promql_names``).
 
-Not a test module. The known names are the exporter's catalog (training/observe/catalog.py)
-and the DCGM fields the stack's DCGM exporter serves (observability/dcgm-counters.csv).
+Not a test module. The known names are the exporter's catalog (training/observe/catalog.py),
+the node fencer's (infra/fencer/metrics.py) and the DCGM fields the stack's DCGM exporter
+serves (observability/dcgm-counters.csv).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from infra.fencer.metrics import METRICS as FENCER_METRICS
 from training.observe.catalog import METRICS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +55,7 @@ def dcgm_fields() -> set[str]:
 
 
 def known_metrics() -> set[str]:
-    return set(METRICS) | dcgm_fields()
+    return set(METRICS) | dcgm_fields() | set(FENCER_METRICS)
 
 
 def metric_names(expr: str) -> set[str]:

@@ -61,6 +61,8 @@ def test_the_alert_rules_pass_their_unit_tests() -> None:
             "training_replica_waiting_since_timestamp_seconds > 300",
             "training_replica_waiting_since_timestamp_seconds > 1800",
         ),
+        ("(max(node_fencer_halted) > 0)", "(max(node_fencer_halted) > 1)"),  # halt never fires
+        ("node_fencer_nodes[10m]", "node_fencer_nodes[30m]"),  # a dead fencer noticed late
     ],
 )
 def test_the_unit_tests_catch_a_changed_rule(tmp_path: Path, old: str, new: str) -> None:

@@ -34,7 +34,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ops.cordon import cordon
+from ops.cordon import STRAGGLER, cordon
 from training import exits
 from training.command import trainer_args_of
 from training.config import JobConfig
@@ -149,7 +149,7 @@ def _supervise(command: Sequence[str], config: JobConfig) -> int:
     if evicted(verdict, node=node, launcher_started=started):
         print(f"error: {verdict.cause}", file=sys.stderr, flush=True)
         # Before the pod ends: the Job's replacement must not land on this node again.
-        cordon(node)
+        cordon(node, reason=STRAGGLER)
     elif verdict is not None and not verdict.node and code != 0:
         print(f"error: {verdict.cause}", file=sys.stderr, flush=True)
     return outcome
