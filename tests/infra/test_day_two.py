@@ -430,6 +430,9 @@ UPGRADE_FROM_BAFC8B0 = [
     ("ValidatingAdmissionPolicy", "update", ("spec",)),
     ("AWS::APS::RuleGroupsNamespace", "update", ("Data",)),
     ("AWS::APS::Scraper", "update", ("ScrapeConfiguration",)),
+    # Replica groups (docs/replica-groups.md): the JobSet controller's chart, pinned
+    # (infra/addons.py); the ReplicaGroupOut rule rides on the rule group's update above.
+    ("Custom::AWSCDK-EKS-HelmChart", "add", ()),
 ]
 
 
