@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from infra.fencer.controller import Fencer
 from infra.fencer.decide import FencePolicy
@@ -285,19 +286,20 @@ def node_loss_run(
     return result, job, state
 
 
-def fenced_node_loss_run(tmp_path: Path, *, restart: str = "injob"):
-    """The 2-node Job with one spare; pod 1's node lost at step 6 and fenced by the node fencer
-    (infra/fencer) through the EC2 stand-in; EKS repair at its default 30-minute wait. After
-    the Job, the fenced node is thawed (`state["thawed"]`: the pids SIGCONT reached,
-    `state["log_grew"]`: bytes its old pod's log grew). Returns (result, job, state, times)."""
+@contextlib.contextmanager
+def fenced_control_plane(root: Path, *, nodes: int, times, state: dict, **fencer_args: Any):
+    """The node fencer (infra/fencer, its own code) over the emulated cluster: EC2 is moto in
+    server mode behind the front that tells the cloud what was terminated; the fencer
+    reconciles on a thread of its own at its shipped poll, its wait scaled by SCALE, paced by
+    the overlay's one spare. Yields (ec2, plane, halt): ``plane`` is the ``control_plane`` for
+    :func:`run` (it fills ``state``: plane, cloud, fencer, loop), ``halt()`` ends the loop.
+    ``fencer_args``: the rest of :class:`Fencer`'s arguments (the unfit label, namespaces)."""
     if (missing := ec2_stand_in.moto_reason()) is not None:
         raise RuntimeError(missing)
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    times = replace(EKS, repair_wait_s=EKS_DEFAULT_REPAIR_WAIT_S).scaled(SCALE)
-    state: dict = {}
+    root.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
     with contextlib.ExitStack() as stack:
-        moto = stack.enter_context(ec2_stand_in.moto_server(tmp_path))
+        moto = stack.enter_context(ec2_stand_in.moto_server(root))
         endpoint = stack.enter_context(
             ec2_stand_in.ec2_front(moto, on_terminate=lambda ids: state["cloud"].terminated(ids))
         )
@@ -307,11 +309,11 @@ def fenced_node_loss_run(tmp_path: Path, *, restart: str = "injob"):
         def plane(pods: emulator.Cluster, spare_objects: list[dict]) -> ControlPlane:
             state["plane"] = p = ControlPlane(
                 pods,
-                nodes=2,
+                nodes=nodes,
                 spares=1,
                 spare_command=spare_command(spare_objects),
                 times=times,
-                root=tmp_path,
+                root=root,
             )
             state["cloud"] = cloud = ec2_stand_in.Cloud(plane=p, ec2=ec2)
             state["fencer"] = fencer = Fencer(
@@ -323,6 +325,7 @@ def fenced_node_loss_run(tmp_path: Path, *, restart: str = "injob"):
                     max_bad_fraction=FENCER.max_bad_fraction,
                 ),
                 label_selector=ec2_stand_in.SELECTOR,
+                **fencer_args,
             )
 
             def loop() -> None:
@@ -333,13 +336,32 @@ def fenced_node_loss_run(tmp_path: Path, *, restart: str = "injob"):
             state["loop"].start()
             return p
 
+        def halt() -> None:
+            stop.set()
+            if "loop" in state:
+                state["loop"].join(timeout=10)
+
+        try:
+            yield ec2, plane, halt
+        finally:
+            stop.set()
+
+
+def fenced_node_loss_run(tmp_path: Path, *, restart: str = "injob"):
+    """The 2-node Job with one spare; pod 1's node lost at step 6 and fenced by the node fencer
+    (infra/fencer) through the EC2 stand-in; EKS repair at its default 30-minute wait. After
+    the Job, the fenced node is thawed (`state["thawed"]`: the pids SIGCONT reached,
+    `state["log_grew"]`: bytes its old pod's log grew). Returns (result, job, state, times)."""
+    times = replace(EKS, repair_wait_s=EKS_DEFAULT_REPAIR_WAIT_S).scaled(SCALE)
+    state: dict = {}
+    with fenced_control_plane(tmp_path, nodes=2, times=times, state=state) as (_, plane, halt):
+
         def lose(_: emulator.Cluster) -> None:
             state["time"] = time.time()
             state["node"] = state["plane"].lose(1)
 
         def thaw(pods: emulator.Cluster) -> None:
-            stop.set()
-            state["loop"].join(timeout=10)
+            halt()
             node = state["node"]
             log = tmp_path / f"{job['metadata']['name']}-1-0.log"
             before = log.stat().st_size

@@ -15,20 +15,15 @@ the node group's relaunch (podsim/control_plane.py). Timers: the shipped ones, s
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 
 import pytest
 
-from infra.fencer.controller import Fencer
-from infra.fencer.decide import FencePolicy
-from infra.fencer.ec2 import Ec2
-from infra.fencer.settings import FENCER
 from ops.cordon import STARTUP_CHECK, UNFIT_LABEL
 from podsim import cluster as emulator
 from podsim import ec2 as ec2_stand_in
 from podsim import jobs
-from podsim.control_plane import EKS, SCALE, ControlPlane
+from podsim.control_plane import EKS, SCALE
 from podsim.jobs import ONE_POD, TWO_NODES
 from training import exits, startup_check
 
@@ -48,67 +43,27 @@ def test_a_node_unfit_node_is_replaced_once_its_pod_has_left(tmp_path: Path) -> 
     node's instance and taints it. The Job completes on the spare; the spare's instance and
     the hand-free one keep running."""
     state: dict = {}
-    stop = threading.Event()
     bad = "node-0"  # the plane's first node (emulator.Cluster.add_node)
     fifo = tmp_path / "fsx" / startup_check.FSX_PROBE_DIR / bad
     fifo.parent.mkdir(parents=True)
     os.mkfifo(fifo)
-    with (
-        ec2_stand_in.moto_server(tmp_path) as moto,
-        ec2_stand_in.ec2_front(
-            moto, on_terminate=lambda ids: state["cloud"].terminated(ids)
-        ) as endpoint,
-        ec2_stand_in.aws_environment(endpoint),
-    ):
-        ec2 = Ec2(region=os.environ["AWS_REGION"])
-
-        def plane(pods: emulator.Cluster, spare_objects: list[dict]) -> ControlPlane:
-            state["plane"] = p = ControlPlane(
-                pods,
-                nodes=1,
-                spares=1,
-                spare_command=jobs.spare_command(spare_objects),
-                times=EKS.scaled(SCALE),
-                root=tmp_path,
-            )
-            state["cloud"] = cloud = ec2_stand_in.Cloud(plane=p, ec2=ec2)
-            state["fencer"] = fencer = Fencer(
-                nodes=ec2_stand_in.NodeApi(plane=p, cloud=cloud),
-                ec2=ec2,
-                policy=FencePolicy(
-                    wait_s=FENCER.wait_s * SCALE,
-                    max_in_flight=1,  # the overlay's one spare
-                    max_bad_fraction=FENCER.max_bad_fraction,
-                ),
-                label_selector=ec2_stand_in.SELECTOR,
-                unfit_label=UNFIT_LABEL,
-                namespaces=(ec2_stand_in.NAMESPACE,),
-            )
-
-            def loop() -> None:
-                while not stop.wait(FENCER.poll_s * SCALE):
-                    fencer.reconcile()
-
-            state["loop"] = threading.Thread(target=loop, daemon=True)
-            state["loop"].start()
-            return p
-
-        def after(_: emulator.Cluster) -> None:
-            stop.set()
-            state["loop"].join(timeout=10)
-
-        try:
-            result, _ = jobs.run(
-                tmp_path,
-                TWO_NODES,
-                restart="injob",
-                env={**ONE_POD, "FSX_PROBE_TIMEOUT_S": "3"},
-                nodes=1,
-                control_plane=plane,
-                after=after,
-            )
-        finally:
-            stop.set()
+    with jobs.fenced_control_plane(
+        tmp_path,
+        nodes=1,
+        times=EKS.scaled(SCALE),
+        state=state,
+        unfit_label=UNFIT_LABEL,
+        namespaces=(ec2_stand_in.NAMESPACE,),
+    ) as (ec2, plane, halt):
+        result, _ = jobs.run(
+            tmp_path,
+            TWO_NODES,
+            restart="injob",
+            env={**ONE_POD, "FSX_PROBE_TIMEOUT_S": "3"},
+            nodes=1,
+            control_plane=plane,
+            after=lambda _: halt(),
+        )
         log = jobs.logs(tmp_path)
         p, cloud, fencer = state["plane"], state["cloud"], state["fencer"]
         timeline = p.timeline(since=p.started)
