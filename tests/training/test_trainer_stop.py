@@ -3,16 +3,22 @@ and a drain (SIGTERM) both take a blocking final checkpoint at the step they are
 emit ``run_end`` with their status and return a preempted ``TrainResult``.
 
 One real rank (gloo, in this process), the tiny model, the synchronous engine; the SIGTERM is
-a real signal to this process, handled by ``training.stop.StopRequest``."""
+a real signal to this process, handled by ``training.stop.StopRequest``. A SIGTERM that lands in
+the work between two steps, which then outlasts the stop's grace, still stops at a step with a
+final checkpoint: one rank in a process of its own (probes/drain_probe.py), since the stop's
+watcher would end this one."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from support import TINY_MODEL
+from support import REPO_ROOT, TINY_MODEL, subprocess_env
 
 from training import exits
 from training.checkpoint.layout import committed_steps
@@ -81,3 +87,42 @@ def test_an_eviction_outranks_a_drain_at_the_same_step() -> None:
     assert StopReason.of(eviction=eviction, drained=True).status == "evicted"
     assert StopReason.of(eviction=None, drained=True).status == "preempted"
     assert StopReason.of(eviction=None, drained=False) is None
+
+
+DRAIN_PROBE = Path(__file__).parent / "probes" / "drain_probe.py"
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("case", "stop_step"),
+    [
+        # SIGTERM in the checkpoint schedule of step 4, which then waits (pass by pass) for
+        # twice the grace, as the first save waits for the NVRx worker's start on a busy node.
+        ("save", 5),
+        # SIGTERM in step 1: its all-reduce agrees on the stop, then the first-step prepare
+        # takes twice the grace in one piece.
+        ("agreed", 1),
+    ],
+)
+def test_a_drain_during_slow_work_between_steps_still_saves_at_its_step(
+    tmp_path: Path, corpus: Path, case: str, stop_step: int
+) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, str(DRAIN_PROBE), case, str(run_dir), str(corpus)],
+        cwd=REPO_ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    # Before the fix: the watcher ended the rank (143, "no step boundary within ...") in the
+    # middle of that work, without a final checkpoint.
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (result["final_step"], result["preempted"]) == (stop_step, True)
+    assert committed_steps(run_dir / "checkpoints")[-1] == stop_step
+    events, _ = read_jsonl(run_dir / "events.jsonl")
+    ends = [(e["step"], e["status"]) for e in events if e["kind"] == "run_end"]
+    assert ends == [(stop_step, "preempted")]
