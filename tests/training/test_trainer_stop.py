@@ -10,6 +10,7 @@ watcher would end this one."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -103,6 +104,8 @@ DRAIN_PROBE = Path(__file__).parent / "probes" / "drain_probe.py"
         # SIGTERM in step 1: its all-reduce agrees on the stop, then the first-step prepare
         # takes twice the grace in one piece.
         ("agreed", 1),
+        # The same as "save" with the NVRx engine's own wait: its worker's start held up.
+        ("worker", 5),
     ],
 )
 def test_a_drain_during_slow_work_between_steps_still_saves_at_its_step(
@@ -117,6 +120,10 @@ def test_a_drain_during_slow_work_between_steps_still_saves_at_its_step(
         text=True,
         timeout=100,
     )
+    for line in proc.stdout.splitlines():  # a stopped worker the probe left behind
+        if line.startswith("worker "):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(line.split()[1]), signal.SIGKILL)
     # Before the fix: the watcher ended the rank (143, "no step boundary within ...") in the
     # middle of that work, without a final checkpoint.
     assert proc.returncode == 0, proc.stderr[-3000:]
