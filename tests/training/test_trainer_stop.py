@@ -112,22 +112,26 @@ def test_a_drain_during_slow_work_between_steps_still_saves_at_its_step(
     tmp_path: Path, corpus: Path, case: str, stop_step: int
 ) -> None:
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, str(DRAIN_PROBE), case, str(run_dir), str(corpus)],
-        cwd=REPO_ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=100,
-    )
-    for line in proc.stdout.splitlines():  # a stopped worker the probe left behind
+    out, err = tmp_path / "probe.out", tmp_path / "probe.err"
+    # Files, not pipes: a worker the probe leaves stopped would hold a pipe open.
+    with out.open("w") as stdout, err.open("w") as stderr:
+        code = subprocess.run(
+            [sys.executable, str(DRAIN_PROBE), case, str(run_dir), str(corpus)],
+            cwd=REPO_ROOT,
+            env=subprocess_env(),
+            stdout=stdout,
+            stderr=stderr,
+            timeout=100,
+        ).returncode
+    lines = out.read_text().splitlines()
+    for line in lines:  # a stopped worker the probe left behind
         if line.startswith("worker "):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(line.split()[1]), signal.SIGKILL)
     # Before the fix: the watcher ended the rank (143, "no step boundary within ...") in the
     # middle of that work, without a final checkpoint.
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert code == 0, err.read_text()[-3000:]
+    result = json.loads(lines[-1])
     assert (result["final_step"], result["preempted"]) == (stop_step, True)
     assert committed_steps(run_dir / "checkpoints")[-1] == stop_step
     events, _ = read_jsonl(run_dir / "events.jsonl")
