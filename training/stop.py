@@ -11,10 +11,19 @@ the process group timeout; NCCL: its watchdog), and the launcher would SIGKILL t
 
 So the signal also reaches a watcher thread through ``signal.set_wakeup_fd`` (the C-level
 handler writes to the pipe at once, whatever the main thread is doing). The watcher gives the
-loop until ``grace_s()`` to reach the next step boundary, where it starts the final checkpoint
-(:meth:`StopRequest.saving`); if the loop has not got there, the rank had made no progress worth
-saving since its last boundary, and the watcher exits the process with 143 (``os._exit``: the
+loop ``grace_s()`` to reach the next step boundary, where it starts the final checkpoint
+(:meth:`StopRequest.saving`), counted from the signal or from the rank's latest sign of progress
+(:func:`progress`), whichever is later; if the loop has not got there, the rank has made no
+progress worth saving since, and the watcher exits the process with 143 (``os._exit``: the
 main thread is stuck, so nothing that needs it can run).
+
+Progress is what a rank blocked in a collective cannot show: a step finished, the work between
+two steps finished (the trainer marks both), and each pass of a checkpoint wait that the rank
+checks itself (the checkpoint manager's ``keepalive``: the NVRx worker's start, an earlier
+save's write, a snapshot's publish): a SIGTERM during a save slower than the grace (the first
+save of an attempt waits seconds for its writer's start on a busy node) must not end a healthy
+rank short of the boundary it is about to reach, or the drain loses the steps since the last
+checkpoint.
 """
 
 from __future__ import annotations
@@ -31,6 +40,18 @@ from collections.abc import Callable
 from training import exits
 
 log = logging.getLogger(__name__)
+
+_installed: StopRequest | None = None
+"""The stop request installed in this process (SIGTERM has one handler per process)."""
+
+
+def progress() -> None:
+    """This process's training thread made progress that it checked (a pass of a checkpoint
+    wait, a step or the work between two steps finished): the installed stop request's grace
+    runs from now. A no-op when none is installed."""
+    request = _installed
+    if request is not None:
+        request.progress()
 
 
 class StopRequest:
@@ -54,6 +75,8 @@ class StopRequest:
         self._previous_fd = -1
         self._pipe: tuple[int, int] | None = None
         self._watcher: threading.Thread | None = None
+        self._progress_at = float("-inf")
+        """``time.monotonic()`` of the latest :meth:`progress`."""
 
     @property
     def requested(self) -> bool:
@@ -63,6 +86,11 @@ class StopRequest:
         """The loop reached a step boundary and starts its final checkpoint: no deadline now
         (the pod's grace period bounds the save)."""
         self._saving.set()
+
+    def progress(self) -> None:
+        """The loop made progress (see the module's docstring): after a SIGTERM, the grace to
+        the next step boundary runs from now."""
+        self._progress_at = time.monotonic()
 
     def __enter__(self) -> StopRequest:
         self.install()
@@ -82,10 +110,15 @@ class StopRequest:
         self._previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
         self._watcher = threading.Thread(target=self._watch, name="stop-request", daemon=True)
         self._watcher.start()
+        global _installed
+        _installed = self
 
     def uninstall(self) -> None:
         if self._pipe is None:
             return
+        global _installed
+        if _installed is self:
+            _installed = None
         self._done.set()
         signal.set_wakeup_fd(self._previous_fd)
         signal.signal(signal.SIGTERM, self._previous_handler)
@@ -122,17 +155,21 @@ class StopRequest:
             log.exception("stop-request callback failed")
 
     def _enforce(self) -> None:
-        grace = self._grace_s()
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
+        signalled = time.monotonic()
+        while True:
             if self._saving.is_set() or self._done.is_set():
                 return
+            # Read at every pass: the latest progress, and the grace as the loop measures it.
+            grace = self._grace_s()
+            if time.monotonic() >= max(signalled, self._progress_at) + grace:
+                break
             time.sleep(0.05)
         if self._saving.is_set() or self._done.is_set():
             return
         message = (
-            f"SIGTERM: no step boundary within {grace:.1f} s (blocked in a collective or I/O); "
-            f"exiting {exits.PREEMPTED} without a final checkpoint"
+            f"SIGTERM: no step boundary within {grace:.1f} s of the signal or of the rank's last "
+            f"progress (blocked in a collective or I/O); exiting {exits.PREEMPTED} without a "
+            "final checkpoint"
         )
         log.warning(message)
         print(message, file=sys.stderr, flush=True)

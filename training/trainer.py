@@ -288,7 +288,15 @@ class Trainer:
         c = self.config
         slowest_iteration_s = 0.0
         # On SIGTERM the loop has this long to reach a step boundary (where it takes the final
-        # checkpoint); a rank stuck in a collective exits 143 instead (training/stop.py).
+        # checkpoint); a rank stuck in a collective exits 143 instead (training/stop.py). The
+        # grace bounds a step, not the work between two steps: from a step's all-reduce to the
+        # next step's start (the log, the hooks, the first-step prepare, the poll, the
+        # checkpoint schedule: saves, snapshot takes, the peer exchange) the rank is at a
+        # boundary, and the grace runs from its latest progress there (stop.progress: the
+        # all-reduce, each pass of a checkpoint wait, each piece of the schedule, the boundary's
+        # end), so the next step gets all of it. An all-reduce that agrees on the stop is the
+        # stop's boundary: no deadline from there. A boundary collective with a dead peer shows
+        # no progress and still ends at the grace.
         mode = c.resilience.restart
         stop = StopRequest(
             grace_s=lambda: max(STOP_GRACE_FLOOR_S, 2.0 * slowest_iteration_s),
@@ -345,6 +353,10 @@ class Trainer:
                     loss, stop_now = self.reduce_step_stats(
                         local_loss, stop_requested=stop.requested
                     )
+                if stop_now:
+                    stop.saving()  # every rank stops at this step: the rest is its checkpoint's
+                else:
+                    stop.progress()
                 self.step = next_step
                 steps_this_attempt += 1
                 elapsed = time.perf_counter() - started
@@ -377,6 +389,7 @@ class Trainer:
                 slowest_iteration_s = max(
                     slowest_iteration_s, time.perf_counter() - iteration_started
                 )
+                stop.progress()  # the boundary's end: the next step gets the whole grace
             stop.saving()  # the run is over: the last save and the commit wait have no deadline
             if c.checkpoint.save_final and checkpoints.latest_step() != self.step:
                 with self.hooks.section("checkpoint_save"):

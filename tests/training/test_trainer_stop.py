@@ -3,16 +3,23 @@ and a drain (SIGTERM) both take a blocking final checkpoint at the step they are
 emit ``run_end`` with their status and return a preempted ``TrainResult``.
 
 One real rank (gloo, in this process), the tiny model, the synchronous engine; the SIGTERM is
-a real signal to this process, handled by ``training.stop.StopRequest``."""
+a real signal to this process, handled by ``training.stop.StopRequest``. A SIGTERM that lands in
+the work between two steps, which then outlasts the stop's grace, still stops at a step with a
+final checkpoint: one rank in a process of its own (probes/drain_probe.py), since the stop's
+watcher would end this one."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from support import TINY_MODEL
+from support import REPO_ROOT, TINY_MODEL, subprocess_env
 
 from training import exits
 from training.checkpoint.layout import committed_steps
@@ -81,3 +88,52 @@ def test_an_eviction_outranks_a_drain_at_the_same_step() -> None:
     assert StopReason.of(eviction=eviction, drained=True).status == "evicted"
     assert StopReason.of(eviction=None, drained=True).status == "preempted"
     assert StopReason.of(eviction=None, drained=False) is None
+
+
+DRAIN_PROBE = Path(__file__).parent / "probes" / "drain_probe.py"
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("case", "stop_step"),
+    [
+        # SIGTERM in the checkpoint schedule of step 4, which then waits (pass by pass) for
+        # twice the grace, as the first save waits for the NVRx worker's start on a busy node.
+        ("save", 5),
+        # SIGTERM in step 1: its all-reduce agrees on the stop, then the first-step prepare
+        # takes twice the grace in one piece.
+        ("agreed", 1),
+        # The same as "save" with the NVRx engine's own wait: its worker's start held up.
+        ("worker", 5),
+    ],
+)
+def test_a_drain_during_slow_work_between_steps_still_saves_at_its_step(
+    tmp_path: Path, corpus: Path, case: str, stop_step: int
+) -> None:
+    run_dir = tmp_path / "run"
+    out, err = tmp_path / "probe.out", tmp_path / "probe.err"
+    # Files, not pipes: a worker the probe leaves stopped would hold a pipe open.
+    with out.open("w") as stdout, err.open("w") as stderr:
+        code = subprocess.run(
+            [sys.executable, str(DRAIN_PROBE), case, str(run_dir), str(corpus)],
+            cwd=REPO_ROOT,
+            env=subprocess_env(),
+            stdout=stdout,
+            stderr=stderr,
+            timeout=100,
+        ).returncode
+    lines = out.read_text().splitlines()
+    for line in lines:  # a stopped worker the probe left behind
+        if line.startswith("worker "):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(line.split()[1]), signal.SIGKILL)
+    # Before the fix: the watcher ended the rank (143, "no step boundary within ...") in the
+    # middle of that work, without a final checkpoint.
+    assert code == 0, err.read_text()[-3000:]
+    result = json.loads(lines[-1])
+    assert (result["final_step"], result["preempted"]) == (stop_step, True)
+    assert committed_steps(run_dir / "checkpoints")[-1] == stop_step
+    events, _ = read_jsonl(run_dir / "events.jsonl")
+    ends = [(e["step"], e["status"]) for e in events if e["kind"] == "run_end"]
+    assert ends == [(stop_step, "preempted")]

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from training import stop
 from training.checkpoint import registry
 from training.checkpoint.committer import Committer
 from training.checkpoint.engines import EngineContext, Pending, Phases, collective_device
@@ -79,7 +80,7 @@ class CheckpointManager:
             world_size=world_size,
             local_world_size=local_world_size,
             events=events,
-            keepalive=keepalive or _nothing,
+            keepalive=_reporting_progress(keepalive or _nothing),
             plan=snapshot_plan(checkpoint=c, restart=config.resilience.restart, nodes=nodes),
         )
         return cls(
@@ -116,8 +117,9 @@ class CheckpointManager:
         self.point_hook = point_hook or (lambda point, step: None)
         # Called between the passes of every blocking wait of a save, a snapshot or the final
         # commit (``StepHooks.keepalive``): the restart layer's heartbeat or progress report,
-        # which its timeouts would otherwise miss for as long as the wait lasts.
-        self.keepalive = keepalive or _nothing
+        # which its timeouts would otherwise miss for as long as the wait lasts; and progress
+        # for a SIGTERM's grace (``_reporting_progress``).
+        self.keepalive = _reporting_progress(keepalive or _nothing)
         self._pending: list[Pending] = []
         self._latest_committed: int | None = None
         self._committer = Committer()  # rank 0's commits of asynchronous saves
@@ -215,10 +217,12 @@ class CheckpointManager:
         if shared:
             with section("checkpoint_save"):
                 self.save(trainer, step=step, blocking=False)
+            stop.progress()  # each piece done is progress (training/stop.py)
         for tier in self.snapshot_tiers:
             if tier.due(step, shared=shared):
                 with section("checkpoint_save") if tier.io else contextlib.nullcontext():
                     tier.take(trainer, step=step)
+                stop.progress()
 
     def save(self, trainer: StatefulTrainer, *, step: int, blocking: bool) -> float:
         """Save ``trainer``'s state for ``step``. Returns the time training was blocked; the
@@ -334,6 +338,19 @@ class CheckpointManager:
             return None
         self._latest_committed = loaded.latest_committed
         return loaded.step
+
+
+def _reporting_progress(keepalive: Callable[[], None]) -> Callable[[], None]:
+    """``keepalive`` that also reports progress to this process's stop request
+    (``training.stop.progress``): a wait that checks its progress pass by pass is not a rank
+    blocked in a collective, and a SIGTERM during it (the first save waits for the NVRx worker's
+    start, seconds on a busy node) must not cost the drain its final checkpoint."""
+
+    def beat() -> None:
+        keepalive()
+        stop.progress()
+
+    return beat
 
 
 def _nothing() -> None:

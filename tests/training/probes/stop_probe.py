@@ -2,7 +2,9 @@
 healthy. Run by tests/training/resilience/test_stop.py: ``stop_probe.py ROLE PORT``.
 
 ROLE: blocked (rank 0: all-reduce with a frozen peer), frozen (rank 1: joins, then SIGSTOPs
-itself), healthy (no process group: reaches a boundary, "saves" for 4 s, exits 0).
+itself), healthy (no process group: reaches a boundary, "saves" for 4 s, exits 0), progressing
+(no process group: after the SIGTERM, reports progress for 5 s, past its 2 s grace, then
+blocks without any: the grace runs from its last progress).
 """
 
 from __future__ import annotations
@@ -26,6 +28,18 @@ if role == "healthy":
             time.sleep(0.05)  # one "step"
         stop.saving()
         time.sleep(4.0)  # the final checkpoint, longer than the grace: must not be cut short
+    sys.exit(0)
+if role == "progressing":
+    with StopRequest(grace_s=lambda: 2.0) as stop:
+        print("ready", flush=True)
+        while not stop.requested:
+            time.sleep(0.05)
+        until = time.monotonic() + 5.0
+        while time.monotonic() < until:  # a checkpoint wait, pass by pass
+            stop.progress()
+            time.sleep(0.05)
+        print("blocked", flush=True)
+        time.sleep(60)  # no progress, no boundary: the watcher ends it
     sys.exit(0)
 
 rank = 0 if role == "blocked" else 1

@@ -67,3 +67,26 @@ def test_a_healthy_rank_keeps_its_final_checkpoint_past_the_grace() -> None:
     _wait_ready(healthy)
     healthy.send_signal(signal.SIGTERM)
     assert healthy.wait(timeout=30) == 0, healthy.stderr.read() if healthy.stderr else ""
+
+
+@pytest.mark.timeout(60)
+def test_progress_restarts_the_grace_and_a_rank_that_stops_progressing_still_exits() -> None:
+    """Progress (a checkpoint wait's passes) keeps a rank past its 2 s grace; once it shows
+    none, it exits 143 within the grace of its last progress, not later."""
+    proc = _start("progressing", free_port())
+    try:
+        _wait_ready(proc)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        took = time.monotonic() - sent
+        stdout, stderr = proc.communicate()
+        assert code == exits.PREEMPTED, stderr
+        assert "blocked" in stdout, "ended before its progress stopped"
+        assert "no step boundary within 2.0 s of the signal or of the rank's last progress" in (
+            stderr
+        )
+        assert 6.5 <= took < 20, took  # its last progress ~5 s in, then the 2 s grace
+    finally:
+        proc.kill()
+        proc.wait()
