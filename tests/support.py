@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,43 @@ def run_in_repo(
         output, _ = proc.communicate()
         pytest.fail(f"{Path(command[0]).name} timed out after {timeout}s:\n{output[-4000:]}")
     return subprocess.CompletedProcess(command, proc.returncode, stdout=output)
+
+
+def processes_of_test(nodeid: str, *, phase: str = "call") -> list[int]:
+    """The live processes a test started in one phase: pytest sets ``PYTEST_CURRENT_TEST`` to
+    ``<nodeid> (<phase>)`` for each phase, and every process started then inherits it through
+    every fork and exec, torch elastic's workers in their own sessions included (pytest's own
+    environment block, read from /proc, predates the variable: proc(5))."""
+    needle = f"PYTEST_CURRENT_TEST={nodeid} ({phase})".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:  # gone meanwhile, or a zombie
+            continue
+    return found
+
+
+def end_processes_of_test(nodeid: str, *, rounds: int = 50) -> list[str]:
+    """SIGKILL what the test's call left running (a launcher's ranks after the launcher was
+    killed, a benchmark's workers after a timeout), until none is left; their command lines."""
+    ended: list[str] = []
+    for _ in range(rounds):
+        pids = processes_of_test(nodeid)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+                os.kill(pid, signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                continue
+            ended.append(f"{pid} {command.decode(errors='replace')[:160]}")
+        time.sleep(0.1)
+    return ended
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
