@@ -50,17 +50,17 @@ import subprocess
 
 
 def test_leaves_a_rank_behind():
-    # A process in a session of its own, as torch elastic starts its workers.
-    child = subprocess.Popen(["sleep", "300"], start_new_session=True)
-    with open("{pid_file}", "w") as f:
-        f.write(str(child.pid))
+    # A launcher that ends and leaves a rank in a session of its own (torch elastic's
+    # workers): orphaned, out of reach of any process group.
+    subprocess.run(["bash", "-c", "setsid sleep 300 & echo $! > {pid_file}"], check=True)
 """
 
 
 @pytest.mark.timeout(120)
 def test_the_suite_ends_what_a_tests_call_left_running(tmp_path: Path) -> None:
-    """tests/conftest.py's teardown: a process the test's call started, in a session of its own
-    (out of reach of its process group), is SIGKILLed after the test and named in the summary."""
+    """tests/conftest.py's teardown: a process the test's call started and orphaned, in a
+    session of its own (out of reach of its process group), is SIGKILLed after the test and
+    named in the summary."""
     pid_file = tmp_path / "child.pid"
     test = tmp_path / "test_leaky.py"
     test.write_text(LEAVES_A_PROCESS.replace("{pid_file}", str(pid_file)))
