@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import REPO_ROOT, TINY_MODEL, VENV_BIN, subprocess_env, tail
+from support import REPO_ROOT, TINY_MODEL, VENV_BIN, processes_of_test, subprocess_env, tail
 
 from training.runlog import writer
 from training.runlog.files import EVENTS_FILE, METRICS_FILE, read_jsonl
@@ -151,7 +151,12 @@ def test_sigkill_loses_at_most_the_last_second_of_lines(tmp_path: Path, corpus: 
             assert proc.poll() is None, tail(log_path)
             time.sleep(0.37)  # mid-interval, not aligned with the writer's flushes
             killed_at = time.time()
+            # As a whole: torchrun's group and the ranks, which torch elastic starts in
+            # sessions of their own (its SubprocessHandler: start_new_session).
             os.killpg(proc.pid, signal.SIGKILL)
+            for pid in processes_of_test(os.environ["PYTEST_CURRENT_TEST"].rsplit(" (", 1)[0]):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
