@@ -54,6 +54,19 @@ def progress() -> None:
         request.progress()
 
 
+def reporting_progress(keepalive: Callable[[], None]) -> Callable[[], None]:
+    """``keepalive`` that also reports :func:`progress`: a wait that checks its progress pass
+    by pass (a checkpoint's) is not a rank blocked in a collective, and a SIGTERM during it (the
+    first save waits for the NVRx worker's start, seconds on a busy node) must not cost the
+    drain its final checkpoint."""
+
+    def beat() -> None:
+        keepalive()
+        progress()
+
+    return beat
+
+
 class StopRequest:
     """Install with ``with StopRequest(grace_s=...) as stop:``; ``stop.requested`` is the flag."""
 

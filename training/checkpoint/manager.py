@@ -80,7 +80,7 @@ class CheckpointManager:
             world_size=world_size,
             local_world_size=local_world_size,
             events=events,
-            keepalive=_reporting_progress(keepalive or _nothing),
+            keepalive=stop.reporting_progress(keepalive or _nothing),
             plan=snapshot_plan(checkpoint=c, restart=config.resilience.restart, nodes=nodes),
         )
         return cls(
@@ -118,8 +118,8 @@ class CheckpointManager:
         # Called between the passes of every blocking wait of a save, a snapshot or the final
         # commit (``StepHooks.keepalive``): the restart layer's heartbeat or progress report,
         # which its timeouts would otherwise miss for as long as the wait lasts; and progress
-        # for a SIGTERM's grace (``_reporting_progress``).
-        self.keepalive = _reporting_progress(keepalive or _nothing)
+        # for a SIGTERM's grace (``stop.reporting_progress``).
+        self.keepalive = stop.reporting_progress(keepalive or _nothing)
         self._pending: list[Pending] = []
         self._latest_committed: int | None = None
         self._committer = Committer()  # rank 0's commits of asynchronous saves
@@ -338,19 +338,6 @@ class CheckpointManager:
             return None
         self._latest_committed = loaded.latest_committed
         return loaded.step
-
-
-def _reporting_progress(keepalive: Callable[[], None]) -> Callable[[], None]:
-    """``keepalive`` that also reports progress to this process's stop request
-    (``training.stop.progress``): a wait that checks its progress pass by pass is not a rank
-    blocked in a collective, and a SIGTERM during it (the first save waits for the NVRx worker's
-    start, seconds on a busy node) must not cost the drain its final checkpoint."""
-
-    def beat() -> None:
-        keepalive()
-        stop.progress()
-
-    return beat
 
 
 def _nothing() -> None:
