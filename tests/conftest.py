@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from support import (
     REQUIRE_ALL_ENV,
-    end_processes_of_test,
     node_reason,
     run_torchrun,
     skip_or_fail,
@@ -25,7 +24,6 @@ from support import (
 )
 
 _LEFT_OUT = pytest.StashKey[str]()
-_LEFT_RUNNING = pytest.StashKey[list[str]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -108,22 +106,6 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     if _LEFT_OUT in config.stash:
         terminalreporter.write_line(config.stash[_LEFT_OUT], yellow=True)
-    for line in config.stash.get(_LEFT_RUNNING, []):
-        terminalreporter.write_line(line, yellow=True)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
-    """After the test's teardown, no process its call started may still run: a test that
-    SIGKILLs a launcher or times out would otherwise leave ranks (in sessions of their own)
-    running, on the CPU every later test shares. They are killed and named in the summary."""
-    yield
-    ended = end_processes_of_test(item.nodeid)
-    if ended:
-        item.config.stash.setdefault(_LEFT_RUNNING, []).append(
-            f"{item.nodeid}: killed {len(ended)} process(es) its call left running: "
-            + "; ".join(ended[:3])
-        )
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -14,7 +14,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,47 +140,6 @@ def processes_of_test(nodeid: str, *, phase: str = "call") -> list[int]:
         except OSError:  # gone meanwhile, or a zombie
             continue
     return found
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        # proc(5): field 4 of stat, after the command in parentheses (which may hold spaces).
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _under_this_process(pid: int) -> bool:
-    """Whether `pid` descends from this (pytest's) process: a child it still holds, such as
-    jsii's node kernel that a session fixture started inside a test, is kept; what outlived
-    its parent was reparented away (to init or a subreaper) and is not."""
-    seen = 0
-    while pid not in (None, 0, 1) and seen < 64:
-        pid = _parent(pid)
-        if pid == os.getpid():
-            return True
-        seen += 1
-    return False
-
-
-def end_processes_of_test(nodeid: str, *, rounds: int = 50) -> list[str]:
-    """SIGKILL what the test's call left running and orphaned (a launcher's ranks after the
-    launcher was killed, a benchmark's workers after a timeout), until none is left; their
-    command lines."""
-    ended: list[str] = []
-    for _ in range(rounds):
-        pids = [pid for pid in processes_of_test(nodeid) if not _under_this_process(pid)]
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-                os.kill(pid, signal.SIGKILL)
-            except (OSError, ProcessLookupError):
-                continue
-            ended.append(f"{pid} {command.decode(errors='replace')[:160]}")
-        time.sleep(0.1)
-    return ended
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
