@@ -1,17 +1,18 @@
 """The fencer's state as Prometheus metrics on ``GET /metrics``, for the stack's managed scraper
 (infra/observability.py, job ``node-fencer``) and the ``FencingHalted`` alert
-(observability/alerts.yaml).
-
-Written by hand in the text exposition format (prometheus.io "Exposition formats", text format
-0.0.4: ``# HELP``, ``# TYPE``, ``name{labels} value`` lines): five series do not justify a
-client library in the fencer's image, which holds only ``kubernetes`` and ``awscrt``.
+(observability/alerts.yaml), through prometheus_client (as the trainer's exporter,
+training/observe/exporter.py): a collector over the fencer's last observation, read at each
+scrape.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 HALTED = "node_fencer_halted"
 BAD_NODES = "node_fencer_bad_nodes"
@@ -31,11 +32,11 @@ METRICS: dict[str, tuple[str, str]] = {
         "Instances terminated: fenced (silent), replaced (unfit), unjoined (never joined)",
     ),
 }
-"""Name -> (type, help): every series the fencer serves (tests/observability reads the names)."""
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""Exposed name -> (type, help): every series the fencer serves (tests/observability reads the
+names)."""
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: the registry keeps its collectors in a dict
 class FencerMetrics:
     halted: int = 0
     bad: int = 0
@@ -45,6 +46,11 @@ class FencerMetrics:
         default_factory=lambda: dict.fromkeys(("fenced", "replaced", "unjoined"), 0)
     )
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    registry: CollectorRegistry = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
 
     def observe(self, *, nodes: int, bad: int, in_flight: int, halted: bool) -> None:
         with self.lock:
@@ -54,40 +60,31 @@ class FencerMetrics:
         with self.lock:
             self.terminations[kind] += 1
 
-    def render(self) -> str:
+    def collect(self) -> Iterator[Metric]:
+        """prometheus_client's collector protocol: one consistent reading per scrape."""
         with self.lock:
-            values = {
-                HALTED: [("", self.halted)],
-                BAD_NODES: [("", self.bad)],
-                NODES: [("", self.nodes)],
-                IN_FLIGHT: [("", self.in_flight)],
-                TERMINATIONS: [(f'{{kind="{k}"}}', v) for k, v in self.terminations.items()],
+            gauges = {
+                HALTED: self.halted,
+                BAD_NODES: self.bad,
+                NODES: self.nodes,
+                IN_FLIGHT: self.in_flight,
             }
-        lines = []
-        for name, (kind, text) in METRICS.items():
-            lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
-            lines += [f"{name}{labels} {value}" for labels, value in values[name]]
-        return "\n".join(lines) + "\n"
+            terminations = dict(self.terminations)
+        for name, value in gauges.items():
+            yield GaugeMetricFamily(name, METRICS[name][1], value=value)
+        counter = CounterMetricFamily(
+            TERMINATIONS.removesuffix("_total"), METRICS[TERMINATIONS][1], labels=["kind"]
+        )
+        for kind, value in terminations.items():
+            counter.add_metric([kind], value)
+        yield counter
+
+    def render(self) -> str:
+        """The text a scrape reads."""
+        return generate_latest(self.registry).decode()
 
 
-def serve(metrics: FencerMetrics, *, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+def serve(metrics: FencerMetrics, *, port: int, host: str = "0.0.0.0"):
     """Serve `metrics` on ``http://host:port/metrics`` from a daemon thread; the server."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path.split("?")[0] != "/metrics":
-                self.send_error(404)
-                return
-            data = metrics.render().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", CONTENT_TYPE)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server, _ = start_http_server(port, addr=host, registry=metrics.registry)
     return server

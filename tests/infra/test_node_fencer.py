@@ -196,7 +196,11 @@ def test_the_image_holds_every_fencer_module_at_the_locked_versions() -> None:
     for path in FENCER_CONTEXT[1:]:
         assert path in dockerfile, path
     lock = (REPO_ROOT / "requirements.lock").read_text()
-    for package, arg in (("kubernetes", "KUBERNETES_VERSION"), ("awscrt", "AWSCRT_VERSION")):
+    for package, arg in (
+        ("kubernetes", "KUBERNETES_VERSION"),
+        ("awscrt", "AWSCRT_VERSION"),
+        ("prometheus-client", "PROMETHEUS_CLIENT_VERSION"),
+    ):
         (locked,) = re.findall(rf"^{package}==(\S+)$", lock, re.M)
         assert f"ARG {arg}={locked}" in dockerfile
 

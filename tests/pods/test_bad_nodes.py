@@ -80,5 +80,5 @@ def test_a_node_unfit_node_is_replaced_once_its_pod_has_left(tmp_path: Path) -> 
         states = ec2.states([cloud.instances[bad], *others])
         assert states[cloud.instances[bad]] == "terminated", states
         assert all(states[iid] == "running" for iid in others), states
-        assert 'node_fencer_terminations_total{kind="replaced"} 1' in fencer.metrics.render()
+        assert 'node_fencer_terminations_total{kind="replaced"} 1.0' in fencer.metrics.render()
         print(f"\n[unfit node replaced]\n{timeline}")
