@@ -142,6 +142,26 @@ def processes_of_test(nodeid: str, *, phase: str = "call") -> list[int]:
     return found
 
 
+def cfn_lint(path: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """cfn-lint's own runner on one template, parseable output (the CLI ``cfn-lint`` is; its
+    entry point run with this Python, so the pinned version in .venv lints)."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from cfnlint.runner import main; sys.exit(main())",
+            "--format",
+            "parseable",
+            *args,
+            "--",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -10,8 +10,6 @@ know (quotas, capacity, service-side limits) only shows at deploy time.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_ec2 as ec2
 from infra_synth import VARIANT_CONTEXT, synth
+from support import cfn_lint
 
 from infra import nag
 
@@ -38,24 +37,7 @@ def test_cfn_lint_finds_nothing_else(
     template: dict[str, Any] = request.getfixturevalue(fixture)
     path = tmp_path / "template.json"
     path.write_text(json.dumps(template))
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from cfnlint.runner import main; sys.exit(main())",
-            "--format",
-            "parseable",
-            "--regions",
-            "us-east-2",
-            "--ignore-checks",
-            *CFN_LINT_IGNORED,
-            "--",
-            str(path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    result = cfn_lint(path, "--regions", "us-east-2", "--ignore-checks", *CFN_LINT_IGNORED)
     assert result.stdout == "" and result.returncode == 0, result.stdout + result.stderr
 
 
@@ -68,20 +50,7 @@ def test_cfn_lint_really_lints(tmp_path: Path) -> None:
         }
     }
     path.write_text(json.dumps(bad))
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from cfnlint.runner import main; sys.exit(main())",
-            "--format",
-            "parseable",
-            "--",
-            str(path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = cfn_lint(path, timeout=120)
     assert result.returncode != 0 and ":E" in result.stdout
 
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support import cfn_lint
 
 from infra import replacements
 from infra.cluster import GPU_NODE_REPAIR, GPU_REPAIR_FATAL_REASONS
@@ -49,22 +49,7 @@ def _lint(tmp_path: Path, repair: dict) -> subprocess.CompletedProcess:
     }
     path = tmp_path / "template.json"
     path.write_text(json.dumps(template))
-    return subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from cfnlint.runner import main; sys.exit(main())",
-            "--format",
-            "parseable",
-            "--regions",
-            REGION,
-            "--",
-            str(path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return cfn_lint(path, "--regions", REGION)
 
 
 def test_every_override_names_an_agent_condition_and_has_every_field() -> None:
