@@ -160,6 +160,7 @@ def run_workers(module: str, *, log_dir: Path, timeout_s: float, **options: Any)
     """``torchrun --standalone --nproc-per-node=2 -m MODULE --worker --NAME=VALUE... --out=...``
     with its output in ``log_dir/torchrun.log``; returns the JSON rank 0 wrote (``raw.json``
     there), or raises with the log's tail when the job failed or wrote nothing."""
+    ensure_corpus()  # the workers build a Trainer on the recipe's corpus
     out = log_dir / "raw.json"
     command = [
         str(Path(sys.executable).parent / "torchrun"),
@@ -196,7 +197,10 @@ def local_command(
     cold_restarts: int = 0,
     overrides: Sequence[str] = (),
 ) -> list[str]:
-    """The ``python -m training.launch.local`` command line of one benchmark run."""
+    """The ``python -m training.launch.local`` command line of one benchmark run. It trains on
+    the recipe's corpus, so that corpus is built here first where a fresh clone lacks it (every
+    benchmark, run alone or by ``bench.run_all``, launches its runs through this)."""
+    ensure_corpus()
     return [
         sys.executable,
         "-m",

@@ -62,7 +62,31 @@ the full-run ETTR of ``training.runlog.accounting.summarize`` (start-up and the 
 included). Per fault: its cost = downtime (fault -> start of the first step of the next
 attempt) + the recomputed steps, from the step log (`fault_costs`).
 
+Replica groups (``--replica``, issue 40): ``injob``, ``nested`` and ``replica`` one after the
+other on ``REPLICA_NPROC`` = 4 ranks (replica: 2 groups x 2 ranks, ``REPLICA_SEMANTICS``), the
+same 180 s window, the same faults one a minute from 30 s in (``REPLICA_FAULTS``: SIGKILL of a
+rank of group 1, SIGSTOP of a rank of group 0, SIGKILL of the other rank of group 1; the flat
+modes get each at the same global rank as a trainer fault; the replica run gets them from
+outside, since a fault spec reaches every group), every mode with the pod-memory tier on and
+30 s heartbeats. Written into goodput.json's ``replica`` section (the rest is kept).
+
+- ETTR (all three alike) = the job's committed steps in the window x the fault-free step time
+  / the window. The job's committed steps: the step numbers whose last occurrence completed in
+  the window, averaged over the groups (each group trains its share of the global batch; with
+  the waiting semantics all groups commit the same steps, so this is the steps committed; with
+  the shrinking semantics a step without a group counts for the groups' share that trained
+  it). The fault-free step time: the median step time in the window (a step that waited for a
+  group is an outlier the median ignores). So ETTR measures the time faults cost, apart from
+  each mode's steady-state step time; the replica step's own cost (the quorum every step) is
+  reported beside it (``replica_step_vs_injob``).
+- The survivors' stall per fault: every surviving group's ``replica_stall`` events
+  (training/runlog/replica.py: seconds without a committed step in a group that did not fail,
+  per failure, the slowest rank's), p50 and max over the run.
+- Targets (issue 40): replica ETTR >= 0.95 and >= nested's (the floor, same run), survivors'
+  stall <= 5 s at p50.
+
     python -m bench.goodput            # 6 modes x (start-up + 180 s), ~19 min
+    python -m bench.goodput --replica  # injob, nested, replica on 4 ranks, ~13 min
     python -m bench.goodput --quick    # 40 s windows, one exception each (smoke)
     python -m bench.goodput --only baseline,injob_tiers,nested_tiers
     python -m bench.goodput --reanalyse  # recompute the JSON from runs/bench/goodput/*
@@ -78,20 +102,22 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench.common import (
     HANG_TIMEOUTS,
     REPO_ROOT,
+    RESULTS_DIR,
     RUNS_DIR,
     TINY_MODEL,
     bench_env,
-    ensure_corpus,
     kill_tree,
     local_command,
     machine,
@@ -103,6 +129,8 @@ from bench.common import (
     targets_table,
     write_result,
 )
+from training.config import ResilienceConfig
+from training.runlog.accounting import load_run, summarize
 from training.runlog.files import METRICS_FILE
 
 NPROC = 2
@@ -194,13 +222,22 @@ def _first_step_time(metrics: Path) -> float | None:
 
 
 def run_window(
-    *, run_dir: Path, command: list[str], window_s: float, startup_limit_s: float = 240.0
+    *,
+    run_dir: Path,
+    command: list[str],
+    window_s: float,
+    startup_limit_s: float = 240.0,
+    metrics: Path | None = None,
+    on_tick: Callable[[float], None] | None = None,
 ) -> dict[str, Any]:
     """Launch, wait for the first step, let it train for ``window_s`` more, then kill it.
 
     The whole session is killed (launchers, ranks, checkpoint workers); the run may also end
-    by itself before (it failed, or ran out of steps).
+    by itself before (it failed, or ran out of steps). ``metrics``: whose first step starts the
+    window (default the run's own); ``on_tick``: called with the seconds since that first step
+    while the window runs (faults fired from outside).
     """
+    metrics = metrics or run_dir / METRICS_FILE
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     log_path = run_dir / "launcher.log"
@@ -220,17 +257,20 @@ def run_window(
         while proc.poll() is None:
             now = time.time()
             if first is None:
-                first = _first_step_time(run_dir / METRICS_FILE)
+                first = _first_step_time(metrics)
                 if first is None and now - launched > startup_limit_s:
                     break
-            elif now >= first + window_s + 1.0:
-                break
-            time.sleep(0.25)
+            else:
+                if on_tick is not None:
+                    on_tick(now - first)
+                if now >= first + window_s + 1.0:
+                    break
+            time.sleep(0.1 if on_tick is not None else 0.25)
         ended_by_itself = proc.poll() is not None
         kill_tree(proc.pid, marker=f"--run-dir={run_dir}")
         proc.wait()
     if first is None:
-        first = _first_step_time(run_dir / METRICS_FILE)
+        first = _first_step_time(metrics)
     return {
         "launched": launched,
         "first_step_end": first,
@@ -328,8 +368,6 @@ def between_steps(
 
 def window_stats(*, run_dir: Path, t_first: float, window_s: float) -> dict[str, Any]:
     """ETTR over (t_first, t_first + window_s] and the cost of each fault that fired in it."""
-    from training.runlog.accounting import load_run, summarize
-
     logs = load_run(run_dir=run_dir)
     t_cut = t_first + window_s
     last: dict[int, Any] = {}
@@ -387,7 +425,6 @@ def window_stats(*, run_dir: Path, t_first: float, window_s: float) -> dict[str,
 
 def run(*, quick: bool = False, only: tuple[str, ...] = ()) -> dict[str, Any]:
     """Run the modes one after the other, print the tables and write the JSON."""
-    ensure_corpus()
     window_s = QUICK_WINDOW_S if quick else WINDOW_S
     names = [n for n in MODES if not only or n in only]
     modes: dict[str, dict[str, Any]] = {}
@@ -526,6 +563,7 @@ def reanalyse(path: Path) -> dict[str, Any]:
         if t_first is not None:
             m.update(window_stats(run_dir=run_dir, t_first=t_first, window_s=result["window_s"]))
     targets, best_name, best, base = goodput_targets(result["modes"])
+    targets += result.get("replica", {}).get("targets", [])  # the --replica section's, as run
     result.update(targets=targets, best_mode=best_name, best_vs_baseline=ratio(best, base))
     for name, m in result["modes"].items():
         result[f"ettr_{name}"] = m["ettr"]
@@ -607,6 +645,371 @@ def _gap_cell(group: dict[str, Any] | None) -> str:
     return f"{group['total_s']:.2f} ({1e3 * group['median_s']:.2f})"
 
 
+# --- replica groups beside nested and in-job (issue 40) -------------------------------------
+
+REPLICA_NPROC = 4
+REPLICA_GROUPS = 2
+REPLICA_SEMANTICS = ResilienceConfig().replica_semantics
+"""The replica semantics this comparison runs by default: the shipped default
+(docs/replica-groups.md); ``--semantics wait`` runs the other."""
+COMPARED = ("injob", "nested", "replica")
+REPLICA_FAULTS: tuple[tuple[str, int, int], ...] = (
+    ("sigkill", 1, 1),
+    ("sigstop", 0, 1),
+    ("sigkill", 1, 0),
+)
+"""(kind, group, rank in the group), in turn, one a minute: a dead rank, then a frozen one (the
+pod emulation's lost node does this to its processes: alive, silent, only a heartbeat timeout
+ends it), in one group and then the other, so that each group is once a survivor. The flat
+modes get the same fault at the same global rank (``group * ranks_per_group + rank``)."""
+COMPARED_TIERS = "on"
+"""Every compared mode restores from the pod-memory snapshots (the replica groups' fallback
+when no group survives to heal from; the in-job restarts' tier), in a directory per run."""
+COMPARED_TIMERS: tuple[str, ...] = ("--resilience.heartbeat_timeout_s=30",)
+"""Four ranks and their launchers on a shared 2-core machine miss 10 s heartbeats under load
+(a false hang restarts a healthy rank); the frozen rank of the schedule is found after 30 s in
+every compared mode alike."""
+REPLICA_EXTRA: tuple[str, ...] = (
+    f"--resilience.replica_groups={REPLICA_GROUPS}",
+    # A survivor that saw the failed all-reduce waits inside its step section for the failed
+    # group's restart (docs/replica-groups.md): the section must cover it, so no calibration
+    # down to a step's time; the frozen rank is found by its heartbeat (COMPARED_TIMERS).
+    "--resilience.calibrate_timeouts_after=0",
+    "--resilience.step_section_timeout_s=120",
+    "--resilience.replica_wait_s=120",
+    "--resilience.replica_timeout_s=30",
+    # The quorum's wait outside any section is covered by the out-of-section timeout the
+    # launcher derives (training/hooks.py out_of_section_timeout_s).
+)
+
+
+def replica_fault_schedule(
+    *, faults: int, first_s: float, every_s: float, ranks_per_group: int
+) -> list[dict[str, Any]]:
+    """The comparison's faults: kind, group, rank in the group and global rank, seconds after
+    the run's first step."""
+    schedule = []
+    for i in range(faults):
+        kind, group, rank = REPLICA_FAULTS[i % len(REPLICA_FAULTS)]
+        schedule.append(
+            {
+                "kind": kind,
+                "group": group,
+                "rank": rank,
+                "global_rank": group * ranks_per_group + rank,
+                "at_s": first_s + every_s * i,
+            }
+        )
+    return schedule
+
+
+def flat_fault_spec(schedule: list[dict[str, Any]]) -> str:
+    """The same faults for a mode without groups: the trainer's own timed faults."""
+    return ";".join(f"{f['kind']}@{f['global_rank']}:{f['at_s']:g}s" for f in schedule)
+
+
+def latest_pid(*, group_run_dir: Path, rank: int) -> int | None:
+    """The newest process of one rank of a replica group: the ``pid`` of its latest
+    ``replica_*`` event (each process writes one at its first quorum)."""
+    pid = None
+    for e in read_jsonl(group_run_dir / "events.jsonl"):
+        if str(e.get("kind", "")).startswith("replica_") and e.get("rank") == rank:
+            pid = e.get("pid", pid)
+    return pid if isinstance(pid, int) else None
+
+
+def fire_external(*, run_dir: Path, fault: dict[str, Any]) -> dict[str, Any]:
+    """Send one scheduled fault to a replica group's rank from outside (a real signal), and
+    record it as the trainer records its own (``fault`` in that group's events.jsonl)."""
+    group_run_dir = run_dir / f"group-{fault['group']}"
+    pid = latest_pid(group_run_dir=group_run_dir, rank=fault["rank"])
+    sig = {"sigkill": signal.SIGKILL, "sigstop": signal.SIGSTOP}[fault["kind"]]
+    fired = {**fault, "pid": pid, "time": time.time(), "fired": False}
+    if pid is not None:
+        try:
+            os.kill(pid, sig)
+            fired["fired"] = True
+        except ProcessLookupError:
+            pass  # its group is still restarting from the previous fault: reported as missed
+    return fired
+
+
+def run_replica_window(
+    *, run_dir: Path, command: list[str], window_s: float, schedule: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """`run_window` for a replica run: the first step is group 0's, and the scheduled faults
+    are fired from outside at their times."""
+    pending = list(schedule)
+    fired: list[dict[str, Any]] = []
+
+    def fire_due(since_first_s: float) -> None:
+        while pending and since_first_s >= pending[0]["at_s"]:
+            fired.append(fire_external(run_dir=run_dir, fault=pending.pop(0)))
+
+    result = run_window(
+        run_dir=run_dir,
+        command=command,
+        window_s=window_s,
+        metrics=run_dir / "group-0" / METRICS_FILE,
+        on_tick=fire_due,
+    )
+    return {**result, "fired": fired}
+
+
+def committed_work(*, group_dirs: list[Path], t_first: float, window_s: float) -> dict[str, Any]:
+    """The job's committed steps in the window and the fault-free step time.
+
+    A group's committed steps are the step numbers whose last occurrence completed in
+    (t_first, t_first + window_s] (a discarded or rolled-back step counts once, when it is
+    finally kept); the job's are the mean over its groups (each group trains its share of the
+    global batch: with the waiting semantics every group commits the same steps; with fewer
+    groups in a step, that step counts for its share). The fault-free step time is the median
+    step time in the window (most steps meet no fault; a step that waited for a group is an
+    outlier the median ignores)."""
+    t_cut = t_first + window_s
+    per_group, step_times = [], []
+    for group_dir in group_dirs:
+        logs = load_run(run_dir=group_dir)
+        last: dict[int, Any] = {}
+        for step in logs.steps:
+            if step.time <= t_cut:
+                last[step.step] = step
+        per_group.append(sum(1 for s in last.values() if s.time > t_first))
+        step_times += [s.step_time_s for s in logs.steps if t_first < s.time <= t_cut]
+    return {
+        "committed_steps_per_group": per_group,
+        "committed_steps": sum(per_group) / len(per_group),
+        "fault_free_step_s": median(step_times),
+    }
+
+
+def ettr_committed(work: dict[str, Any], *, window_s: float) -> float | None:
+    """ETTR = the job's committed steps x the fault-free step time / the window."""
+    if work["fault_free_step_s"] is None:
+        return None
+    return work["committed_steps"] * work["fault_free_step_s"] / window_s
+
+
+def survivors_stalls(*, run_dir: Path, groups: int) -> dict[str, Any]:
+    """Every surviving group's ``replica_stall`` (training/runlog/replica.py: one occurrence per
+    failure, its slowest rank's seconds), with the group that stalled."""
+    stalls, heals, discarded = [], [], 0
+    for g in range(groups):
+        replica = summarize(run_dir=run_dir / f"group-{g}").replica
+        if replica is None:
+            continue
+        stalls += [{"group": g, "step": s.step, "stall_s": s.stall_s} for s in replica.stalls]
+        heals += [
+            {"group": g, "step": h.step, "heal_s": h.heal_s, "bytes": h.bytes}
+            for h in replica.heals
+        ]
+        discarded += replica.steps_discarded
+    values = [s["stall_s"] for s in stalls]
+    return {
+        "stalls": stalls,
+        "stall_p50_s": median(values),
+        "stall_max_s": max(values, default=None),
+        "heals": heals,
+        "heal_s_p50": median(h["heal_s"] for h in heals),
+        "heal_bytes_p50": median(h["bytes"] for h in heals),
+        "steps_discarded": discarded,
+    }
+
+
+def run_replica_comparison(
+    *, quick: bool = False, semantics: str = REPLICA_SEMANTICS, only: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """``replica`` beside ``injob`` and ``nested``, all on ``REPLICA_NPROC`` ranks and the same
+    faults, one after the other; the section is written into bench/results/goodput.json under
+    ``replica`` (the other modes' results are kept)."""
+    window_s = QUICK_WINDOW_S if quick else WINDOW_S
+    faults = 1 if quick else int((window_s - FAULT_FIRST_S) // FAULT_EVERY_S) + 1
+    per_group = REPLICA_NPROC // REPLICA_GROUPS
+    schedule = replica_fault_schedule(
+        faults=faults,
+        first_s=10.0 if quick else FAULT_FIRST_S,
+        every_s=FAULT_EVERY_S,
+        ranks_per_group=per_group,
+    )
+    path = RESULTS_DIR / "goodput.json"
+    result = json.loads(path.read_text()) if path.is_file() else {"modes": {}, "targets": []}
+    # --only reruns some rows: the others stay as their earlier run left them.
+    rows: dict[str, dict[str, Any]] = (
+        dict(result.get("replica", {}).get("modes", {})) if only else {}
+    )
+    for name in [n for n in COMPARED if not only or n in only]:
+        restart = MODES[name]["restart"] if name in MODES else "replica"
+        run_dir = RUNS_DIR / "goodput" / f"{name}-{REPLICA_NPROC}ranks"
+        shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else RUNS_DIR
+        pod_memory = shm / f"bench-goodput-{name}-{uuid.uuid4().hex[:12]}"
+        overrides = (
+            *TINY_MODEL,
+            "--train.steps=100000",
+            f"--checkpoint.interval={CKPT_EVERY}",
+            *TIERS[COMPARED_TIERS],
+            f"--checkpoint.pod_memory_dir={pod_memory}",
+            "--checkpoint.engine=nvrx",
+            "--resilience.max_restarts=20",
+            *HANG_TIMEOUTS,
+            *COMPARED_TIMERS,
+            *(REPLICA_EXTRA if name == "replica" else ()),
+        )
+        if name == "replica":
+            overrides = (*overrides, f"--resilience.replica_semantics={semantics}")
+        spec = "" if name == "replica" else flat_fault_spec(schedule)
+        command = local_command(
+            run_dir=run_dir,
+            nproc=REPLICA_NPROC,
+            restart=restart,
+            faults=spec,
+            overrides=overrides,
+        )
+        print(f"goodput: {name} on {REPLICA_NPROC} ranks ({window_s:.0f} s window)", flush=True)
+        try:
+            if name == "replica":
+                done = run_replica_window(
+                    run_dir=run_dir, command=command, window_s=window_s, schedule=schedule
+                )
+                group_dirs = [run_dir / f"group-{g}" for g in range(REPLICA_GROUPS)]
+            else:
+                done = run_window(run_dir=run_dir, command=command, window_s=window_s)
+                group_dirs = [run_dir]
+        finally:
+            shutil.rmtree(pod_memory, ignore_errors=True)
+        row: dict[str, Any] = {
+            "ran_at": time.time(),
+            "restart": restart,
+            "tiers": COMPARED_TIERS,
+            "run_dir": str(run_dir),
+            "returncode": done["returncode"],
+            "ended_by_itself": done["ended_by_itself"],
+        }
+        if done["first_step_end"] is None:
+            row.update(ettr=0.0, error="no step completed")
+            rows[name] = row
+            continue
+        t_first = done["first_step_end"]
+        row["startup_s"] = t_first - done["launched"]
+        work = committed_work(group_dirs=group_dirs, t_first=t_first, window_s=window_s)
+        row.update(work, ettr=ettr_committed(work, window_s=window_s))
+        if name == "replica":
+            row.update(
+                semantics=semantics,
+                groups=REPLICA_GROUPS,
+                faults_fired=[{**f, "time": f["time"] - t_first} for f in done["fired"]],
+                **survivors_stalls(run_dir=run_dir, groups=REPLICA_GROUPS),
+            )
+        else:
+            row["faults_spec"] = spec
+            stats = window_stats(run_dir=run_dir, t_first=t_first, window_s=window_s)
+            row["ettr_productive_time"] = stats["ettr"]
+            row["faults_in_window"] = stats["faults_in_window"]
+            row["lost_s_by_kind"] = stats["lost_s_by_kind"]
+            row["unrecovered"] = stats["unrecovered"]
+        rows[name] = row
+
+    section: dict[str, Any] = {
+        "machine": machine(),
+        "load_average_1m_at_end": os.getloadavg()[0],
+        "quick": quick,
+        "nproc": REPLICA_NPROC,
+        "groups": REPLICA_GROUPS,
+        "semantics": semantics,
+        "window_s": window_s,
+        "faults": schedule,
+        "modes": rows,
+        "targets": replica_targets(rows),
+        "replica_step_vs_injob": ratio(
+            rows.get("replica", {}).get("fault_free_step_s"),
+            rows.get("injob", {}).get("fault_free_step_s"),
+        ),
+    }
+    if only:
+        section["rerun"] = list(only)
+    result["replica"] = section
+    replica = rows.get("replica", {})
+    result["ettr_replica"] = replica.get("ettr")
+    result["ettr_replica_vs_nested"] = ratio(
+        replica.get("ettr"), rows.get("nested", {}).get("ettr")
+    )
+    result["replica_stall_p50_s"] = replica.get("stall_p50_s")
+    result["targets"] = [
+        t for t in result.get("targets", []) if not str(t.get("target", "")).startswith("replica")
+    ] + section["targets"]
+    print(replica_report(section), flush=True)
+    write_result("goodput", result)
+    return result
+
+
+def replica_targets(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 40's targets: replica ETTR >= nested's (a ratio against that floor, same run) and
+    >= 0.95; the survivors' stall <= 5 s at p50."""
+    replica, nested = rows.get("replica", {}), rows.get("nested", {})
+    floor = nested.get("ettr")
+    return [
+        target(
+            "replica ETTR (committed steps x fault-free step time / window)",
+            replica.get("ettr"),
+            goal=0.95,
+            higher_is_better=True,
+        ),
+        target(
+            f"replica ETTR / nested ETTR {'-' if floor is None else f'{floor:.3f}'}",
+            ratio(replica.get("ettr"), floor),
+            goal=1.0,
+            higher_is_better=True,
+        ),
+        target(
+            "replica survivors' stall per fault, p50 s",
+            replica.get("stall_p50_s"),
+            goal=5.0,
+            higher_is_better=False,
+        ),
+    ]
+
+
+def replica_report(section: dict[str, Any]) -> str:
+    rows = []
+    for name, m in section["modes"].items():
+        rows.append(
+            (
+                name,
+                m.get("ettr"),
+                m.get("committed_steps"),
+                m.get("fault_free_step_s"),
+                m.get("startup_s"),
+                m.get("stall_p50_s"),
+                m.get("stall_max_s"),
+                m.get("heal_s_p50"),
+            )
+        )
+    faults = ", ".join(
+        f"{f['kind']} g{f['group']}r{f['rank']} @{f['at_s']:g}s" for f in section["faults"]
+    )
+    return "\n".join(
+        [
+            f"goodput, replica groups: {section['nproc']} ranks ({section['groups']} groups for "
+            f"replica, {section['semantics']} semantics), {section['window_s']:.0f} s window; "
+            f"faults {faults}",
+            table(
+                [
+                    "mode",
+                    "ETTR",
+                    "committed steps",
+                    "step s",
+                    "start-up s",
+                    "stall p50 s",
+                    "stall max s",
+                    "heal s",
+                ],
+                rows,
+            ),
+            "",
+            targets_table(section["targets"]),
+        ]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.goodput", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="40 s windows, one exception each")
@@ -616,15 +1019,30 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="recompute bench/results/goodput.json from its run directories, run nothing",
     )
+    parser.add_argument(
+        "--replica",
+        action="store_true",
+        help=f"run {list(COMPARED)} on {REPLICA_NPROC} ranks under the same faults instead "
+        "(written into goodput.json's replica section; --only picks among them)",
+    )
+    parser.add_argument(
+        "--semantics",
+        default=REPLICA_SEMANTICS,
+        help="the replica semantics to run (resilience.replica_semantics)",
+    )
     args = parser.parse_args(argv)
+    only = tuple(n.strip() for n in args.only.split(",") if n.strip())
+    if args.replica:
+        unknown = [n for n in only if n not in COMPARED]
+        if unknown:
+            parser.error(f"unknown mode(s) {unknown}; choose from {list(COMPARED)}")
+        run_replica_comparison(quick=args.quick, semantics=args.semantics, only=only)
+        return 0
     if args.reanalyse:
-        from bench.common import RESULTS_DIR
-
         result = reanalyse(RESULTS_DIR / "goodput.json")
         print(report(result), flush=True)
         write_result("goodput", result)
         return 0
-    only = tuple(n.strip() for n in args.only.split(",") if n.strip())
     unknown = [n for n in only if n not in MODES]
     if unknown:
         parser.error(f"unknown mode(s) {unknown}; choose from {list(MODES)}")

@@ -65,7 +65,6 @@ from typing import Any
 
 from bench.common import (
     RUNS_DIR,
-    ensure_corpus,
     machine,
     median,
     ratio,
@@ -832,7 +831,6 @@ def main(argv: list[str] | None = None) -> int:
         "each against the floor (not in make bench)",
     )
     args = parser.parse_args(argv)
-    ensure_corpus()
     if args.split:
         split(rounds=max(1, args.rounds or SPLIT_ROUNDS))
         return 0

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench import checkpoint, goodput, node_loss, overhead, peer, restart, restore
-from bench.common import REPO_ROOT, RESULTS_DIR, ensure_corpus, fmt, machine, table, write_result
+from bench.common import REPO_ROOT, RESULTS_DIR, fmt, machine, table, write_result
 
 BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "checkpoint": checkpoint.run,
@@ -80,6 +80,9 @@ HEADLINES: dict[str, tuple[str, ...]] = {
         "ettr_nested_tiers",
         "startup_baseline_s",
         "startup_nested_s",
+        "ettr_replica",
+        "ettr_replica_vs_nested",
+        "replica_stall_p50_s",
     ),
     # Its results are per case (bench/results/node_loss.json; `python -m bench.node_loss --table`).
     "node_loss": (),
@@ -123,7 +126,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.collect:
         results = collected(names)
         return summarize(names=list(results), results=results, seconds={}, failed=[], args=args)
-    ensure_corpus()
     started = time.monotonic()
     results: dict[str, dict[str, Any]] = {}
     seconds: dict[str, float] = {}

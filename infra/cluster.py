@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 
 from aws_cdk import aws_ec2 as ec2
@@ -14,6 +15,8 @@ from constructs import Construct
 
 from infra.addon_versions import addon_version
 from infra.config import ClusterConfig
+from infra.fencer.decide import allowed_bad
+from infra.fencer.settings import FENCER
 from infra.pod_identity import pod_identity_role
 
 # Each supported Kubernetes version with its eks_v2 constant and its matching kubectl layer.
@@ -75,21 +78,39 @@ GPU_REPAIR_FATAL_REASONS = {
     # A pod stuck Terminating holds its Job completion index: no replacement until it is gone.
     "ContainerRuntimeReady": ("PodStuckTerminating",),
 }
-GPU_NODE_REPAIR = {
-    "Enabled": True,
-    "MaxParallelNodesRepairedCount": 2,
-    "MaxUnhealthyNodeThresholdPercentage": 50,
-    "NodeRepairConfigOverrides": [
-        {
-            "NodeMonitoringCondition": condition,
-            "NodeUnhealthyReason": reason,
-            "MinRepairWaitTimeMins": GPU_REPAIR_WAIT_MINS,
-            "RepairAction": "Replace",
-        }
-        for condition, reasons in GPU_REPAIR_FATAL_REASONS.items()
-        for reason in reasons
-    ],
-}
+
+
+def gpu_node_repair(*, max_in_flight: int, node_count: int) -> dict:
+    """The GPU node group's NodeRepairConfig, paced and halted as the node fencer is (one owner:
+    infra/fencer): at most `max_in_flight` nodes repaired at once (the overlay's hot spares,
+    infra/node_fencer.py ``max_in_flight``: each repaired node's pods wait on a spare), and no
+    repair once more of the group is unhealthy than the fencer allows
+    (``infra.fencer.decide.allowed_bad`` at ``FENCER.max_bad_fraction``), as the smallest whole
+    percentage of `node_count` (the group's nominal size) that the allowed count does not exceed
+    (EKS repairs while the unhealthy share is at or under ``MaxUnhealthyNodeThresholdPercentage``,
+    1-100: EKS API reference, NodeRepairConfig)."""
+    if max_in_flight < 1 or node_count < 1:
+        raise ValueError(
+            f"max_in_flight={max_in_flight}, node_count={node_count}: give at least 1 each"
+        )
+    allowed = allowed_bad(
+        size=node_count, max_bad_fraction=FENCER.max_bad_fraction, max_in_flight=max_in_flight
+    )
+    return {
+        "Enabled": True,
+        "MaxParallelNodesRepairedCount": max_in_flight,
+        "MaxUnhealthyNodeThresholdPercentage": min(math.ceil(100 * allowed / node_count), 100),
+        "NodeRepairConfigOverrides": [
+            {
+                "NodeMonitoringCondition": condition,
+                "NodeUnhealthyReason": reason,
+                "MinRepairWaitTimeMins": GPU_REPAIR_WAIT_MINS,
+                "RepairAction": "Replace",
+            }
+            for condition, reasons in GPU_REPAIR_FATAL_REASONS.items()
+            for reason in reasons
+        ],
+    }
 
 
 def harden_nodegroup(

@@ -12,8 +12,9 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from facts.hardware import P5_48XLARGE, P5_NETWORK_CARDS
-from infra.cluster import GPU_NODE_REPAIR, harden_nodegroup
+from infra.cluster import gpu_node_repair, harden_nodegroup
 from infra.config import GPU_INSTANCE_TYPE, GpuNodesConfig
+from infra.node_fencer import max_in_flight
 
 # Node replacement on a launch-template or AMI change: one node at a time, old one first (see
 # GpuNodeGroup for the sources).
@@ -303,9 +304,12 @@ class GpuNodeGroup(Construct):
         cfn.add_property_override("UpdateConfig.UpdateStrategy", UPDATE_STRATEGY)  # type: ignore[union-attr]
         # A version bump rolls these nodes too (infra/cluster.py). For a Capacity Block the
         # app refuses any rolling update while the group has nodes (infra/first_deploy.py).
-        harden_nodegroup(
-            self.nodegroup, version=kubernetes_version, repair=GPU_NODE_REPAIR, after=after
+        # Paced and halted as the node fencer is (infra/cluster.py gpu_node_repair).
+        repair = gpu_node_repair(
+            max_in_flight=max_in_flight(config.overlay),
+            node_count=max(config.desired_size or config.max_size, 1),
         )
+        harden_nodegroup(self.nodegroup, version=kubernetes_version, repair=repair, after=after)
 
 
 def _placement(

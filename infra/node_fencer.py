@@ -16,8 +16,15 @@ Every permission, and why:
   condition, cordon and the product's unfit label) and ``patch`` (the out-of-service taint). No
   ``delete``: the cloud node lifecycle controller deletes the Node of a terminated instance.
 - Kubernetes ``list`` on pods, in the training namespace only (a Role, not a ClusterRole): is a
-  training pod still on an unfit node? Nothing else on pods: PodGC and the Job controller move
-  them (kubernetes.io "Node Shutdowns", *Non-graceful node shutdown*).
+  training pod still on an unfit node, and which pods are ``Pending`` on a node whose FSx volume
+  fails to mount? PodGC and the Job controller move the pods of a fenced node (kubernetes.io
+  "Node Shutdowns", *Non-graceful node shutdown*).
+- Kubernetes ``list`` on events, in the training namespace only: the kubelet's ``FailedMount``
+  events, the only record that a pod's FSx volume never mounted (the container never starts).
+- Kubernetes ``create`` on ``pods/eviction``, in the training namespace only: evict a trainer
+  pod stuck on a failed FSx mount past ``FENCER.lustre_mount_s``, once its node is marked
+  unfit (``lustre-mount``); the Eviction API adds ``DisruptionTarget``, which the Job's
+  ``podFailurePolicy`` Ignores, and it honours PodDisruptionBudgets. No ``delete`` on pods.
 The same ``TerminateInstances`` ends both kinds of bad node (infra/fencer/decide.py): a silent
 one (fenced) and one the product cordoned (``ops.cordon.UNFIT_LABEL``) once it is empty
 (replaced); a node a person cordoned is never touched.
@@ -26,6 +33,7 @@ The role is assumable only by this ServiceAccount of this cluster (infra/pod_ide
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from aws_cdk import Aws
@@ -36,7 +44,7 @@ from constructs import Construct, IDependable
 from infra.fencer.settings import FENCER, FencerSettings
 from infra.pod_identity import pod_identity_role
 from manifests.sizes import SIZES
-from ops.cordon import UNFIT_LABEL
+from ops.cordon import LUSTRE_MOUNT, UNFIT_LABEL, cordon_patch
 
 NAMESPACE = "kube-system"
 NAME = "node-fencer"
@@ -46,6 +54,8 @@ NODEGROUP_LABEL = "eks.amazonaws.com/nodegroup"
 """The label EKS managed node groups put on their nodes (EKS User Guide, "Managed node groups")."""
 NODE_VERBS = ("get", "list", "watch", "patch")
 POD_VERBS = ("list",)
+EVENT_VERBS = ("list",)
+EVICTION_VERBS = ("create",)
 METRICS_PORT_NAME = "metrics"
 """The container port the stack's scraper keeps (infra/observability.py, job ``node-fencer``)."""
 
@@ -85,8 +95,8 @@ def kubernetes_objects(
     training_namespace: str,
     settings: FencerSettings = FENCER,
 ) -> list[dict]:
-    """ServiceAccount, ClusterRole + binding (Nodes only), Role + binding (list pods in the
-    training namespace) and the Deployment."""
+    """ServiceAccount, ClusterRole + binding (Nodes only), Role + binding (list pods and events,
+    evict pods, in the training namespace) and the Deployment."""
     labels = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "eks-fsdp-resilient"}
     meta = {"name": NAME, "namespace": NAMESPACE, "labels": labels}
     env = {
@@ -102,6 +112,10 @@ def kubernetes_objects(
         "FENCE_JOIN_TIMEOUT_S": str(settings.join_timeout_s),
         "FENCE_CLUSTER_NAME": cluster_name,
         "FENCE_NODEGROUP_NAME": nodegroup_name,
+        "FENCE_MOUNT_TIMEOUT_S": str(settings.lustre_mount_s),
+        # The product's own cordon body (ops.cordon, its one owner), as JSON: the fencer's image
+        # carries infra/fencer alone.
+        "FENCE_MOUNT_CORDON": json.dumps(cordon_patch(LUSTRE_MOUNT), sort_keys=True),
     }
     binding_subjects = [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]
     return [
@@ -127,7 +141,11 @@ def kubernetes_objects(
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": {"name": NAME, "namespace": training_namespace, "labels": labels},
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": list(POD_VERBS)}],
+            "rules": [
+                {"apiGroups": [""], "resources": ["pods"], "verbs": list(POD_VERBS)},
+                {"apiGroups": [""], "resources": ["events"], "verbs": list(EVENT_VERBS)},
+                {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": list(EVICTION_VERBS)},
+            ],
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",

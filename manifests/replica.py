@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from manifests.objects.common import FSX_MOUNT, size_of
 from manifests.objects.job import job_for_args, trainer_args
 from manifests.objects.system_service import system_service_objects
+from training.config import ResilienceConfig, replica_min_groups
 from training.overrides import build_config
 from training.replica.topology import GROUP_ENV, LIGHTHOUSE_ENV, lighthouse_command
 
@@ -58,19 +59,23 @@ def group_job_name(job_name: str, group: int) -> str:
     return f"{job_name}-{REPLICATED_JOB}-{group}"
 
 
+def _resilience_of(*, overlay: str, train_args: Sequence[str]) -> ResilienceConfig:
+    size = size_of(overlay)
+    config, _ = build_config([f"--recipe={size.recipe}", "--restart=replica", *train_args])
+    return config.resilience
+
+
 def replica_groups_of(*, overlay: str, train_args: Sequence[str]) -> int:
     """The run's replica groups: what the trainer makes of its arguments
     (``--resilience.replica_groups``, else the recipe's or the config's default)."""
-    size = size_of(overlay)
-    config, _ = build_config([f"--recipe={size.recipe}", "--restart=replica", *train_args])
-    return config.resilience.replica_groups
+    return _resilience_of(overlay=overlay, train_args=train_args).replica_groups
 
 
 def lighthouse_address(namespace: str) -> str:
     return f"http://{LIGHTHOUSE}.{namespace}:{LIGHTHOUSE_PORT}"
 
 
-def lighthouse_objects(*, namespace: str, image: str, groups: int) -> list[dict]:
+def lighthouse_objects(*, namespace: str, image: str, min_replicas: int) -> list[dict]:
     """The Lighthouse as the rendezvous store is deployed (``system_service_objects``): one
     replica on the system nodes, recreated not rolled, above the trainers' priority, no
     voluntary eviction, reachable only from trainer pods, no egress (it only answers)."""
@@ -84,7 +89,7 @@ def lighthouse_objects(*, namespace: str, image: str, groups: int) -> list[dict]
         container={
             "name": "lighthouse",
             "image": image,
-            "command": lighthouse_command(groups=groups, port=LIGHTHOUSE_PORT),
+            "command": lighthouse_command(min_replicas=min_replicas, port=LIGHTHOUSE_PORT),
         },
         port=LIGHTHOUSE_PORT,
         port_name="lighthouse",
@@ -164,4 +169,9 @@ def jobset_objects(
             ],
         },
     }
-    return [*lighthouse_objects(namespace=namespace, image=image, groups=groups), jobset]
+    # The Lighthouse's --min_replicas as the trainer derives it (``replica_min_groups``): the
+    # semantics from the same arguments, for these groups.
+    semantics = _resilience_of(overlay=overlay, train_args=train_args).replica_semantics
+    min_replicas = replica_min_groups(groups=groups, semantics=semantics)
+    lighthouse = lighthouse_objects(namespace=namespace, image=image, min_replicas=min_replicas)
+    return [*lighthouse, jobset]

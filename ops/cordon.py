@@ -40,13 +40,21 @@ a /fsx write that fails or hangs, i.e. the node's Lustre mount)."""
 STRAGGLER = "straggler"
 """Reason: the straggler policy evicted this node (``training.launch.pod``)."""
 REASONS = (STARTUP_CHECK, STRAGGLER)
+"""The reasons a trainer pod may set (the admission policy admits exactly these)."""
+LUSTRE_MOUNT = "lustre-mount"
+"""Reason: the trainer pod's FSx for Lustre volume never mounted on this node (kubelet
+``FailedMount`` for ``FENCER.lustre_mount_s``): set by the node fencer (infra/fencer), not by a
+trainer pod, whose container never started there."""
+FENCER_REASONS = (LUSTRE_MOUNT,)
+"""The reasons the node fencer sets, with its own identity (not the trainer's admission policy)."""
 
 
 def cordon_patch(reason: str) -> dict[str, Any]:
     """The whole request body: ``kubectl cordon``'s field (``spec.unschedulable: true``) and the
     product's label, in one request, so a node is never marked without being cordoned."""
-    if reason not in REASONS:
-        raise ValueError(f"reason: {reason!r}; give one of {', '.join(REASONS)}")
+    if reason not in (*REASONS, *FENCER_REASONS):
+        known = ", ".join((*REASONS, *FENCER_REASONS))
+        raise ValueError(f"reason: {reason!r}; give one of {known}")
     return {"spec": {"unschedulable": True}, "metadata": {"labels": {UNFIT_LABEL: reason}}}
 
 

@@ -30,14 +30,17 @@ Recovery paths per mode (``recovery``):
   ``manual_intervention_s`` then restarts the job.
 
 Modes beyond the four priced in full, modelled to show what would close the gap at 100k GPUs
-(``reserve`` is NOT SHIPPED; ``replica`` ships as ``--restart replica`` and is priced here
-first-order, not yet by its measured terms):
+(``reserve`` is NOT SHIPPED; ``replica`` ships as ``--restart replica``):
 
 - ``reserve``: NVRx in-process restart with reserve ranks on the hot spares: a lost node's ranks
   are replaced inside the running job (in-process path) while a spare is free; else as
   ``inprocess``.
-- ``replica``: replica-group recovery (torchft-like): the failed group recovers alone while the
-  others keep training; no global NCCL re-initialisation, no rollback (``replica_loss_s``).
+- ``replica``: replica groups (``replica_recovery``): the failed group restarts alone (its own
+  ``ft_launcher``, rendezvous and NCCL at the group's size) and heals from a live peer group
+  instead of a checkpoint: no global NCCL re-initialisation, no rollback. In the shrinking
+  semantics (the default) the other groups go on once they see the failure and the job pays the
+  group's share; in the waiting semantics they wait for it, so the whole job pays the group's
+  recovery.
 
 NCCL start-up and rendezvous are ranges: the published figures (high) and a labelled low end
 for lazy or scalable initialisation (``low_startup``).
@@ -49,7 +52,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from facts import hardware, prices
-from infra.fencer.settings import FENCER
+from infra.fencer.settings import FENCER, KUBE
 from planner import tiers
 from planner.failures import Outcome
 from training.config import ResilienceConfig
@@ -63,15 +66,35 @@ from training.resilience.nvrx import (
 # The trainer's own settings (their owners: training/config.py, training/resilience/nvrx.py).
 _RESILIENCE = ResilienceConfig()
 
+REPLICA_REJOIN_S = 0.35
+"""Seconds from the failed group's restored workers (its ``checkpoint_loaded``) to the
+survivors' next committed step, in the fault test's recorded run
+(tests/training/replica/recorded/sigkill-group1: the quorum, the heal of 0.8 MB per rank in
+0.17 s, the redone step of the tiny model; planner.measured.replica_rejoin_s recomputes it from
+that run, a test checks). Emulation: CPU ranks, gloo, one machine."""
+REPLICA_QUORUM_S = 0.8
+"""The survivors' stall per crash in the shrinking semantics: p50 of the two runs of
+tests/training/replica/test_replica_shrink.py on 2026-12-07 (1.1 s and 0.5 s: the discarded
+step to the quorum without the failed group; docs/replica-groups.md). Emulation: CPU ranks,
+gloo, one machine; the Lighthouse's heartbeat timeout (2 s, training/replica/topology.py) is
+the same text a cluster runs."""
+REPLICA_SEMANTICS: tuple[str, ...] = ("wait", "shrink")
+"""``wait``: the survivors wait for the failed group and redo the step; ``shrink``: they go on
+without it (docs/replica-groups.md). Both ship; the default is the trainer's
+(``REPLICA_DEFAULT``)."""
+REPLICA_DEFAULT = _RESILIENCE.replica_semantics
+"""The semantics ``--restart replica`` runs unless told (training/config.py: one owner)."""
+
 MODES: tuple[str, ...] = tuple(m for m in PRODUCT_MODES if m in tiers.ROWS)
 """The restart modes this project ships (training/modes.py) that the tier model evaluates
-(replica groups have the first-order ``replica`` row: ``tiers.ROWS``)."""
-NOT_SHIPPED: tuple[str, ...] = ("reserve", "replica")
+(replica groups have their own row, ``replica_recovery``: ``tiers.ROWS``)."""
+NOT_SHIPPED: tuple[str, ...] = ("reserve",)
 """Modes users would buy next, modelled to show what would close the gap; not in the product."""
 MODE_LABELS: dict[str, str] = {
     **{mode: spec.summary for mode, spec in tiers.ROWS.items()},
-    "replica": "replica groups, first-order model (shipped as --restart replica, not yet "
-    "measured into this model)",
+    "replica": f"replica groups (HSDP, torchft across groups), {REPLICA_DEFAULT} semantics "
+    "(the default): a failed group restarts alone and heals from a peer"
+    + (" while the others go on" if REPLICA_DEFAULT == "shrink" else " while the others wait"),
 }
 GB = 1e9
 
@@ -221,15 +244,21 @@ DEFAULTS: dict[str, Param] = {
         source="fencer",
         help="the node fencer terminates a node whose Ready stayed Unknown this long",
     ),
+    "fence_poll_s": Param(
+        value=FENCER.poll_s,
+        unit="s",
+        source="fencer",
+        help="the node fencer's pass over the Nodes: a silent node waits up to one more",
+    ),
     "podgc_loop_s": Param(
-        value=20.0,
+        value=KUBE.podgc_loop_s,
         unit="s",
         source="k8s-podgc",
         help="PodGC fails a fenced node's pods at its next loop (out-of-service taint: no "
         "quarantine)",
     ),
     "node_monitor_grace_s": Param(
-        value=50.0,
+        value=KUBE.node_monitor_grace_s,
         unit="s",
         source="k8s-node-lifecycle",
         help="a silent node's Ready condition turns Unknown after the node-monitor grace period",
@@ -239,7 +268,8 @@ DEFAULTS: dict[str, Param] = {
         unit="s",
         source="estimate",
         estimate=True,
-        help="EC2 reports the fenced (hung) instance terminated",
+        help="EC2 reports the fenced (hung) instance terminated (TerminateInstances with "
+        "SkipOsShutdown: no graceful OS shutdown to wait for)",
     ),
     "manual_intervention_s": Param(
         value=7200.0,
@@ -271,21 +301,30 @@ DEFAULTS: dict[str, Param] = {
         estimate=True,
         help="low end of rendezvous at 98,304 ranks (a tenth of the published 100 s)",
     ),
-    # --- modes that are not shipped -----------------------------------------------------------
-    "ft_quorum_s": Param(
-        value=5.0,
+    # --- replica groups (--restart replica) ----------------------------------------------------
+    "replica_quorum_s": Param(
+        value=REPLICA_QUORUM_S,
         unit="s",
-        source="torchft",
-        estimate=True,
-        help="replica-group recovery (torchft-like, NOT SHIPPED): the healthy groups' pause to "
-        "agree on a new quorum",
+        source="replica-emulation",
+        help="replica groups, shrinking semantics: the survivors' stall from the discarded step "
+        "to the quorum without the failed group, once the failure is seen (measured in "
+        "emulation; the Lighthouse forgets a replica silent for 2 s)",
     ),
     "replica_group_gpus": Param(
         value=512.0,
         unit="GPUs",
         source="estimate",
         estimate=True,
-        help="replica-group recovery (NOT SHIPPED): GPUs per replica group (HSDP shard group)",
+        help="replica groups: GPUs per replica group (HSDP shard group: FSDP2 inside it)",
+    ),
+    "replica_rejoin_s": Param(
+        value=REPLICA_REJOIN_S,
+        unit="s",
+        source="replica-emulation",
+        help="replica groups: from the failed group's restored workers to the survivors' next "
+        "committed step (quorum, heal handshake, a tiny step), beyond the group's own restart; "
+        "measured in emulation (CPU, gloo, 2 x 2 ranks; the heal's transfer and the redone step "
+        "are priced at cluster scale in replica_heal_s and replica_redo_step_s)",
     ),
     # --- prices -------------------------------------------------------------------------------
     "gpu_hour_usd": Param(
@@ -458,6 +497,7 @@ def terms(*, model: CostModel, job: Job) -> dict[str, Term]:
         "node_replace_host_s",
         p["node_monitor_grace_s"]
         + p["fence_wait_s"]
+        + p["fence_poll_s"]
         + p["instance_terminate_s"]
         + p["node_boot_s"]
         + p["image_pull_s"]
@@ -472,6 +512,7 @@ def terms(*, model: CostModel, job: Job) -> dict[str, Term]:
         "spare_swap_host_s",
         p["node_monitor_grace_s"]
         + p["fence_wait_s"]
+        + p["fence_poll_s"]
         + p["instance_terminate_s"]
         + p["podgc_loop_s"]
         + p["pod_start_s"],
@@ -600,8 +641,7 @@ def recovery(
     ``source`` is the tier the state is read back from (planner.tiers.restore_source); a
     whole-job restart always reads storage.
 
-    ``replica`` (not shipped) is charged elsewhere (:func:`replica_loss_s`): its recovery does
-    not stop the whole job.
+    ``replica`` is charged by :func:`replica_recovery`: its recovery restarts one group.
     """
     spec = tiers.row(mode)  # a clear error for an unknown mode
     if model.name == "measured-cpu":
@@ -637,14 +677,30 @@ def recovery(
     return in_place
 
 
-def replica_loss_s(*, model: CostModel, job: Job, outcome: Outcome) -> float:
-    """Replica-group recovery (NOT SHIPPED): job-wide seconds lost to one failure.
+def replica_recovery(
+    *, model: CostModel, job: Job, outcome: Outcome, semantics: str = "wait"
+) -> list[Term]:
+    """Replica groups: the job-wide seconds one failure costs, term by term.
 
-    The healthy replica groups pause for a quorum and lose the step in flight; the failed group
-    (``replica_group_gpus``) recovers on its own (nested mode's path at the group's size) while
-    the job runs without it, costing that group's share of throughput. No rollback to the last
-    checkpoint. A first-order estimate, in the spirit of torchft (github.com/pytorch/torchft).
+    The failed group (``replica_group_gpus``) recovers on its own, by the path its own
+    ``ft_launcher`` takes (``injob`` at the group's size: detection, new workers, a node or
+    spare for a lost one, rendezvous and NCCL among the group's ranks), with the state read
+    from a live peer group over EFA (``replica_heal_s``: each node of the group receives its
+    shard from its counterpart, the peer restore's term at the group's size) instead of a
+    checkpoint, so nothing is rolled back. Then ``replica_rejoin_s`` (measured in emulation)
+    and the step in flight, discarded and redone (``replica_redo_step_s``).
+
+    ``wait``: every other group waits meanwhile, so the job loses all of it. ``shrink``: the
+    others go on once they see the failure and agree on a quorum without the group
+    (``replica_quorum_s``, measured), and the job loses the group's share of its recovery. They
+    see it at once when the group's processes die (their cross-group all-reduce fails); a hung
+    group, when its own layer kills its processes (the group's detection) or torchft's
+    all-reduce times out (``resilience.replica_timeout_s``), whichever comes first; a silent
+    node's processes cannot be killed, so only the timeout frees them
+    (``replica_survivors_wait_s``).
     """
+    if semantics not in REPLICA_SEMANTICS:
+        raise ValueError(f"unknown replica semantics {semantics!r}: use one of wait, shrink")
     p = model.params
     group_gpus = min(job.gpus, int(p["replica_group_gpus"]))
     group = Job(
@@ -654,8 +710,41 @@ def replica_loss_s(*, model: CostModel, job: Job, outcome: Outcome) -> float:
         step_time_s=job.step_time_s,
         fsx_bytes_per_s=job.fsx_bytes_per_s,
     )
-    group_r = recovery_s(model=model, job=group, mode="nested", outcome=outcome)
-    return p["ft_quorum_s"] + job.step_time_s + group_r * group_gpus / job.gpus
+    restart = recovery(model=model, job=group, mode="injob", outcome=outcome, source=tiers.PEER)
+    heal_name = RESTORE_TERMS[tiers.PEER]
+    own = [
+        Term("replica_heal_s", t.seconds, t.source) if t.name == heal_name else t for t in restart
+    ]
+    own += [
+        _p(model, "replica_rejoin_s"),
+        Term("replica_redo_step_s", job.step_time_s, "project"),
+    ]
+    if semantics == "wait":
+        return own
+    share = group_gpus / job.gpus
+    timeout = _RESILIENCE.replica_timeout_s
+    if outcome.host:
+        seen = [Term("replica_survivors_wait_s", timeout, "config")]
+    elif outcome.hangs:
+        seen = [Term("replica_survivors_wait_s", min(restart[0].seconds, timeout), "config")]
+    else:
+        seen = []
+    return [
+        *seen,
+        _p(model, "replica_quorum_s"),
+        Term("replica_redo_step_s", job.step_time_s, "project"),
+        *(Term(t.name, t.seconds * share, t.source) for t in own[:-1]),
+    ]
+
+
+def replica_loss_s(
+    *, model: CostModel, job: Job, outcome: Outcome, semantics: str = "wait"
+) -> float:
+    """The sum of ``replica_recovery``."""
+    return sum(
+        t.seconds
+        for t in replica_recovery(model=model, job=job, outcome=outcome, semantics=semantics)
+    )
 
 
 def recovery_s(

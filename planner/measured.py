@@ -133,3 +133,32 @@ def node_loss(*, bench_dir: Path) -> NodeLoss | None:
             bit_identical=raw["bit_identical"],
         )
     return NodeLoss(source=str(data.get("source", "")), timer_scale=scale, cases=cases)
+
+
+# --- replica groups, measured in the fault test's recorded run ----------------------------------
+
+
+def replica_rejoin_s(*, recorded: Path) -> float:
+    """Seconds from the failed group's restored workers to the survivors' next committed step:
+    the latest ``checkpoint_loaded`` of the restarted group's ranks (attempt > 0) to the first
+    step in a survivor's metrics.jsonl after it, in a recorded run of 2 groups
+    (``<run>/group-<g>/``) where one group failed once. The quorum with the group back, the
+    heal (handshake and transfer of the emulation's tiny state) and the redone step of a tiny
+    model: an upper bound of the fixed part, which the cluster model adds to a heal priced at
+    EFA speed and a step at the job's step time. Not the group's own restart (priced at its
+    size)."""
+
+    def lines(path: Path) -> list[dict]:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    events = {g: lines(recorded / f"group-{g}" / "events.jsonl") for g in (0, 1)}
+    failed = next(
+        g for g, found in events.items() if any(e.get("kind") == "replica_heal" for e in found)
+    )
+    loaded = max(
+        e["time"]
+        for e in events[failed]
+        if e.get("phase") == "checkpoint_loaded" and (e.get("attempt") or 0) > 0
+    )
+    steps = lines(recorded / f"group-{1 - failed}" / "metrics.jsonl")
+    return min(m["time"] for m in steps if m["time"] > loaded) - loaded

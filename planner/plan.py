@@ -173,8 +173,8 @@ class RateResult:
     mtbf_s: float
     spares: Spares
     modes: dict[str, ModeResult]
-    replica_ettr: float
-    """NOT SHIPPED replica-group recovery, first-order, at nested's FSx and interval."""
+    replica: ReplicaResult
+    """``--restart replica`` (its own row: planner.costs.replica_recovery)."""
     best: str
     """Best shipped mode."""
     runner_up: str
@@ -439,7 +439,30 @@ def _snapshot_stall_s(model: CostModel, job: Job) -> float:
     return costs.terms(model=model, job=job)["memory_snapshot_stall_s"].seconds
 
 
-def _replica_ettr(
+@dataclass(frozen=True, kw_only=True)
+class ReplicaResult:
+    """``--restart replica`` at one size and rate (planner.costs.replica_recovery), at nested's
+    FSx and checkpoint interval (a fault restores from a live peer group, not a checkpoint, so
+    the interval only prices the checkpoints' stall)."""
+
+    ettr: float
+    """The default semantics (``costs.REPLICA_DEFAULT``, the trainer's)."""
+    other_ettr: float
+    """The other semantics (``resilience.replica_semantics``; docs/replica-groups.md)."""
+    losses: tuple[tuple[str, float], ...]
+    """First-order ETTR loss by term (the default semantics), largest first."""
+
+
+def _replica_loss(model: CostModel, job: Job, outs, *, semantics: str) -> dict[str, float]:
+    """Expected job-wide seconds per failure, by term."""
+    out: dict[str, float] = {}
+    for o in outs:
+        for t in costs.replica_recovery(model=model, job=job, outcome=o, semantics=semantics):
+            out[t.name] = out.get(t.name, 0.0) + o.share * t.seconds
+    return out
+
+
+def _replica_result(
     inputs: Inputs,
     *,
     gpus: int,
@@ -447,18 +470,36 @@ def _replica_ettr(
     outs: tuple[failures.Outcome, ...],
     stall: float,
     mtbf: float,
-) -> float:
-    """First-order ETTR of replica-group recovery (NOT SHIPPED) at a given FSx and interval."""
+) -> ReplicaResult:
+    """First-order ETTR of replica groups at a given FSx and interval: the checkpoints' cycle,
+    then each failure's job-wide loss (``replica_recovery``), plus a second failure while a
+    group recovers (``failures during recoveries``: the chance 1 - exp(-R / MTBF) of another
+    failure in the stall, each costing about one more recovery; when it hits another group,
+    no peer may be left to heal from and the groups restore from their tiers)."""
     model = inputs.model
     if model.name != "cluster":
-        return math.nan
+        return ReplicaResult(ettr=math.nan, other_ettr=math.nan, losses=())
     job = _job(inputs, gpus, at.fsx.bytes_per_s)
-    loss = sum(o.share * costs.replica_loss_s(model=model, job=job, outcome=o) for o in outs)
     tau = at.steps * inputs.step_time_s
     c = ettr.cycle_s(
         interval_s=tau, stall_s=stall, write_s=at.write_s, drag=model.params["write_drag"]
     )
-    return max(0.0, tau / c * (1.0 - loss / mtbf))
+    kept = tau / c
+    results = {}
+    for semantics in costs.REPLICA_SEMANTICS:
+        by_term = _replica_loss(model, job, outs, semantics=semantics)
+        loss = sum(by_term.values())
+        again = -math.expm1(-loss / mtbf) * loss
+        results[semantics] = (max(0.0, kept * (1.0 - (loss + again) / mtbf)), by_term, again)
+    (other,) = (s for s in costs.REPLICA_SEMANTICS if s != costs.REPLICA_DEFAULT)
+    default, by_term, again = results[costs.REPLICA_DEFAULT]
+    split = {"checkpoint stall": 1.0 - kept, "failures during recoveries": kept * again / mtbf}
+    split.update({name: kept * seconds / mtbf for name, seconds in by_term.items()})
+    return ReplicaResult(
+        ettr=default,
+        other_ettr=results[other][0],
+        losses=tuple(sorted(((k, v) for k, v in split.items() if v > 0), key=lambda kv: -kv[1])),
+    )
 
 
 def _losses(
@@ -695,7 +736,7 @@ def plan(*, inputs: Inputs, simulate: bool = True) -> list[SizePlan]:
                     mtbf_s=mtbf,
                     spares=sp,
                     modes=modes,
-                    replica_ettr=_replica_ettr(
+                    replica=_replica_result(
                         inputs, gpus=g, at=evals["nested"], outs=outs, stall=stall, mtbf=mtbf
                     ),
                     best=best,

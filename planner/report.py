@@ -47,7 +47,14 @@ SHORT: dict[str, str] = {
     tiers.LOCAL: "nvme",
     tiers.STORAGE: "fsx",
 }
-LOSS_LABELS: dict[str, str] = {label_name: label for label, label_name in TERM_ROWS}
+LOSS_LABELS: dict[str, str] = {
+    **{label_name: label for label, label_name in TERM_ROWS},
+    "replica_heal_s": "heal from a peer group (EFA)",
+    "replica_rejoin_s": "rejoin (quorum, heal handshake; emulation)",
+    "replica_redo_step_s": "the discarded step, redone",
+    "replica_quorum_s": "quorum without the group (shrink; emulation)",
+    "replica_survivors_wait_s": "survivors blocked on a hung group (shrink)",
+}
 
 
 def _params(n: float) -> str:
@@ -68,6 +75,7 @@ def _term_source(model: costs.CostModel, term: str) -> str:
         "node_replace_host_s": [
             "node_monitor_grace_s",
             "fence_wait_s",
+            "fence_poll_s",
             "instance_terminate_s",
             "node_boot_s",
             "image_pull_s",
@@ -76,6 +84,7 @@ def _term_source(model: costs.CostModel, term: str) -> str:
         "spare_swap_host_s": [
             "node_monitor_grace_s",
             "fence_wait_s",
+            "fence_poll_s",
             "instance_terminate_s",
             "podgc_loop_s",
         ],
@@ -166,7 +175,35 @@ def _answer(inputs: Inputs, p: SizePlan, r: RateResult) -> list[str]:
             else []
         ),
         f"  dominant  {top} (of {lost * 100:.1f} pt lost)",
+        *_replica_lines(p, r),
     ]
+
+
+def _replica_lines(p: SizePlan, r: RateResult) -> list[str]:
+    """``--restart replica`` beside the best tier-model mode: its ETTR and what holds it back."""
+    rep = r.replica
+    if rep.ettr != rep.ettr:  # nan: the measured-CPU model has no replica row
+        return []
+    lost = 1.0 - rep.ettr
+    total = sum(v for _, v in rep.losses) or 1.0
+    top = ", ".join(
+        f"{LOSS_LABELS.get(k, k)} {v / total * lost * 100:.1f} pt" for k, v in rep.losses[:4]
+    )
+    best = r.modes[r.best]
+    return [
+        f"  replica   ETTR {_pct(rep.ettr)} ({(rep.ettr - best.ettr) * 100:+.1f} pt over "
+        f"{r.best}; --restart replica, {costs.REPLICA_DEFAULT} semantics (default), "
+        f"{_group_gpus(p)}-GPU groups; {_OTHER} {_pct(rep.other_ettr)}); held back by {top} (of "
+        f"{lost * 100:.1f} pt lost)",
+    ]
+
+
+_OTHER = next(s for s in costs.REPLICA_SEMANTICS if s != costs.REPLICA_DEFAULT)
+"""The replica semantics that is not the default: its ETTR beside the default's."""
+
+
+def _group_gpus(p: SizePlan) -> int:
+    return min(p.job.gpus, int(costs.DEFAULTS["replica_group_gpus"].value))
 
 
 def restore_mix(recoveries: tuple[Recovery, ...]) -> str:
@@ -236,14 +273,17 @@ def _summary(inputs: Inputs, plans: list[SizePlan]) -> list[str]:
                     f"{r.mtbf_s / 60:.0f}m",
                     str(r.spares.in_force.count),
                     *cells,
-                    _pct(r.replica_ettr),
+                    _pct(r.replica.ettr),
+                    _pct(r.replica.other_ettr),
                 ]
             )
-    headers = ["GPUs", "rate", "MTBF", "spares", *ALL_MODES, "replica*"]
-    out += text_table(rows, headers=headers, align="><>>" + ">" * (len(ALL_MODES) + 1), indent="  ")
+    headers = ["GPUs", "rate", "MTBF", "spares", *ALL_MODES, "replica", _OTHER]
+    out += text_table(rows, headers=headers, align="><>>" + ">" * (len(ALL_MODES) + 2), indent="  ")
     out.append(
-        "  reserve: NOT SHIPPED (what would close the gap); replica*: shipped (--restart replica),"
-        " priced by a first-order model, not yet by its measured terms"
+        "  reserve: NOT SHIPPED (what would close the gap); replica: --restart replica, "
+        f"{costs.REPLICA_DEFAULT} semantics (the default), its group's restart priced at the "
+        "group's size, its quorum and rejoin measured in emulation (replica-emulation); "
+        f"{_OTHER}: --resilience.replica_semantics={_OTHER}"
     )
     return out
 

@@ -61,10 +61,11 @@ ROWS: dict[str, ModeSpec] = {
     **{mode: row for mode, row in MODES.items() if not row.replica_groups},
     "reserve": RESERVE,
 }
-"""Every mode the planner evaluates: the product's rows (training/modes.py), then its own.
+"""Every mode the tier model evaluates: the product's rows (training/modes.py), then its own.
 Replica groups are not among them: this model restarts every rank on a fault, so it would
-price them as a global in-job restart; the planner's first-order ``replica`` row
-(``planner/plan.py``) models them instead (docs/replica-groups.md)."""
+price them as a global in-job restart; they have a row of their own,
+``planner.costs.replica_recovery`` (one group's restart at its size, healed from a peer group,
+priced in ``planner.plan``; docs/planner.md, docs/replica-groups.md)."""
 
 
 def row(mode: str) -> ModeSpec:

@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from infra.fencer.settings import KUBE
 from manifests import render
 from podsim.cluster import Cluster, Node, Pod
 
@@ -69,15 +70,16 @@ class NodeLossTimes:
 
 
 EKS = NodeLossTimes(
-    monitor_grace_s=50,
+    monitor_grace_s=KUBE.node_monitor_grace_s,
     toleration_s=render.NODE_LOSS_TOLERATION_SECONDS,
     # The 1-minute `Ready` repair override docs/node-loss.md proposes. The stack does not set it
     # yet (whether EKS accepts `Ready` is unconfirmed): with EKS's default, 30 min, every
     # measured node-loss recovery here would take 58 s (29 min on EKS) longer.
     repair_wait_s=60,
     terminate_s=60,
-    podgc_s=60,
+    podgc_s=KUBE.podgc_quarantine_s + KUBE.podgc_loop_s,
     boot_and_pull_s=600,
+    podgc_loop_s=KUBE.podgc_loop_s,
 )
 EKS_DEFAULT_REPAIR_WAIT_S = 30 * 60
 """EKS node auto repair's default wait on a bad `Ready` (node-repair.html): the fencer test keeps

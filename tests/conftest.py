@@ -12,11 +12,14 @@ Helpers (starting jobs, reading metrics and checkpoints) are in ``tests/support.
 from __future__ import annotations
 
 import os
+import resource
+import time
 from pathlib import Path
 
 import pytest
 from support import (
     REQUIRE_ALL_ENV,
+    forget_the_calling_make,
     node_reason,
     run_torchrun,
     skip_or_fail,
@@ -24,9 +27,11 @@ from support import (
 )
 
 _LEFT_OUT = pytest.StashKey[str]()
+_CPU_USE = pytest.StashKey[dict[str, tuple[float, float]]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    forget_the_calling_make(os.environ)
     config.addinivalue_line(
         "markers",
         "requires(reason): what the test needs from the machine is missing when reason is set "
@@ -40,8 +45,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 XDIST_GROUPS: dict[str, tuple[str, ...]] = {
     # They build the repo's data/stdlib when a fresh clone lacks it (`make train`, and
-    # bench.run_all's ensure_corpus: two would write it at once), and `make train`'s exporter
-    # binds the default metrics port (training.observe.catalog).
+    # bench.common's ensure_corpus before every benchmark run: two would write it at once),
+    # and `make train`'s exporter binds the default metrics port (training.observe.catalog).
     "repo-corpus": (
         "training/launch/test_make_train.py",
         "training/launch/test_local_run_ends.py",
@@ -103,9 +108,47 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return True
 
 
+def _cpu_seconds() -> float:
+    """CPU of this process and of every descendant that ended and was waited for (a rank
+    torchrun waited for counts through torchrun): what a test's processes used."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Each test's wall and CPU seconds (a module fixture's runs count in its first test), for
+    the summary: a test that keeps the cores busy is made shorter by doing less; one that waits
+    on a timer, by a shorter timer or a neighbour beside it (issue #38's suite time)."""
+    wall, cpu = time.monotonic(), _cpu_seconds()
+    yield
+    used = (time.monotonic() - wall, _cpu_seconds() - cpu)
+    item.config.stash.setdefault(_CPU_USE, {})[item.nodeid] = used
+
+
+def _write_cpu_use(terminalreporter, uses: dict[str, tuple[float, float]]) -> None:
+    wall = sum(w for w, _ in uses.values())
+    cpu = sum(c for _, c in uses.values())
+    cores = os.cpu_count() or 1
+    terminalreporter.write_sep("=", "CPU use (tests/conftest.py)")
+    terminalreporter.write_line(
+        f"{len(uses)} tests: {wall:.0f} s wall, {cpu:.0f} s CPU, "
+        f"{cpu / max(wall, 1e-9):.2f} of {cores} cores busy on average"
+    )
+    slowest = sorted(uses.items(), key=lambda kv: kv[1][0], reverse=True)[:40]
+    for nodeid, (w, c) in slowest:
+        terminalreporter.write_line(
+            f"{w:8.1f}s wall {c:8.1f}s CPU {c / max(w, 1e-9):5.2f} cores  {nodeid}"
+        )
+
+
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     if _LEFT_OUT in config.stash:
         terminalreporter.write_line(config.stash[_LEFT_OUT], yellow=True)
+    uses = config.stash.get(_CPU_USE, {})
+    if len(uses) > 1:  # under xdist the workers keep their own: nothing here
+        _write_cpu_use(terminalreporter, uses)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

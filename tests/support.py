@@ -11,9 +11,11 @@ import json
 import os
 import random
 import re
+import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,6 +164,52 @@ def cfn_lint(path: Path, *args: str, timeout: float = 240) -> subprocess.Complet
     )
 
 
+@contextlib.contextmanager
+def prometheus_server(config: Path, *, data_dir: Path) -> Iterator[int]:
+    """A real Prometheus (Debian's ``prometheus``) on a free loopback port with ``config`` and its
+    own data directory, ready (``/-/ready``) before the port is given; stopped on exit. Its log
+    goes to ``data_dir/prometheus.log`` and into the failure message if it never gets ready."""
+    import time
+    import urllib.request
+
+    port = free_port()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log_path = data_dir / "prometheus.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [
+                "prometheus",
+                f"--config.file={config}",
+                f"--storage.tsdb.path={data_dir / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                ready = f"http://127.0.0.1:{port}/-/ready"
+                with urllib.request.urlopen(ready, timeout=1) as response:
+                    if b"Ready" in response.read():
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline or process.poll() is not None:
+                pytest.fail(f"prometheus did not start:\n{tail(log_path)}")
+            time.sleep(0.2)
+        yield port
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -297,3 +345,29 @@ def node_reason() -> str | None:
 def requires_root(what: str) -> pytest.MarkDecorator:
     """Mark a test that needs root (network namespaces, mounts)."""
     return requires(root_reason(what))
+
+
+MAKE_CALLER_VARIABLES = ("MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKELEVEL")
+
+
+def make_command_line_variables(makeflags: str) -> list[str]:
+    """The variables set on the calling make's command line: after ``--`` in its MAKEFLAGS,
+    spaces in a value escaped (``-- ARGS=-x\\ -q TEST_WORKERS=2``)."""
+    try:
+        words = shlex.split(makeflags)
+    except ValueError:
+        return []
+    after = words[words.index("--") + 1 :] if "--" in words else []
+    return [w.split("=", 1)[0].rstrip(":+?!") for w in after if "=" in w]
+
+
+def forget_the_calling_make(environ: MutableMapping[str, str]) -> None:
+    """A make hands every make below it its options and its command-line variables, both in
+    MAKEFLAGS and, the variables, as environment variables of their own (GNU make manual,
+    "Communicating Options to a Sub-make" and "Variables from the Environment"). Under ``make
+    test ARGS=-x`` the makes the tests run (``make train``, ``make -n``, ``make
+    gpu-check``...) would take pytest's ARGS as theirs; they are a user's top-level make."""
+    for name in make_command_line_variables(environ.get("MAKEFLAGS", "")):
+        environ.pop(name, None)
+    for name in MAKE_CALLER_VARIABLES:
+        environ.pop(name, None)

@@ -45,6 +45,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "training.runlog.phases",
         "training.runlog.writer",
         "training.runlog.replica",
+        "training.shards",
         # the Kubernetes API (the client is imported inside): the launchers' Job client, and the
         # pod's own cluster actions (the straggler policy counts the spares, the supervisor cordons)
         "ops",
@@ -232,6 +233,9 @@ TORCH_FREE = (
     "training.runlog.report",
     "training.command",
     "training.launch.pod",
+    # the local launcher (`make train`, every local run of the tests): torch there cost ~5 s of
+    # CPU before any rank started
+    "training.launch.local",
     "ops.cordon",
     "ops.cluster",
     "training.observe.exporter",

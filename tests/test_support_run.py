@@ -37,3 +37,34 @@ def test_a_command_that_ends_returns_its_output_and_code() -> None:
     proc = run_in_repo(["bash", "-c", "echo out; echo err >&2; exit 3"], timeout=30)
     assert proc.returncode == 3
     assert proc.stdout.splitlines() == ["out", "err"]
+
+
+@pytest.mark.timeout(60)
+def test_the_makes_a_test_runs_get_nothing_of_the_calling_make(tmp_path: Path) -> None:
+    """``make test ARGS=...`` ran ``make -n train TARGET=eks`` in a test with pytest's ARGS
+    as its own (the submit refused them). The environment a recipe of a real make sees, with
+    what ``tests/conftest.py`` forgets of it: every command-line variable and MAKEFLAGS, and
+    nothing else."""
+    import json
+    import subprocess
+    import sys
+
+    from support import forget_the_calling_make
+
+    dump = tmp_path / "env.json"
+    (tmp_path / "dump.py").write_text(
+        f"import json, os\nopen({str(dump)!r}, 'w').write(json.dumps(dict(os.environ)))\n"
+    )
+    (tmp_path / "Makefile").write_text(f"all:\n\t@{sys.executable} dump.py\n")
+    subprocess.run(
+        ["make", "-s", "-k", "all", "ARGS=-x -q tests/a.py", "TEST_WORKERS=2"],
+        cwd=tmp_path,
+        check=True,
+    )
+    seen = json.loads(dump.read_text())
+    assert seen["ARGS"] == "-x -q tests/a.py" and "MAKEFLAGS" in seen  # what make hands down
+    left = dict(seen)
+    forget_the_calling_make(left)
+    gone = set(seen) - set(left)
+    assert {"ARGS", "TEST_WORKERS", "MAKEFLAGS", "MAKELEVEL"} <= gone, gone
+    assert gone <= {"ARGS", "TEST_WORKERS", "MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES"}

@@ -17,8 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from training.config import JobConfig, ResilienceConfig
-from training.hooks import replica_wait_bound_s, section_timeouts
+from training.hooks import out_of_section_timeout_s, replica_wait_bound_s, section_timeouts
 from training.modes import MODES
+
+COLD_RESTARTS_ENV = "TRAINING_COLD_RESTARTS"
+"""Set by the local launcher on a whole-job relaunch (its ``--cold-restarts``): how many came
+before, so that the run numbers its attempts on from there (training/run.py)."""
 
 LAUNCHERS = {mode: s.launcher for mode, s in MODES.items()}
 """Each restart mode's launcher (``training.modes.MODES``)."""
@@ -80,7 +84,7 @@ def launcher_flags(
         monitor = [
             f"--ft-rank-heartbeat-timeout={_seconds(r.heartbeat_timeout_s)}",
             f"--ft-rank-section-timeouts={sections}",
-            f"--ft-rank-out-of-section-timeout={_seconds(r.checkpoint_section_timeout_s)}",
+            f"--ft-rank-out-of-section-timeout={_seconds(out_of_section_timeout_s(r))}",
         ]
     return [
         *flags,

@@ -19,6 +19,15 @@ from training.faults import parse_faults
 from training.modes import MODES, RestartMode, spec
 
 CheckpointEngine = Literal["nvrx", "torch_async", "sync"]
+ReplicaSemantics = Literal["wait", "shrink"]
+REPLICA_SEMANTICS: tuple[str, ...] = typing.get_args(ReplicaSemantics)
+
+
+def replica_min_groups(*, groups: int, semantics: str) -> int:
+    """The fewest groups a step's quorum may have (the Lighthouse's ``--min_replicas``, the
+    Manager's ``min_replica_size``): every group to wait, one to shrink (docs/replica-groups.md).
+    The one derivation: the launcher, the manifests and the trainer call this."""
+    return groups if semantics == "wait" else 1
 
 
 def _require(condition: bool, section: str, name: str, problem: str) -> None:
@@ -377,6 +386,20 @@ class ResilienceConfig:
     replica_timeout_s: float = 60.0
     """``restart=replica``: torchft's timeout for one cross-group all-reduce, ``should_commit``
     and the heal's checkpoint transfer."""
+    replica_semantics: ReplicaSemantics = "shrink"
+    """``restart=replica``: what the surviving groups do when a group fails (default ``shrink``:
+    its survivors' stall is the failure's detection, not the group's restart; the reasoning is
+    in docs/replica-groups.md, "Which default"). ``wait``: no step
+    without every group; they wait for it and redo the step (bit-identical to a fault-free
+    run; the stall is the failed group's restart). ``shrink``: they go on with fewer groups
+    (the global batch shrinks while it is out; the learning rate is unchanged, gradients are
+    averaged over the groups present, the missing group's samples are skipped and recorded,
+    ``replica_samples_skipped``); the stall is the failure's detection. docs/replica-groups.md.
+    """
+
+    @property
+    def replica_min_groups(self) -> int:
+        return replica_min_groups(groups=self.replica_groups, semantics=self.replica_semantics)
 
     def __post_init__(self) -> None:
         s = "resilience"
@@ -399,6 +422,14 @@ class ResilienceConfig:
         ):
             _require(getattr(self, name) > 0, s, name, "must be > 0")
         _require(self.replica_groups >= 1, s, "replica_groups", "must be >= 1")
+        _require(
+            self.replica_semantics in REPLICA_SEMANTICS,
+            s,
+            "replica_semantics",
+            f"must be wait or shrink, got {self.replica_semantics!r}: set "
+            "--resilience.replica_semantics=wait (survivors wait for a failed group) or "
+            "=shrink (survivors go on with fewer groups)",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

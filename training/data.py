@@ -27,14 +27,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-FORMAT = "training-tokens/1"
-META = "meta.json"
+from training.shards import FORMAT, META, DataError, open_shards
+
 SHARD_TOKENS = 4 * 1024 * 1024  # tokens per shard file (8 MiB at uint16)
 DOC_SEPARATOR = 0  # byte 0 never appears in source text; marks document boundaries
-
-
-class DataError(ValueError):
-    """The shard directory is missing, incomplete or does not match the config."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,40 +127,11 @@ class TokenShards:
     """Memory-mapped shards; ``sample(i)`` returns ``seq_len + 1`` token ids as int64."""
 
     def __init__(self, *, path: Path, seq_len: int, vocab_size: int) -> None:
-        meta_path = path / META
-        if not meta_path.is_file():
-            raise DataError(
-                f"data.path: no {META} in {path}; build shards with "
-                f"`python -m training prepare --stdlib --out {path}` (or `make data`)"
-            )
-        try:
-            meta = json.loads(meta_path.read_text())
-        except ValueError as err:
-            raise DataError(
-                f"data.path: {meta_path} is not valid JSON ({err}); re-run prepare"
-            ) from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-            raise DataError(f"data.path: {meta_path} has format {found!r}, expected {FORMAT!r}")
-        if meta["vocab_size"] > vocab_size:
-            raise DataError(
-                f"model.vocab_size: {vocab_size} is smaller than the data's vocabulary "
-                f"({meta['vocab_size']}); set --model.vocab_size={meta['vocab_size']} or more"
-            )
+        files = open_shards(path=path, seq_len=seq_len, vocab_size=vocab_size)
         self.seq_len = seq_len
-        self._maps: list[np.memmap] = []
-        self._first_sample: list[int] = []
-        total = 0
-        for shard in meta["shards"]:
-            file = path / shard["file"]
-            if not file.is_file() or file.stat().st_size != 2 * shard["num_tokens"]:
-                raise DataError(f"data.path: shard {file} is missing or truncated; re-run prepare")
-            self._maps.append(np.memmap(file, dtype="<u2", mode="r"))
-            self._first_sample.append(total)
-            total += max(0, (shard["num_tokens"] - 1) // seq_len)
-        self.num_samples = total
-        if total == 0:
-            raise DataError(f"data.seq_len: {seq_len} is longer than every shard in {path}")
+        self._maps = files.maps
+        self._first_sample = files.first_sample
+        self.num_samples = files.num_samples
 
     def sample(self, index: int) -> torch.Tensor:
         shard = int(np.searchsorted(self._first_sample, index, side="right")) - 1

@@ -40,6 +40,14 @@ def section_timeouts(resilience: ResilienceConfig) -> dict[str, float]:
     }
 
 
+def out_of_section_timeout_s(resilience: ResilienceConfig) -> float:
+    """NVRx's out-of-section timeout: between sections (loading, the blocking part of a save, and
+    a replica group's quorum at the top of a step, ``Trainer.begin_step``, which no section
+    covers). A survivor waiting there for a failed group must not be taken for hung: at least
+    ``replica_wait_bound_s``."""
+    return max(resilience.checkpoint_section_timeout_s, replica_wait_bound_s(resilience))
+
+
 def liveness_report_interval_s(timeout_s: float) -> float:
     """How often to report liveness against ``timeout_s``: a tenth of it, at most once a second.
     A report per step (30 a second on a fast step) is a round trip to another process each,

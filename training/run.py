@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from training.checkpoint.manager import CheckpointManager, needs_cpu_collectives
+from training.command import COLD_RESTARTS_ENV
 from training.config import JobConfig
 from training.hooks import StepHooks
 from training.parallel import DistEnv, dist_env_from_environment, init_process_group
@@ -24,8 +25,6 @@ from training.runlog.phases import MODEL_BUILT, PROCESS_GROUP_UP, emit_phase
 from training.runlog.tensorboard import start_tailer
 from training.runlog.verdict import current_run_id, write_verdict
 from training.trainer import TrainResult
-
-COLD_RESTARTS_ENV = "TRAINING_COLD_RESTARTS"
 
 StepHooksFor = Callable[[DistEnv, EventLog], StepHooks]
 """Builds an attempt's step hooks once it knows who it is (rank, device) and where its events

@@ -156,7 +156,9 @@ class Trainer:
         )
         self.tokens_per_step = self.layout.global_batch * config.data.seq_len
         self.flops_per_token = flops_per_token(config.model, seq_len=config.data.seq_len)
-        self.peak_flops = peak_flops_for(env.device)
+        self.peak_flops = peak_flops_for(
+            torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else None
+        )
         self._stats_host: torch.Tensor | None = None
         """Pinned host copy of the step's stats (GPU only, see ``_stats_to_host``)."""
         self.before_update: Any = lambda: None

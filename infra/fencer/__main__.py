@@ -7,12 +7,16 @@ Environment: ``AWS_REGION``; ``FENCE_NODE_SELECTOR`` (the node group's label sel
 ``ops.cordon.UNFIT_LABEL``) and ``FENCE_NAMESPACES`` (the training namespaces, comma-separated):
 a cordoned, labelled node is replaced once no pod of theirs runs on it; ``FENCE_METRICS_PORT``
 (``GET /metrics``); ``FENCE_JOIN_TIMEOUT_S``, ``FENCE_CLUSTER_NAME`` and ``FENCE_NODEGROUP_NAME``
-(an instance of the group, by its EKS tags, with no Node this long after launch is terminated).
+(an instance of the group, by its EKS tags, with no Node this long after launch is terminated);
+``FENCE_MOUNT_TIMEOUT_S`` and ``FENCE_MOUNT_CORDON`` (a training pod failing to mount its FSx
+volume this long: its node gets this JSON body, the product's ``lustre-mount`` cordon, and the
+pod is evicted).
 Kubernetes: the in-cluster configuration.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -36,6 +40,8 @@ REQUIRED = (
     "FENCE_JOIN_TIMEOUT_S",
     "FENCE_CLUSTER_NAME",
     "FENCE_NODEGROUP_NAME",
+    "FENCE_MOUNT_TIMEOUT_S",
+    "FENCE_MOUNT_CORDON",
 )
 
 
@@ -54,7 +60,14 @@ def main() -> int:
             max_in_flight=int(os.environ["FENCE_MAX_IN_FLIGHT"]),
             max_bad_fraction=float(os.environ["FENCE_MAX_BAD_FRACTION"]),
             join_timeout_s=float(os.environ["FENCE_JOIN_TIMEOUT_S"]),
+            mount_timeout_s=float(os.environ["FENCE_MOUNT_TIMEOUT_S"]),
         )
+        try:
+            mount_cordon = json.loads(os.environ["FENCE_MOUNT_CORDON"])
+        except json.JSONDecodeError:
+            mount_cordon = None
+        if not isinstance(mount_cordon, dict) or not mount_cordon:
+            raise ValueError("FENCE_MOUNT_CORDON: not a JSON object (a Node patch body)")
         poll_s = float(os.environ["FENCE_POLL_S"])
         metrics_port = int(os.environ["FENCE_METRICS_PORT"])
     except ValueError as err:  # a number that is not one, or out of range: the field named
@@ -72,6 +85,7 @@ def main() -> int:
         namespaces=tuple(n for n in os.environ["FENCE_NAMESPACES"].split(",") if n),
         cluster_name=os.environ["FENCE_CLUSTER_NAME"],
         nodegroup_name=os.environ["FENCE_NODEGROUP_NAME"],
+        mount_cordon=mount_cordon,
     )
     serve(fencer.metrics, port=metrics_port)
     log(

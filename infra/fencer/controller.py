@@ -14,17 +14,30 @@ and the Job replaced it elsewhere), so the taint only clears what else was bound
 (DaemonSet pods); the node group launches a new instance, the next spare (EKS User Guide,
 "Managed node groups": the Auto Scaling group keeps the desired size).
 
-Kubernetes calls: ``list_node`` (label selector: this node group) and ``patch_node`` (the taint)
-of ``kubernetes.client.CoreV1Api``, and ``list_namespaced_pod`` in each training namespace
-(field selector ``status.phase!=Succeeded,status.phase!=Failed``: kubernetes.io "Field
-Selectors", which pods support on ``status.phase``), only while some node is unfit. The
-fencer's RBAC allows only get/list/watch/patch on Nodes and list on pods of those namespaces
+A training pod that never starts because its FSx for Lustre volume does not mount on its node
+(kubelet ``FailedMount`` events; the kubelet retries for as long as the pod exists, so nothing
+else ends it) goes the same way: past ``mount_timeout_s`` the node gets the product's cordon
+(``ops.cordon.cordon_patch``, reason ``lustre-mount``) and the pod is evicted (the Eviction API
+adds ``DisruptionTarget``, which the Job's ``podFailurePolicy`` Ignores: kubernetes.io
+"Disruptions", *Pod disruption conditions*), so the Job's replacement lands on a spare and the
+node, unfit and empty, is replaced.
+
+Kubernetes calls: ``list_node`` (label selector: this node group) and ``patch_node`` (the taint;
+the ``lustre-mount`` cordon) of ``kubernetes.client.CoreV1Api``; in each training namespace
+``list_namespaced_pod`` (field selector ``status.phase!=Succeeded,status.phase!=Failed`` only
+while some node is unfit; ``status.phase=Pending`` only while a ``FailedMount`` event exists:
+kubernetes.io "Field Selectors"), ``list_namespaced_event`` (field selector
+``involvedObject.kind=Pod,reason=FailedMount``: the fields core/v1 Events select on) and
+``create_namespaced_pod_eviction``. The fencer's RBAC allows only get/list/watch/patch on
+Nodes, and list on pods and events and create on pods/eviction in those namespaces
 (infra/node_fencer.py).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -34,6 +47,7 @@ from typing import Any, Protocol
 
 from infra.fencer.decide import (
     OUT_OF_SERVICE_TAINT,
+    FailedMount,
     FencePolicy,
     NodeView,
     decide,
@@ -54,9 +68,23 @@ class NodeApi(Protocol):
 
     def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Any: ...
 
+    def list_namespaced_event(self, namespace: str, **kwargs: Any) -> Any: ...
+
+    def create_namespaced_pod_eviction(
+        self, name: str, namespace: str, body: Any, **kwargs: Any
+    ) -> Any: ...
+
 
 RUNNING_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 """Pods that still run or will (Pending, Running, Unknown): kubernetes.io "Field Selectors"."""
+PENDING_PODS = "status.phase=Pending"
+FAILED_MOUNTS = "involvedObject.kind=Pod,reason=FailedMount"
+"""The kubelet's mount failures (reason ``FailedMount``, kubernetes pkg/kubelet/events)."""
+UNMOUNTED = re.compile(r"unmounted volumes=\[([^\]]*)\]")
+"""The kubelet's summary after its wait for a pod's volumes ends (pkg/kubelet, ``syncPod``:
+"Unable to attach or mount volumes: unmounted volumes=[fsx], unattached volumes=[...]: ...")."""
+FAILED_VOLUME = re.compile(r'for volume "([^"]*)"')
+"""``MountVolume.SetUp failed for volume "fsx" : ...`` (pkg/volume/util/operationexecutor)."""
 
 
 def _get(obj: Any, *path: str) -> Any:
@@ -106,6 +134,26 @@ def view(node: Any, *, unfit_label: str = "", busy: frozenset[str] = frozenset()
     )
 
 
+def _event_time(event: Any) -> float:
+    """When the kubelet first reported it: ``firstTimestamp`` (the kubelet's legacy event
+    recorder sets it and keeps it as it counts repeats), else ``eventTime``."""
+    for path in (("first_timestamp",), ("firstTimestamp",), ("event_time",), ("eventTime",)):
+        if (value := _get(event, *path)) is not None:
+            return _epoch(value)
+    return _epoch(
+        _get(event, "metadata", "creation_timestamp")
+        or _get(event, "metadata", "creationTimestamp")
+    )
+
+
+def _volumes_named(message: str) -> set[str]:
+    """The pod volume names a ``FailedMount`` message names."""
+    names = set(FAILED_VOLUME.findall(message))
+    for group in UNMOUNTED.findall(message):
+        names |= set(group.split())
+    return names
+
+
 def log(event: str, **fields: Any) -> None:
     """One JSON line on stderr (the container log; the alert rule matches `event`)."""
     print(json.dumps({"fencer": event, **fields}, sort_keys=True), file=sys.stderr, flush=True)
@@ -123,6 +171,10 @@ class Fencer:
     replaced."""
     namespaces: tuple[str, ...] = ()
     """The training namespaces: a node with a running pod of theirs is not replaced."""
+    mount_cordon: dict[str, Any] = field(default_factory=dict)
+    """The request body that marks a node unfit for ``lustre-mount``: ``ops.cordon.cordon_patch``'s,
+    handed over by the Deployment (``FENCE_MOUNT_CORDON``; the image carries infra/fencer
+    alone); empty: pods failing to mount are not looked for."""
     cluster_name: str = ""
     nodegroup_name: str = ""
     """The EC2 tags of the group's instances (``eks:cluster-name``, ``eks:nodegroup-name``);
@@ -160,8 +212,15 @@ class Fencer:
         joined = {v.instance_id for v in views}
         leaving = sum(i.state == "shutting-down" and i.instance_id not in joined for i in instances)
         in_flight = sum(v.out_of_service for v in views) + len(self.terminating) + leaving
+        watch_mounts = self.mount_cordon and math.isfinite(self.policy.mount_timeout_s)
+        mounts = self._failed_mounts() if watch_mounts else []
         decision = decide(
-            views, now=self.clock(), policy=self.policy, in_flight=in_flight, instances=instances
+            views,
+            now=self.clock(),
+            policy=self.policy,
+            in_flight=in_flight,
+            instances=instances,
+            mounts=mounts,
         )
         self.metrics.observe(
             nodes=len(views), bad=decision.bad, in_flight=in_flight, halted=bool(decision.alert)
@@ -173,9 +232,16 @@ class Fencer:
                 log("FencingResumed")
             self.alert = decision.alert
         for node in decision.fence:
-            self._terminate(node, "Terminated", silent_s=round(self.clock() - node.ready_since, 1))
+            self._terminate(
+                node,
+                "Terminated",
+                skip_os_shutdown=True,
+                silent_s=round(self.clock() - node.ready_since, 1),
+            )
         for node in decision.replace:
             self._terminate(node, "Replaced", reason=node.unfit)
+        for mount in decision.unmountable:
+            self._end_unmountable(mount)
         for instance in decision.never_joined:
             # No Node to mark: the instance is all there is.
             state = self.ec2.terminate(instance.instance_id)
@@ -188,14 +254,82 @@ class Fencer:
             self.metrics.ended(kind="unjoined")
         self._mark_terminated(raw)
 
-    def _terminate(self, node: NodeView, event: str, **fields: Any) -> None:
+    def _terminate(
+        self, node: NodeView, event: str, *, skip_os_shutdown: bool = False, **fields: Any
+    ) -> None:
         if node.name in self.terminating:
             return
         assert node.instance_id is not None  # decide() ends only nodes with one
-        state = self.ec2.terminate(node.instance_id)
+        state = self.ec2.terminate(node.instance_id, skip_os_shutdown=skip_os_shutdown)
         log(event, node=node.name, instance=node.instance_id, state=state, **fields)
         self.metrics.ended(kind="fenced" if event == "Terminated" else "replaced")
         self.terminating[node.name] = node.instance_id
+
+    def _failed_mounts(self) -> list[FailedMount]:
+        """Pending training pods, bound to a node and not being deleted, with ``FailedMount``
+        events on a volume backed by a PersistentVolumeClaim (the trainer pod's one claim is
+        the FSx for Lustre one: manifests/objects/job.py); since the first such event."""
+        found = []
+        for namespace in self.namespaces:
+            events = self.nodes.list_namespaced_event(
+                namespace, field_selector=FAILED_MOUNTS, _request_timeout=API_TIMEOUT_S
+            ).items
+            if not events:
+                continue
+            pods = self.nodes.list_namespaced_pod(
+                namespace, field_selector=PENDING_PODS, _request_timeout=API_TIMEOUT_S
+            ).items
+            for pod in pods:
+                node = _get(pod, "spec", "node_name") or _get(pod, "spec", "nodeName")
+                if (
+                    not node
+                    or _get(pod, "metadata", "deletion_timestamp")
+                    or _get(pod, "metadata", "deletionTimestamp")
+                ):
+                    continue
+                claims = {
+                    _get(v, "name")
+                    for v in _get(pod, "spec", "volumes") or []
+                    if _get(v, "persistent_volume_claim") or _get(v, "persistentVolumeClaim")
+                }
+                uid = _get(pod, "metadata", "uid")
+                times = [
+                    _event_time(e)
+                    for e in events
+                    if _get(e, "involved_object", "uid") == uid
+                    or _get(e, "involvedObject", "uid") == uid
+                    if claims & _volumes_named(_get(e, "message") or "")
+                ]
+                if times:
+                    found.append(
+                        FailedMount(
+                            namespace=namespace,
+                            pod=_get(pod, "metadata", "name"),
+                            node=node,
+                            failing_since=min(times),
+                        )
+                    )
+        return found
+
+    def _end_unmountable(self, mount: FailedMount) -> None:
+        """Mark its node unfit (the product's own cordon body), then evict the pod."""
+        self.nodes.patch_node(mount.node, self.mount_cordon, _request_timeout=API_TIMEOUT_S)
+        self.nodes.create_namespaced_pod_eviction(
+            mount.pod,
+            mount.namespace,
+            {
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": mount.pod, "namespace": mount.namespace},
+            },
+            _request_timeout=API_TIMEOUT_S,
+        )
+        log(
+            "LustreMountFailed",
+            node=mount.node,
+            pod=f"{mount.namespace}/{mount.pod}",
+            failing_s=round(self.clock() - mount.failing_since, 1),
+        )
 
     def _busy_nodes(self) -> frozenset[str]:
         """Nodes a pod of the training namespaces runs on (or is bound to and will)."""

@@ -14,6 +14,11 @@ taint; the node group launches a new instance, the next spare):
   Lustre client set-up, infra/gpu_nodegroup.py ``LUSTRE_SCRIPT``, keeps a node out on purpose;
   a bad bootstrap does too). EKS marks the group degraded (``NodeCreationFailure``) but the
   Auto Scaling group's EC2 health check sees a running instance and keeps it, billed.
+- *unmountable*: a training pod bound to the node stays ``Pending`` with kubelet ``FailedMount``
+  events on its FSx for Lustre volume for ``mount_timeout_s`` (the kubelet retries a mount for
+  as long as the pod exists; the container never starts, so the start-up check never runs):
+  the node is marked unfit (``lustre-mount``) and the pod evicted; the Job replaces it on a
+  spare, and the node, now unfit and empty, is replaced as above.
 ``Ready=False`` (a kubelet that answers and says it is unhealthy) is left to EKS node repair:
 that node can still be drained. Both kinds share one pace and one halt:
 - never more nodes ended and not yet gone than ``max_in_flight`` (the hot spares: each ended
@@ -54,6 +59,8 @@ class FencePolicy:
     """Above this share of the group not Ready, fence nothing and alert."""
     join_timeout_s: float = math.inf
     """An instance with no Node this long after its launch never joined (inf: not looked at)."""
+    mount_timeout_s: float = math.inf
+    """A training pod failing to mount its FSx volume this long ends its node (inf: off)."""
 
     def __post_init__(self) -> None:
         if self.wait_s < 0:
@@ -61,6 +68,10 @@ class FencePolicy:
         if self.max_in_flight < 1:
             raise ValueError(
                 f"max_in_flight: {self.max_in_flight}; give at least 1 (the spare count)"
+            )
+        if self.mount_timeout_s <= 0:
+            raise ValueError(
+                f"mount_timeout_s: {self.mount_timeout_s}; give seconds > 0 (kubelet mount retries)"
             )
         if self.join_timeout_s <= 0:
             raise ValueError(
@@ -108,6 +119,17 @@ class Instance:
     """``launchTime``, epoch seconds."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class FailedMount:
+    """A training pod bound to a node, ``Pending``, whose FSx volume the kubelet fails to mount."""
+
+    namespace: str
+    pod: str
+    node: str
+    failing_since: float
+    """The first ``FailedMount`` event's time (epoch seconds)."""
+
+
 @dataclass(frozen=True)
 class Decision:
     fence: tuple[NodeView, ...]
@@ -120,6 +142,8 @@ class Decision:
     """Instances that never became a Node, to terminate now."""
     bad: int = 0
     """Bad nodes seen (`NodeView.bad`, and instances that never joined)."""
+    unmountable: tuple[FailedMount, ...] = ()
+    """Pods whose mount failed past ``mount_timeout_s``: mark their node unfit, evict them."""
 
 
 def instance_id(provider_id: str) -> str | None:
@@ -129,6 +153,14 @@ def instance_id(provider_id: str) -> str | None:
         return None
     last = provider_id.rstrip("/").rsplit("/", 1)[-1]
     return last if last.startswith("i-") else None
+
+
+def allowed_bad(*, size: int, max_bad_fraction: float, max_in_flight: int) -> int:
+    """Bad nodes a group of `size` may have before ending any stops: `max_bad_fraction` of it,
+    but never fewer than the spares (2 nodes + 1 spare: one lost node is a third of the group,
+    the normal case, not an incident). EKS node repair's threshold derives from it
+    (infra/cluster.py ``gpu_node_repair``), so the two never disagree on when to halt."""
+    return max(math.floor(max_bad_fraction * size), max_in_flight)
 
 
 def unjoined(
@@ -152,27 +184,46 @@ def decide(
     policy: FencePolicy,
     in_flight: int,
     instances: Sequence[Instance] = (),
+    mounts: Sequence[FailedMount] = (),
 ) -> Decision:
     """The nodes to end now: silent ones (oldest silence first), then unfit, empty ones (by
     name), then instances that never joined (oldest first). `in_flight`: nodes ended whose Node
     object is still there, and instances ended that EC2 still shows shutting down (their
     replacement has not joined yet). `instances`: the group's live instances (empty: the
-    never-joined check is off)."""
+    never-joined check is off). `mounts`: training pods failing to mount their FSx volume; a
+    node with one past ``mount_timeout_s`` counts as bad, so an FSx outage (every node failing)
+    halts instead of marking the whole group unfit."""
     lost = sorted(unjoined(nodes, instances, now=now, policy=policy), key=lambda i: i.launched)
     if not nodes and not lost:
         return Decision(fence=(), alert=None)
     bad = [n for n in nodes if n.bad]
+    members = {n.name for n in nodes if not n.out_of_service}
+    stuck = sorted(
+        (
+            m
+            for m in mounts
+            if m.node in members and now - m.failing_since >= policy.mount_timeout_s
+        ),
+        key=lambda m: (m.failing_since, m.pod),
+    )
+    bad_names = {n.name for n in bad}
     size = len(nodes) + len(lost)
-    bad_count = len(bad) + len(lost)
-    # A small group may always lose as many nodes as it has spares (2 nodes + 1 spare: one
-    # lost node is a third of the group, the normal case, not an incident).
-    allowed_bad = max(math.floor(policy.max_bad_fraction * size), policy.max_in_flight)
-    if bad_count > allowed_bad:
-        names = ", ".join([*sorted(n.name for n in bad), *(i.instance_id for i in lost)])
+    bad_count = len(bad) + len(lost) + len({m.node for m in stuck} - bad_names)
+    allowed = allowed_bad(
+        size=size, max_bad_fraction=policy.max_bad_fraction, max_in_flight=policy.max_in_flight
+    )
+    if bad_count > allowed:
+        names = ", ".join(
+            [
+                *sorted(bad_names | {m.node for m in stuck}),
+                *(i.instance_id for i in lost),
+            ]
+        )
         return Decision(
             fence=(),
             alert=(
-                f"{bad_count} of {size} GPU nodes are bad (not Ready, unfit or never joined: "
+                f"{bad_count} of {size} GPU nodes are bad (not Ready, unfit, failing to mount "
+                f"FSx or never joined: "
                 f"{names}), more than max_bad_fraction={policy.max_bad_fraction}: fencing and "
                 "replacing stopped; look at the cluster (a control-plane partition, an AZ event "
                 "or a bad AMI looks like this)"
@@ -203,4 +254,7 @@ def decide(
         replace=replace,
         never_joined=tuple(lost[:room]),
         bad=bad_count,
+        # Not paced: marking a node and evicting its pod ends no node (the pod was never
+        # running); the node's replacement then takes the unfit path and its pace.
+        unmountable=tuple(stuck),
     )

@@ -59,9 +59,18 @@ class Ec2:
         )
         return ET.fromstring(text)
 
-    def terminate(self, instance_id: str) -> str:
-        """TerminateInstances for one instance; its current state name."""
-        root = self.call("TerminateInstances", {"InstanceId.1": instance_id})
+    def terminate(self, instance_id: str, *, skip_os_shutdown: bool = False) -> str:
+        """TerminateInstances for one instance; its current state name. `skip_os_shutdown`:
+        the fence of a silent node (EC2 User Guide, "Methods for terminating an instance",
+        *Terminate with skip OS shutdown*; the API's ``SkipOsShutdown``, botocore's ec2
+        2016-11-15 model): a hung kernel never completes the graceful shutdown EC2 would first
+        attempt, and nothing on the node is worth flushing (its pods are being failed; the
+        root volume is deleted). An unfit or never-joined node still answers: it gets the
+        graceful shutdown, its Lustre client unmounting cleanly, off the job's critical path."""
+        params = {"InstanceId.1": instance_id}
+        if skip_os_shutdown:
+            params["SkipOsShutdown"] = "true"
+        root = self.call("TerminateInstances", params)
         state = root.find(".//{*}instancesSet/{*}item/{*}currentState/{*}name")
         return state.text if state is not None and state.text else "unknown"
 

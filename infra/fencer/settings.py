@@ -11,8 +11,12 @@ from dataclasses import dataclass
 class FencerSettings:
     wait_s: float = 30.0
     """Ready=Unknown this long (after the 50 s node-monitor grace, 80 s of silence in all, 8
-    missed 10 s Lease renewals) before the instance is terminated. Shorter fences nodes that
-    a brief network blip silenced; every second of it is paid by every lost node."""
+    missed 10 s Lease renewals) before the instance is terminated. The blip tolerance: a node
+    silent for less than 80 s is never fenced. Held equal to the trainer pod's own toleration
+    of the unreachable taint (``manifests.render.NODE_LOSS_TOLERATION_SECONDS``, 30 s;
+    tests/infra/test_node_fencer.py): at 80 s of silence the pod is evicted anyway, so a shorter
+    wait would end nodes whose pods would have lived (a 60-80 s blip), and a longer one buys
+    no pod back and delays every lost node's replacement."""
     poll_s: float = 5.0
     """Seconds between passes over the Nodes."""
     max_bad_fraction: float = 0.2
@@ -25,12 +29,51 @@ class FencerSettings:
     metrics_port: int = 9102
     """``GET /metrics`` (infra/fencer/metrics.py): the container port named ``metrics`` that the
     stack's scraper reads (infra/observability.py)."""
-    terminate_s: float = 60.0
-    """TerminateInstances to the instance reported ``terminated``: an estimate for a hung p5
-    (only a real cluster can measure it; moto answers at once)."""
+    terminate_s: float = 30.0
+    """TerminateInstances to the instance reported ``terminated``, for a fenced (silent) node:
+    an estimate. The fence sends ``SkipOsShutdown`` (infra/fencer/ec2.py): EC2 does not wait
+    for a graceful OS shutdown, which a hung kernel never completes (EC2 User Guide, "Methods
+    for terminating an instance": default terminate attempts a graceful OS shutdown; "Troubleshoot
+    instance termination": an instance can stay ``shutting-down`` for minutes, stuck ones for
+    hours), so what is left is the hypervisor's stop and the state change. AWS documents no
+    figure for it; only a real cluster can measure it (moto answers at once)."""
+    lustre_mount_s: float = 600.0
+    """A trainer pod whose FSx for Lustre volume fails to mount (kubelet ``FailedMount`` events,
+    the pod ``Pending`` in ``ContainerCreating``) this long after its first failure: its node is
+    marked unfit (``lustre-mount``) and the pod deleted, so the Job's replacement lands on a
+    spare. The kubelet itself never gives up: its volume manager retries a failed mount with
+    exponential backoff from 500 ms, capped at about 2 min (kubernetes
+    pkg/util/goroutinemap/exponentialbackoff, ``initialDurationBeforeRetry``,
+    ``maxDurationBeforeRetry``), for as long as the pod exists; the pod worker's wait for its
+    volumes (pkg/kubelet/volumemanager, ``podAttachAndMountTimeout``, about 2 min) ends in an
+    event and a retry at the next sync. 10 min: about five capped retries, room for the FSx CSI
+    node plugin starting late on a new node (it too needs its Lustre client), while a mount
+    that never works stops holding a completion index and a billed p5 after minutes."""
 
 
 FENCER = FencerSettings()
+
+
+@dataclass(frozen=True, kw_only=True)
+class KubeTimers:
+    """The Kubernetes timers a lost node's timeline rests on: not settings of ours but the
+    control plane's defaults, held once here (standard library, the lowest layer that needs them)
+    so docs/node-loss.md's timeline, the pod emulation (podsim.control_plane.EKS), the planner's
+    silent-node term (planner.costs) and bench/node_loss.py read the same numbers."""
+
+    node_monitor_grace_s: float = 50.0
+    """A silent node's ``Ready`` turns ``Unknown`` (kube-controller-manager
+    ``--node-monitor-grace-period``; 50 s from Kubernetes 1.32, kubernetes/kubernetes#127352)."""
+    podgc_loop_s: float = 20.0
+    """PodGC's period (kubernetes pkg/controller/podgc/gc_controller.go, ``gcCheckPeriod``):
+    a terminating pod on a node tainted out-of-service is failed at its next pass
+    (``gcTerminating``): 0-20 s after the taint, 10 s at the median."""
+    podgc_quarantine_s: float = 40.0
+    """PodGC's wait before it fails a pod bound to a deleted Node (same file,
+    ``quarantineTime``; ``gcOrphaned``)."""
+
+
+KUBE = KubeTimers()
 
 USAGE = 2
 """The exit code of a bad setting: ``training.exits.USAGE``, which the fencer's image does not

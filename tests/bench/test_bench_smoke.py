@@ -77,6 +77,45 @@ def test_goodput_window_counts_only_the_last_occurrence_of_each_step(tmp_path: P
     assert [f.after_s for f in parse_faults(spec)] == [30.0, 90.0, 150.0]
 
 
+def test_goodput_replica_ettr_counts_the_jobs_committed_steps(tmp_path: Path) -> None:
+    """The replica comparison's ETTR: each group's step numbers whose last occurrence completed
+    in the window, averaged over the groups, x the window's median step time / the window; the
+    same faults for the flat modes as trainer faults at the same global ranks."""
+    from bench.goodput import (
+        committed_work,
+        ettr_committed,
+        flat_fault_spec,
+        replica_fault_schedule,
+    )
+
+    groups = [tmp_path / "group-0", tmp_path / "group-1"]
+    # Both groups commit steps 1..20 at t = 1..20 (0.5 s each); step 11 is discarded and redone
+    # after a 9 s stall (it ends at 30, the later steps 10 s later too); group 1 also logged a
+    # first try of step 11 before its restart (superseded: counted once).
+    for g, group in enumerate(groups):
+        group.mkdir()
+        rows = [(k, float(k) if k <= 10 else k + 9.5, 0.5) for k in range(1, 21)]
+        if g == 1:
+            rows.append((11, 10.9, 0.5))
+        (group / "metrics.jsonl").write_text(
+            "".join(
+                json.dumps({"time": t, "step": k, "step_time_s": st}) + "\n" for k, t, st in rows
+            )
+        )
+    work = committed_work(group_dirs=groups, t_first=1.0, window_s=30.0)
+    # (1, 31]: steps 2..10 and 11..21 -> 11..20 end at 20.5..29.5: 19 steps per group.
+    assert work["committed_steps_per_group"] == [19, 19]
+    assert work["fault_free_step_s"] == 0.5
+    assert ettr_committed(work, window_s=30.0) == pytest.approx(19 * 0.5 / 30.0)
+    schedule = replica_fault_schedule(faults=3, first_s=30.0, every_s=60.0, ranks_per_group=2)
+    assert [(f["kind"], f["group"], f["global_rank"]) for f in schedule] == [
+        ("sigkill", 1, 3),
+        ("sigstop", 0, 1),
+        ("sigkill", 1, 2),
+    ]
+    assert flat_fault_spec(schedule) == "sigkill@3:30s;sigstop@1:90s;sigkill@2:150s"
+
+
 def test_restart_hang_detection_from_the_rank_monitors_log(tmp_path: Path) -> None:
     """In-job, the detection of a hang is an NVRx rank monitor's log line (its process writes
     no event of ours): each hang fault takes the first such line after it and before the next
@@ -142,3 +181,24 @@ def test_goodput_splits_the_time_between_steps_by_what_the_step_before_did() -> 
         "after_memory_snapshot": (1, 0.02),
         "other": (2, 0.04),
     }
+
+
+def test_every_benchmark_run_has_its_corpus_even_run_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``python -m bench.restart`` from a fresh clone crashed (no data/stdlib: only run_all,
+    overhead's and goodput's own mains built it). The command line of every run is where the
+    corpus is built: a missing one is built, a present one is left alone."""
+    import subprocess
+
+    from bench import common
+
+    built: list[list[str]] = []
+    monkeypatch.setattr(common, "CORPUS_DIR", tmp_path / "stdlib")
+    monkeypatch.setattr(subprocess, "run", lambda command, **_: built.append(command))
+    common.local_command(run_dir=tmp_path / "run", nproc=2)
+    assert built and built[0][-3:] == ["--stdlib", "--out", str(tmp_path / "stdlib")], built
+    (tmp_path / "stdlib").mkdir()
+    (tmp_path / "stdlib" / "meta.json").write_text("{}")
+    common.local_command(run_dir=tmp_path / "run", nproc=2)
+    assert len(built) == 1, built

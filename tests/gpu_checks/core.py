@@ -90,9 +90,12 @@ class Boundary:
         return None if self.fake else round(torch.cuda.max_memory_allocated() / 2**30, 2)
 
     def peak_flops(self) -> float | None:
+        import torch
+
         from training.runlog.metrics import peak_flops_for
 
-        return peak_flops_for(self.device())
+        device = self.device()
+        return peak_flops_for(torch.cuda.get_device_name(device) if device.type == "cuda" else None)
 
     def parallel(self, config):
         """A recipe's parallel section on this device (the CPU stand-in: fp32, no meta init,

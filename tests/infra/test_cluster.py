@@ -167,9 +167,12 @@ def test_pod_identity_roles_trust_one_service_account_of_this_cluster(
 
 
 def test_node_auto_repair_is_paced(default_assertions: Template) -> None:
-    from infra.cluster import GPU_NODE_REPAIR, SYSTEM_NODE_REPAIR
+    from infra.cluster import SYSTEM_NODE_REPAIR, gpu_node_repair
+    from infra.node_fencer import max_in_flight
 
-    gpu_nodegroup_has(default_assertions, {"NodeRepairConfig": Match.exact(GPU_NODE_REPAIR)})
+    # cdk.json's defaults: no overlay, no desired count, gpuNodesMax 17 (the nominal size).
+    repair = gpu_node_repair(max_in_flight=max_in_flight(None), node_count=17)
+    gpu_nodegroup_has(default_assertions, {"NodeRepairConfig": Match.exact(repair)})
     only_one_has(
         default_assertions,
         NODEGROUP,

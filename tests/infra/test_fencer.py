@@ -9,6 +9,7 @@ server returns it), EC2 (moto; it enforces no IAM).
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 from infra.fencer.controller import Fencer, view
 from infra.fencer.decide import FencePolicy, Instance, NodeView, decide, instance_id
 from infra.fencer.ec2 import Ec2
-from ops.cordon import STARTUP_CHECK, STRAGGLER, UNFIT_LABEL, cordon_patch
+from ops.cordon import LUSTRE_MOUNT, STARTUP_CHECK, STRAGGLER, UNFIT_LABEL, cordon_patch
 from podsim import ec2 as fencing
 
 NOW = 1_000_000.0
@@ -189,6 +190,8 @@ def test_the_fencer_terminates_then_taints_through_the_ec2_api(tmp_path: Path) -
         ({"FENCE_WAIT_S": "soon"}, "soon"),
         ({"FENCE_JOIN_TIMEOUT_S": "0"}, "join_timeout_s"),
         ({"FENCE_METRICS_PORT": "metrics"}, "metrics"),
+        ({"FENCE_MOUNT_TIMEOUT_S": "0"}, "mount_timeout_s"),
+        ({"FENCE_MOUNT_CORDON": "cordon"}, "FENCE_MOUNT_CORDON"),
     ],
 )
 def test_bad_settings_exit_2_naming_the_field(
@@ -209,6 +212,8 @@ def test_bad_settings_exit_2_naming_the_field(
         "FENCE_JOIN_TIMEOUT_S": "1200",
         "FENCE_CLUSTER_NAME": fencing.CLUSTER,
         "FENCE_NODEGROUP_NAME": fencing.NODEGROUP,
+        "FENCE_MOUNT_TIMEOUT_S": "600",
+        "FENCE_MOUNT_CORDON": json.dumps(cordon_patch(LUSTRE_MOUNT)),
     }
     assert set(good) == set(fencer_main.REQUIRED)
     for key, value in {**good, **env}.items():

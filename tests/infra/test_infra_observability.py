@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from infra_synth import synth
-from support import requires_aws_cli, requires_tool
+from support import prometheus_server, requires_aws_cli, requires_tool
 
 from infra import observability
 from infra.config import ConfigError, load_config
@@ -143,23 +143,8 @@ def test_a_real_prometheus_keeps_only_the_metrics_ports(tmp_path: Path) -> None:
         ["promtool", "check", "config", str(path)], capture_output=True, text=True, timeout=60
     )
     assert check.returncode == 0, check.stdout + check.stderr
-    port = _free_port()
-    server = subprocess.Popen(
-        [
-            "prometheus",
-            f"--config.file={path}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
+    with prometheus_server(path, data_dir=tmp_path / "prometheus") as port:
         active = _active_targets(port)
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
     kept = {(t["scrapePool"], t["labels"]["instance"], t["labels"]["pod"]) for t in active}
     assert kept == {
         ("trainer", "127.0.0.1:1", "llama-0"),
@@ -167,14 +152,6 @@ def test_a_real_prometheus_keeps_only_the_metrics_ports(tmp_path: Path) -> None:
         ("node-fencer", "127.0.0.1:5", "node-fencer-x"),
     }
     assert all(t["labels"]["kubernetes_node"].startswith("node-of-") for t in active)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _active_targets(port: int) -> list[dict[str, Any]]:

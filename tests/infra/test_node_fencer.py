@@ -20,7 +20,7 @@ from infra import node_fencer
 from infra.fencer import __main__ as fencer_main
 from infra.fencer.settings import FENCER
 from infra.image import FENCER_CONTEXT, FENCER_DOCKERFILE
-from ops.cordon import UNFIT_LABEL
+from ops.cordon import LUSTRE_MOUNT, UNFIT_LABEL, cordon_patch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -114,11 +114,15 @@ def test_kubernetes_rights_are_nodes_only_and_it_runs_on_the_system_nodes(
     assert objects["ClusterRole"]["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]}
     ]
-    # Pods: list only, in the training namespace only (is a training pod still on a node?).
+    # In the training namespace only: list pods (is a training pod still on a node? which is
+    # Pending on a failed mount?), list events (the kubelet's FailedMount), evict a pod (one
+    # stuck on a failed FSx mount). No delete, no get/watch, nothing cluster-wide on pods.
     namespace = default_template["Outputs"]["TrainingNamespace"]["Value"]
     assert objects["Role"]["metadata"]["namespace"] == namespace
     assert objects["Role"]["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},
+        {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
     ]
     assert objects["RoleBinding"]["roleRef"]["name"] == objects["Role"]["metadata"]["name"]
     assert objects["RoleBinding"]["subjects"] == objects["ClusterRoleBinding"]["subjects"]
@@ -141,6 +145,8 @@ def test_kubernetes_rights_are_nodes_only_and_it_runs_on_the_system_nodes(
     # The product's unfit label from its one owner, the trainer's cordon (ops/cordon.py).
     assert env["FENCE_UNFIT_LABEL"] == UNFIT_LABEL
     assert env["FENCE_NAMESPACES"] == namespace
+    assert env["FENCE_MOUNT_TIMEOUT_S"] == str(FENCER.lustre_mount_s)
+    assert json.loads(env["FENCE_MOUNT_CORDON"]) == cordon_patch(LUSTRE_MOUNT)
     assert container["ports"] == [{"name": "metrics", "containerPort": FENCER.metrics_port}]
     assert env["FENCE_METRICS_PORT"] == str(FENCER.metrics_port)
 
@@ -210,3 +216,12 @@ def test_the_fencer_exits_with_the_projects_usage_code() -> None:
     from training import exits
 
     assert USAGE == exits.USAGE
+
+
+def test_the_fence_wait_is_the_trainer_pods_own_toleration() -> None:
+    """FENCER.wait_s is the blip tolerance (infra/fencer/settings.py): held equal to the trainer
+    pod's toleration of the unreachable taint, so the fence never ends a node whose pod would
+    have lived, and never waits past the moment that pod is evicted anyway."""
+    from manifests.render import NODE_LOSS_TOLERATION_SECONDS
+
+    assert FENCER.wait_s == NODE_LOSS_TOLERATION_SECONDS

@@ -1,6 +1,7 @@
-"""EKS node auto repair on the GPU node group (infra/cluster.py GPU_NODE_REPAIR): the overrides
+"""EKS node auto repair on the GPU node group (infra/cluster.py gpu_node_repair): the overrides
 the API allows, each with every field EKS requires, checked by cfn-lint's own schema of
-AWS::EKS::Nodegroup, and an in-place update (no create-only property: the day-two rule).
+AWS::EKS::Nodegroup, an in-place update (no create-only property: the day-two rule), and a pace
+and halt that agree with the node fencer's for every overlay.
 
 The synthesized template carries exactly this setting (tests/infra/test_cluster.py,
 ``test_node_auto_repair_is_paced``) and passes cfn-lint as a whole
@@ -19,7 +20,14 @@ import pytest
 from support import cfn_lint
 
 from infra import replacements
-from infra.cluster import GPU_NODE_REPAIR, GPU_REPAIR_FATAL_REASONS
+from infra.cluster import GPU_REPAIR_FATAL_REASONS, gpu_node_repair
+from infra.fencer.decide import FencePolicy, NodeView, decide
+from infra.fencer.settings import FENCER
+from infra.node_fencer import max_in_flight
+from manifests.sizes import SIZES
+
+GPU_NODE_REPAIR = gpu_node_repair(max_in_flight=1, node_count=17)
+"""cdk.json's defaults (no overlay: 1 in flight; gpuNodesMax 17)."""
 
 REGION = "us-east-2"
 AGENT_CONDITIONS = {
@@ -96,3 +104,36 @@ def test_node_repair_updates_in_place() -> None:
     paths = replacements.create_only_paths("AWS::EKS::Nodegroup", REGION)
     assert paths, "the schema lists the node group's create-only properties"
     assert not [p for p in paths if p[0] == "NodeRepairConfig"]
+
+
+def _eks_repairs(repair: dict, *, bad: int, size: int) -> bool:
+    """EKS repairs while the unhealthy share is at or under the threshold (EKS API reference,
+    NodeRepairConfig ``MaxUnhealthyNodeThresholdPercentage``; node-repair.html)."""
+    return 100 * bad / size <= repair["MaxUnhealthyNodeThresholdPercentage"]
+
+
+@pytest.mark.parametrize("overlay", [*SIZES, None])
+def test_eks_repair_paces_and_halts_as_the_fencer_does(overlay: str | None) -> None:
+    """For every overlay's group size and every count of bad nodes, EKS repair halts exactly
+    when the fencer's decide() halts, and repairs as many nodes at once as the fencer ends
+    (the spares): the two never disagree on pace or halt."""
+    size = SIZES[overlay].node_count if overlay else 17
+    spares = max_in_flight(overlay)
+    repair = gpu_node_repair(max_in_flight=spares, node_count=size)
+    assert repair["MaxParallelNodesRepairedCount"] == spares
+    policy = FencePolicy(
+        wait_s=FENCER.wait_s, max_in_flight=spares, max_bad_fraction=FENCER.max_bad_fraction
+    )
+    for bad in range(size + 1):
+        nodes = [
+            NodeView(
+                name=f"n{i}",
+                instance_id=f"i-{i}",
+                ready="Unknown" if i < bad else "True",
+                ready_since=0.0,
+                out_of_service=False,
+            )
+            for i in range(size)
+        ]
+        fencer_halts = decide(nodes, now=1e6, policy=policy, in_flight=0).alert is not None
+        assert fencer_halts == (not _eks_repairs(repair, bad=bad, size=size)), (overlay, bad)

@@ -421,7 +421,7 @@ def test_rendered_ft_launcher_command_parses_and_times_every_section(overlay, re
     from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
 
     from training.command import hang_check_interval_s, injob_timeout_floor_s
-    from training.hooks import section_timeouts
+    from training.hooks import out_of_section_timeout_s, section_timeouts
     from training.modes import MODES
     from training.overrides import build_config
 
@@ -447,7 +447,7 @@ def test_rendered_ft_launcher_command_parses_and_times_every_section(overlay, re
         timed = dict(item.split(":") for item in ns.ft_rank_section_timeouts.split(","))
         assert set(timed) == set(section_timeouts(r))
         assert {k: float(v) for k, v in timed.items()} == section_timeouts(r)
-        assert float(ns.ft_rank_out_of_section_timeout) == r.checkpoint_section_timeout_s
+        assert float(ns.ft_rank_out_of_section_timeout) == out_of_section_timeout_s(r)
         assert float(ns.ft_rank_heartbeat_timeout) == r.heartbeat_timeout_s
     else:
         # Nested opens no sections: an out-of-section timeout would kill healthy ranks, and

@@ -42,7 +42,12 @@ def test_the_lighthouse_is_deployed_like_the_rendezvous_store() -> None:
         kubernetes_validate.validate(obj, render.KUBERNETES_VERSION, strict=True)
     deployment = objects[1]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    assert container["command"] == lighthouse_command(groups=3, port=LIGHTHOUSE_PORT)
+    min_replicas = build_config(["--restart=replica", "--resilience.replica_groups=3"])[
+        0
+    ].resilience.replica_min_groups
+    assert container["command"] == lighthouse_command(
+        min_replicas=min_replicas, port=LIGHTHOUSE_PORT
+    )
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     policy = objects[3]["spec"]
     assert policy["egress"] == []

@@ -24,7 +24,14 @@ from pathlib import Path
 
 import pytest
 from promql_names import REPO_ROOT
-from support import TINY_MODEL, free_port, requires_tool, subprocess_env, tail
+from support import (
+    TINY_MODEL,
+    free_port,
+    prometheus_server,
+    requires_tool,
+    subprocess_env,
+    tail,
+)
 
 from training.observe.catalog import METRICS
 from training.runlog.files import METRICS_FILE, append_jsonl
@@ -47,8 +54,7 @@ def _query(port: int, promql: str) -> list[dict]:
     return body["data"]["result"]
 
 
-def _start_prometheus(tmp_path: Path, *, target_port: int) -> tuple[subprocess.Popen, int]:
-    port = free_port()
+def _prometheus_config(tmp_path: Path, *, target_port: int) -> Path:
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(REPO_ROOT / "observability" / "alerts.yaml")],
@@ -56,46 +62,18 @@ def _start_prometheus(tmp_path: Path, *, target_port: int) -> tuple[subprocess.P
             {"job_name": "trainer", "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}]}
         ],
     }
-    (tmp_path / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
-    log = open(tmp_path / "prometheus.log", "w")  # noqa: SIM115 (closed with the process)
-    process = subprocess.Popen(
-        [
-            str(PROMETHEUS),
-            f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if "Ready" in _get(f"http://127.0.0.1:{port}/-/ready", timeout=1):
-                return process, port
-        except OSError:
-            time.sleep(0.2)
-    process.kill()
-    pytest.fail(f"prometheus did not start:\n{tail(tmp_path / 'prometheus.log')}")
-
-
-def _stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    path = tmp_path / "prometheus.yml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    return path
 
 
 @needs_prometheus
 def test_prometheus_scrapes_a_local_run(tmp_path: Path, corpus: Path) -> None:
     metrics_port = free_port()
-    prometheus, prom_port = _start_prometheus(tmp_path, target_port=metrics_port)
+    config = _prometheus_config(tmp_path, target_port=metrics_port)
     run_dir = tmp_path / "run"
     log = tmp_path / "train.log"
-    try:
+    with prometheus_server(config, data_dir=tmp_path / "prometheus") as prom_port:
         with open(log, "w") as handle:
             train = subprocess.Popen(
                 [
@@ -147,8 +125,6 @@ def test_prometheus_scrapes_a_local_run(tmp_path: Path, corpus: Path) -> None:
         training = groups["training"]
         assert {r["name"] for r in training} >= {"TrainingStalled", "TrainingRestartStorm"}
         assert all(r["state"] == "inactive" for r in training + groups["gpu"]), training
-    finally:
-        _stop(prometheus)
 
 
 def _exporter(run_dir: Path, port: int, *extra: str) -> subprocess.Popen:

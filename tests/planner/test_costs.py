@@ -15,6 +15,8 @@ from infra.fencer.settings import FENCER
 from planner.costs import (
     DEFAULTS,
     MODES,
+    REPLICA_QUORUM_S,
+    REPLICA_REJOIN_S,
     Job,
     checkpoint_stall_s,
     cluster_model,
@@ -22,13 +24,16 @@ from planner.costs import (
     recovery,
     recovery_s,
     replica_loss_s,
+    replica_recovery,
     scaled_estimates,
     terms,
 )
 from planner.failures import Outcome
-from planner.measured import measured_cpu_model
+from planner.measured import measured_cpu_model, replica_rejoin_s
 from planner.sources import SOURCES
+from training.config import ResilienceConfig
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 HW = Outcome(kind="hardware", share=0.766, needs_node=True, hangs=True)
 SPARE = Outcome(kind="hardware+spare", share=0.1, needs_node=True, hangs=True, spare=True)
 SW = Outcome(kind="software", share=0.134, needs_node=False, hangs=False)
@@ -151,9 +156,10 @@ def test_host_manual_and_not_shipped_paths_by_hand_at_16k() -> None:
     rdzv, nccl, load = 100 / 6, 265 / 6, 84.0
     host = Outcome(kind="host", share=0.1, needs_node=True, hangs=True, host=True)
     manual = Outcome(kind="manual", share=0.01, needs_node=False, hangs=True, manual=True)
-    # Ready turns Unknown after 50 s; the fencer waits 30 s (FENCER.wait_s), EC2 terminates
-    # the instance (60 s, an estimate); a new one boots and pulls the image.
-    host_node = 50 + FENCER.wait_s + 60 + 300 + 300 + 5
+    # Ready turns Unknown after 50 s; the fencer waits 30 s (FENCER.wait_s) and up to one pass
+    # (FENCER.poll_s), EC2 terminates the instance (FENCER.terminate_s, an estimate); a new one
+    # boots and pulls the image.
+    host_node = 50 + FENCER.wait_s + FENCER.poll_s + FENCER.terminate_s + 300 + 300 + 5
     assert recovery_s(model=model, job=job, mode="injob", outcome=host) == pytest.approx(
         30 + 5 + host_node + 30 + rdzv + nccl + load
     )
@@ -161,7 +167,7 @@ def test_host_manual_and_not_shipped_paths_by_hand_at_16k() -> None:
     # PodGC has failed it, at its next loop after the fencer's out-of-service taint
     # (docs/node-loss.md, "The fencer").
     host_spare = replace(host, spare=True)
-    pod_failed = 50 + FENCER.wait_s + 60 + 20
+    pod_failed = 50 + FENCER.wait_s + FENCER.poll_s + FENCER.terminate_s + 20
     assert recovery_s(model=model, job=job, mode="injob", outcome=host_spare) == pytest.approx(
         30 + 5 + pod_failed + 5 + 30 + rdzv + nccl + load
     )
@@ -180,12 +186,60 @@ def test_host_manual_and_not_shipped_paths_by_hand_at_16k() -> None:
     assert recovery_s(model=model, job=job, mode="reserve", outcome=HW) == recovery_s(
         model=model, job=job, mode="inprocess", outcome=HW
     )
-    # Replica groups (not shipped): quorum + the step in flight + the group's own recovery
-    # charged at the group's share of the job.
-    group = recovery_s(model=model, job=_job(512), mode="nested", outcome=HW)
-    assert replica_loss_s(model=model, job=job, outcome=HW) == pytest.approx(
-        5 + 10 + group * 512 / 16_384
+
+
+def test_replica_groups_by_hand_at_16k() -> None:
+    """--restart replica: the failed group's own in-job restart at its size (512 GPUs), its
+    state healed from a peer group over EFA (no rollback), the measured rejoin and the step
+    redone; waiting semantics charge all of it to the job, shrinking only the group's share
+    (after a quorum and the redone step)."""
+    model, job, group = cluster_model(), _job(16_384), _job(512)
+    restart = recovery(model=model, job=group, mode="injob", outcome=HW, source="peer")
+    heal = terms(model=model, job=group)["restore_peer_s"].seconds
+    # 64 nodes: each receives its 840 GB / 64 shard from its counterpart in a live group.
+    assert heal == pytest.approx(
+        840e9 / 64 / (DEFAULTS["efa_gbps"].value * 1e9)
+        + 840e9 / 512 / (DEFAULTS["d2h_gbps"].value * 1e9)
     )
+    assert [t.name for t in restart][-1] == "restore_peer_s"
+    # The group's own start-up: rendezvous and NCCL at 512 ranks, not 16,384.
+    assert {t.name: t.seconds for t in restart}["nccl_init_s"] == pytest.approx(265 * 512 / 98_304)
+    wait = replica_recovery(model=model, job=job, outcome=HW)
+    names = [t.name for t in wait]
+    assert "restore_peer_s" not in names and "ckpt_load_s" not in names
+    assert names[-3:] == ["replica_heal_s", "replica_rejoin_s", "replica_redo_step_s"]
+    waited = sum(t.seconds for t in restart) + REPLICA_REJOIN_S + 10.0
+    assert replica_loss_s(model=model, job=job, outcome=HW) == pytest.approx(waited)
+    # Shrinking: a hung GPU blocks the survivors' all-reduce until the group's own detection
+    # kills its processes (or torchft's timeout, whichever first), then the quorum (measured)
+    # and the redone step; the group's share of the rest.
+    detect = restart[0].seconds
+    timeout = ResilienceConfig().replica_timeout_s
+    assert replica_loss_s(model=model, job=job, outcome=HW, semantics="shrink") == pytest.approx(
+        min(detect, timeout) + REPLICA_QUORUM_S + 10 + (waited - 10) * 512 / 16_384
+    )
+    # A crash is seen at once; a silent node's processes cannot be killed: only the timeout.
+    crash = replace(HW, hangs=False)
+    silent = replace(HW, host=True)
+    for outcome, blocked in ((crash, 0.0), (silent, timeout)):
+        own = sum(t.seconds for t in replica_recovery(model=model, job=group, outcome=outcome))
+        shrunk = replica_loss_s(model=model, job=job, outcome=outcome, semantics="shrink")
+        assert shrunk == pytest.approx(
+            blocked + REPLICA_QUORUM_S + 10 + (own - 10) * 512 / 16_384, rel=1e-6
+        ), outcome
+    # Far below a global restart's loss at this size (no NCCL start-up at 16k ranks).
+    assert waited < recovery_s(model=model, job=job, mode="nested", outcome=HW) - 40
+    with pytest.raises(ValueError, match="wait, shrink"):
+        replica_loss_s(model=model, job=job, outcome=HW, semantics="drop")
+
+
+def test_replica_rejoin_is_what_the_recorded_fault_run_measured() -> None:
+    """The rejoin term's default: the failed group's restored workers (``checkpoint_loaded``)
+    to the survivors' quorum with it back, in the fault test's recorded run."""
+    run = REPO_ROOT / "tests" / "training" / "replica" / "recorded" / "sigkill-group1"
+    assert replica_rejoin_s(recorded=run) == pytest.approx(REPLICA_REJOIN_S, abs=0.05)
+    assert DEFAULTS["replica_rejoin_s"].value == REPLICA_REJOIN_S
+    assert DEFAULTS["replica_rejoin_s"].source == "replica-emulation"
 
 
 def test_low_startup_swaps_in_the_low_ends() -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
 import urllib.parse
@@ -28,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import free_port, missing_tools
+from support import missing_tools, prometheus_server
 
 from infra.fencer.settings import FENCER
 from manifests import render, sizes
@@ -156,7 +155,6 @@ def test_prometheus_scrapes_the_pod_and_reads_its_final_state(
     discovery: tests/infra/test_infra_observability.py runs the scraper's relabeling), AMP's
     managed scraper (a plain Prometheus), the GPU and EFA."""
     pod_ip = f"{emulator.SUBNET}.10"  # completion index 0 (emulator.add_pod_slot)
-    port = free_port()
     config = {
         "global": {"scrape_interval": "1s"},
         "scrape_configs": [
@@ -164,18 +162,7 @@ def test_prometheus_scrapes_the_pod_and_reads_its_final_state(
         ],
     }
     (tmp_path / "prometheus.yml").write_text(json.dumps(config))
-    server = subprocess.Popen(
-        [
-            "prometheus",
-            f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
+    with prometheus_server(tmp_path / "prometheus.yml", data_dir=tmp_path / "prometheus") as port:
         root = tmp_path / "cluster"
         result, job = jobs.run(root, "smoke", restart="injob", env=ONE_POD, nodes=1)
         assert result.exit_codes == {0: [0]}, f"{result}\n{jobs.logs(root)}"
@@ -191,9 +178,6 @@ def test_prometheus_scrapes_the_pod_and_reads_its_final_state(
         assert float(active[0]["value"][1]) == 0
         job_label = _query(port, "last_over_time(training_info[10m])")[0]["metric"]
         assert job_label["training_job"] == job["metadata"]["name"]
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
     _trained_on_one_pod(result, job, root, reference)
 
 
@@ -675,41 +659,8 @@ def test_a_lost_node_is_fenced_its_pod_moves_to_a_spare_and_its_zombie_writes_no
     )
 
 
-def test_a_node_unfit_pods_node_is_cordoned_and_its_replacement_lands_elsewhere(
-    tmp_path: Path,
-) -> None:
-    """One node and one spare; the node's Lustre client is stuck (its probe file a FIFO), so
-    the start-up check exits NODE_UNFIT. It cordons its node first (ops.cordon.cordon
-    through the emulated API), so the Job's replacement skips the node, free again, and
-    preempts the spare, where it trains to the end. Without the cordon the replacement would
-    land on the same bad node (the emulated scheduler takes a free node before a spare)."""
-
-    def plane(pods: emulator.Cluster, spare_objects: list[dict]) -> ControlPlane:
-        state["plane"] = ControlPlane(
-            pods,
-            nodes=1,
-            spares=1,
-            spare_command=jobs.spare_command(spare_objects),
-            times=EKS.scaled(SCALE),
-            root=tmp_path,
-        )
-        return state["plane"]
-
-    state: dict = {}
-    bad = "node-0"  # the plane's first node (emulator.Cluster.add_node)
-    fifo = tmp_path / "fsx" / startup_check.FSX_PROBE_DIR / bad
-    fifo.parent.mkdir(parents=True)
-    os.mkfifo(fifo)
-    result, _ = jobs.run(
-        tmp_path,
-        TWO_NODES,
-        restart="injob",
-        env={**ONE_POD, "FSX_PROBE_TIMEOUT_S": "3"},
-        nodes=1,
-        control_plane=plane,
-    )
-    log = jobs.logs(tmp_path)
-    assert result.status == "Complete", f"{result}\n{log}"
-    assert result.exit_codes == {0: [exits.NODE_UNFIT, 0]}, log
-    assert state["plane"].cordoned == {bad}, log
-    assert result.nodes[0][0] == bad and result.nodes[0][1] != bad, result.nodes
+# A NODE_UNFIT pod's node cordoned, its replacement landing elsewhere: the same run (one node,
+# one spare, the Lustre probe a FIFO, injob on one pod) is tests/pods/test_bad_nodes.py's, which
+# asserts the exit codes (NODE_UNFIT, then 0), the cordon (`unfit` is set only by the cordon's
+# PATCH, podsim/control_plane.py) and the replacement's other node, and then the fencer's work.
+# Without the cordon its replacement would land on the same free node and exit NODE_UNFIT again.

@@ -310,6 +310,9 @@ class CheckpointManager:
         self.events.emit(
             "checkpoint_committed", step=pending.step, path=str(pending.path), write_s=write_s
         )
+        # Written now, not at the writer's next flush: a SIGKILL in that half second would
+        # leave a committed checkpoint that the run's events never name.
+        self.events.flush()
         apply_retention(
             self.root, keep_last=self.config.keep_last, keep_every=self.config.keep_every
         )

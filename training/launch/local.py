@@ -21,9 +21,8 @@ import time
 from pathlib import Path
 
 from training import exits
-from training.command import LAUNCHERS, Rendezvous, launcher_command
+from training.command import COLD_RESTARTS_ENV, LAUNCHERS, Rendezvous, launcher_command
 from training.config import JobConfig
-from training.data import DataError
 from training.exits import ConfigError
 from training.launch.reaper import Reaper
 from training.modes import snapshot_plan, spec
@@ -32,9 +31,9 @@ from training.observe.launch import exporter_command, start_exporter, stop_expor
 from training.overrides import build_config
 from training.replica.launch import group_dir, group_launches, run_groups, start_lighthouse, stop
 from training.replica.topology import LIGHTHOUSE_BIN, group_sizes
-from training.run import COLD_RESTARTS_ENV
 from training.runlog.metrics import EventLog
 from training.runlog.verdict import read_verdict
+from training.shards import DataError, open_shards
 
 
 def free_port() -> int:
@@ -89,7 +88,10 @@ def run_replica_groups(
     groups = config.resilience.replica_groups
     lighthouse_port = free_port()
     lighthouse = start_lighthouse(
-        groups=groups, port=lighthouse_port, bin_path=_bin(LIGHTHOUSE_BIN)
+        min_replicas=config.resilience.replica_min_groups,
+        port=lighthouse_port,
+        bin_path=_bin(LIGHTHOUSE_BIN),
+        log_path=Path(config.run_dir) / "lighthouse.log",
     )
     address = f"http://127.0.0.1:{lighthouse_port}"
     events.emit(
@@ -142,9 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         config, _ = build_config(train_args)
         if spec(config.resilience.restart).replica_groups:
             group_sizes(world_size=args.nproc, groups=config.resilience.replica_groups)
-        from training.data import TokenShards
-
-        TokenShards(
+        open_shards(
             path=Path(config.data.path),
             seq_len=config.data.seq_len,
             vocab_size=config.model.vocab_size,

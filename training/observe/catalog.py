@@ -131,7 +131,8 @@ _JOB_METRICS: tuple[Metric, ...] = (
     Metric(
         name="training_checkpoints_committed_total",
         type="counter",
-        help="Checkpoints committed to shared storage.",
+        help="Checkpoints committed to shared storage: those this run's events name, and "
+        "those it restored from.",
     ),
     Metric(
         name="training_checkpoint_last_commit_step",

@@ -29,7 +29,7 @@ from training.observe.catalog import (
     REPLICA_GROUP_LABEL,
     STRAGGLER_EVENT,
 )
-from training.runlog.accounting import RunDirError, RunSummary, summarize
+from training.runlog.accounting import RunDirError, RunSummary, proven_commit, summarize
 from training.runlog.files import EVENTS_FILE, METRICS_FILE, parse_jsonl
 from training.runlog.replica import READ_KINDS, summarize_replica
 
@@ -273,8 +273,8 @@ class RunView:
                     ev.restore_last[source] = (newest[0], max(newest[1], seconds))
             if e.get("rank") == 0:  # every rank restores; count the job's restores once
                 ev.restores[source] = ev.restores.get(source, 0) + 1
-            if source == "storage" and isinstance(e.get("step"), int):
-                ev.restored_steps.add(e["step"])
+            if (proven := proven_commit(e)) is not None:
+                ev.restored_steps.add(proven[1])
         if kind == STRAGGLER_EVENT:  # rank 0 writes every rank's score
             threshold = _num(e.get("threshold"))
             for entry in e.get("scores") or []:
@@ -433,8 +433,10 @@ class RunView:
             add("training_restarts_total", count, layer=layer, cause=cause)
         for layer, seconds in sorted(self._lost.items()):
             add("training_restart_lost_seconds_total", seconds, layer=layer)
-        add("training_checkpoints_committed_total", float(len(ev.commits)))
         commit_steps = [k[1] for k in ev.commits if isinstance(k, tuple)]
+        # A restore from storage proves its step committed (``proven_commit``).
+        unnamed_commits = ev.restored_steps.difference(commit_steps)
+        add("training_checkpoints_committed_total", float(len(ev.commits) + len(unnamed_commits)))
         newest_checkpoint = max([*commit_steps, *ev.restored_steps], default=0)
         add("training_checkpoint_last_commit_step", float(newest_checkpoint))
         if ev.commits:

@@ -72,15 +72,22 @@ def group_launches(
     ]
 
 
-def start_lighthouse(*, groups: int, port: int, bin_path: str) -> subprocess.Popen[bytes]:
-    """The Lighthouse, up and accepting connections (a clear error if it is not)."""
-    command = lighthouse_command(groups=groups, port=port)
+def start_lighthouse(
+    *, min_replicas: int, port: int, bin_path: str, log_path: Path
+) -> subprocess.Popen[bytes]:
+    """The Lighthouse, up and accepting connections (a clear error if it is not).
+    ``min_replicas``: ``ResilienceConfig.replica_min_groups``. Its log goes to ``log_path``: it
+    logs every quorum tick's status, and a pipe nobody reads fills up (64 KiB) and blocks it in
+    the middle of a run (seen: every group stuck at a quorum after ~30 steps)."""
+    command = lighthouse_command(min_replicas=min_replicas, port=port)
     command[0] = bin_path
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + LIGHTHOUSE_START_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            err = process.stderr.read().decode() if process.stderr else ""
+            err = log_path.read_text(errors="replace")[-2000:]
             raise RuntimeError(
                 f"the torchft Lighthouse exited at start ({process.returncode}): {err}"
             )

@@ -50,17 +50,33 @@ class ReplicaTopology:
         return cls(group=group, groups=groups, lighthouse=env[LIGHTHOUSE_ENV])
 
 
-def lighthouse_command(*, groups: int, port: int, join_timeout_ms: int = 1000) -> list[str]:
-    """The Lighthouse's command line (``torchft_lighthouse --help``). Waiting semantics: no
-    quorum forms with fewer than every group (``--min_replicas``), so the survivors wait at the
-    step's quorum for the failed group. ``--join_timeout_ms``: how long a quorum waits for
-    heartbeating stragglers once it could form; a restarted group has a new replica id, so
-    without a short wait every rejoin would add torchft's 60 s default."""
+LIGHTHOUSE_JOIN_TIMEOUT_MS = 1000
+"""``--join_timeout_ms``: how long a quorum that could form waits for replicas that heartbeat
+but have not asked to join (torchft ``src/lighthouse.rs`` ``quorum_compute``: "waiting for
+stragglers due to join timeout"). A restarted group has a new replica id (``Manager`` appends a
+uuid), so with torchft's 60 s default every rejoin would wait 60 s; every group asks within
+a step, so one second is plenty."""
+LIGHTHOUSE_HEARTBEAT_TIMEOUT_MS = 2000
+"""``--heartbeat_timeout_ms``: a replica silent this long is dead to the Lighthouse. A failed
+group's Manager server (in its rank 0) stops heartbeating when its launcher stops the group's
+workers; until this expires, the Lighthouse's split-brain rule (``quorum_compute``: a new
+quorum needs more than half of the heartbeating replicas) keeps the survivors of a 2-group
+job from shrinking. So the shrinking semantics' stall is about this plus the group's stop.
+torchft's default is 5000; the Manager heartbeats every 100 ms (``Manager``'s
+``heartbeat_interval``), so 2000 ms is 20 missed beats: not a loaded machine's hiccup."""
+
+
+def lighthouse_command(*, min_replicas: int, port: int) -> list[str]:
+    """The Lighthouse's command line (``torchft_lighthouse --help``). ``min_replicas`` is the
+    run's ``ResilienceConfig.replica_min_groups`` (every group in the waiting semantics: the
+    survivors wait at the step's quorum for the failed group; one in the shrinking semantics).
+    ``--quorum_tick_ms`` stays torchft's 100: a dead replica's expiry is seen at a tick."""
     return [
         LIGHTHOUSE_BIN,
-        f"--min_replicas={groups}",
+        f"--min_replicas={min_replicas}",
         f"--bind=[::]:{port}",
-        f"--join_timeout_ms={join_timeout_ms}",
+        f"--join_timeout_ms={LIGHTHOUSE_JOIN_TIMEOUT_MS}",
+        f"--heartbeat_timeout_ms={LIGHTHOUSE_HEARTBEAT_TIMEOUT_MS}",
     ]
 
 

@@ -7,11 +7,13 @@ averages that shard across the groups with ``Manager.allreduce`` (a SUM divided 
 quorum's participants, ``torchft/manager.py``). Rank ``r`` of every group holds the same shard,
 so the replicate dimension is one torchft process group per group rank.
 
-Every step (waiting semantics, the only one shipped):
+Every step (``resilience.replica_semantics``; docs/replica-groups.md):
 
 1. ``Manager.start_quorum`` (synchronous: ``use_async_quorum=False``) at the top of ``fit``'s
-   iteration (``Trainer.begin_step``). The Lighthouse forms no quorum with fewer than every
-   group (``--min_replicas``), so survivors of a failed group wait here for it. A group that
+   iteration (``Trainer.begin_step``). Waiting semantics: the Lighthouse forms no quorum with
+   fewer than every group (``--min_replicas``), so survivors of a failed group wait here for
+   it. Shrinking semantics (``--min_replicas=1``): the survivors' quorum forms without it once
+   the Lighthouse has stopped hearing from it, and they go on. A group that
    restarted is behind the quorum's ``max_step``: torchft heals it from a live peer (the
    peer's ``state_dict`` over its ``HTTPTransport``, ``Manager._async_quorum``) and applies it
    in the main thread (``_apply_pending_state_dict``) before the step runs.
@@ -19,7 +21,18 @@ Every step (waiting semantics, the only one shipped):
 3. ``Manager.should_commit`` before the optimizer update (``_CommitGate``): False on every rank
    of a group when any of its ranks saw a failed cross-group collective. The step is then
    discarded (no update, gradients dropped, sampler and RNG rewound) and redone after a new
-   quorum with the failed group back: the run stays bit-identical to a fault-free one.
+   quorum: with the failed group back (waiting: the run stays bit-identical to a fault-free
+   one), or without it (shrinking).
+
+Shrinking semantics, exactly: the learning rate is unchanged (the schedule is a function of
+the step, and the step's gradient is still a mean over samples: an unbiased estimate from a
+smaller batch); the gradient is averaged over the groups present (``Manager.allreduce``: a
+SUM divided by ``num_participants()``, ``torchft/manager.py``); the missing groups' samples of
+each step committed without them are skipped, never replayed, and written down by the lowest
+group present (``replica_samples_skipped``: the missing group, the step, the sampler position,
+the sample indices each of its ranks would have read), so nothing is lost silently. Every
+group's sampler advances by the whole global batch each step, so no sample is read twice, and
+a rejoining group heals to its peers' step and sampler position.
 
 Data: the sampler's layout spans every group (``world = groups x group size``, rank
 ``group x group size + rank``), so each group reads its own deterministic share of each global
@@ -43,7 +56,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from training.config import JobConfig
-from training.data import BatchLayout
+from training.data import BatchLayout, ResumableSampler
 from training.modes import spec
 from training.replica.topology import ReplicaTopology
 from training.trainer import Trainer
@@ -84,6 +97,16 @@ def replica_layout(
         micro_batch_size=micro_batch_size,
         grad_accum_steps=grad_accum_steps,
     )
+
+
+def samples_at(*, sampler: ResumableSampler, position: int) -> tuple[int, list[int]]:
+    """The samples ``sampler``'s rank reads in the step at sampler ``position``, as ``(epoch,
+    indices)``: an index names a sample within its epoch (each epoch is a new permutation of the
+    same indices), so the pair names it in the run. A step never spans two epochs (an epoch is
+    whole global batches)."""
+    sampler.consumed_samples = position
+    epoch = position // sampler.epoch_len
+    return epoch, [i for micro in sampler.next_step() for i in micro]
 
 
 def _manager_store() -> tuple[str, int]:
@@ -134,7 +157,39 @@ class _CommitGate:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
 
+def group_of(replica_id: str) -> int | None:
+    """The group of a torchft replica id (``group<g>:<uuid>``: ``replica_id`` below, to which
+    the ``Manager`` appends a uuid per process)."""
+    name = replica_id.split(":", 1)[0]
+    return int(name[5:]) if name.startswith("group") and name[5:].isdigit() else None
+
+
+class _QuorumMembers:
+    """The Manager's client, keeping the groups of the last quorum it returned.
+
+    torchft's ``QuorumResult`` lists the quorum's ``replica_ids`` (``torchft/_torchft.pyi``),
+    but ``Manager._async_quorum`` keeps only their count (``num_participants``); the shrinking
+    semantics needs to know which groups are out (whose samples a step skipped)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.groups: frozenset[int] = frozenset()
+
+    def _quorum(self, **kwargs: Any) -> Any:
+        result = self._client._quorum(**kwargs)
+        self.groups = frozenset(
+            g for g in (group_of(r) for r in result.replica_ids) if g is not None
+        )
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
 class ReplicaTrainer(Trainer):
+    _shrink = False
+    """``resilience.replica_semantics == "shrink"`` (set in ``__init__``)."""
+
     def __init__(self, *, topology: ReplicaTopology, **kwargs: Any) -> None:
         self.topology = topology  # before Trainer's: its data layout (_batch_layout) reads it
         super().__init__(**kwargs)
@@ -154,7 +209,7 @@ class ReplicaTrainer(Trainer):
             pg=pg,
             load_state_dict=self._load_heal_state,
             state_dict=self._heal_state,
-            min_replica_size=topology.groups,  # waiting semantics: no step with a group out
+            min_replica_size=r.replica_min_groups,  # wait: every group; shrink: one
             use_async_quorum=False,  # heal before the step, in the main thread
             timeout=timeout,
             quorum_timeout=timedelta(seconds=r.replica_wait_s),
@@ -169,6 +224,11 @@ class ReplicaTrainer(Trainer):
             hostname=os.environ.get("POD_IP") or socket.gethostname(),
             init_sync=False,  # every group initialises the same weights from the same seed
         )
+        # Private in torchft 2026.10.26 (the pinned version): the client the quorum goes through.
+        self._members = _QuorumMembers(self.manager._client)
+        self.manager._client = self._members
+        self._shrink = r.replica_semantics == "shrink"
+        self._missing_samplers: dict[int, ResumableSampler] = {}
         for module in self.model.modules():
             if isinstance(module, FSDPModule):
                 module.set_all_reduce_hook(self._average_across_groups)
@@ -247,8 +307,13 @@ class ReplicaTrainer(Trainer):
         started = time.perf_counter()
         behind = self.step
         wait = timedelta(seconds=self.config.resilience.replica_wait_s)
+        groups = self.topology.groups
+        needed = 0  # the waiting semantics: the Lighthouse counts them (--min_replicas)
+        if self._shrink and self._participants == 0:  # this process's first quorum
+            # A fresh run starts with every group; a restarted group joins a peer to heal from.
+            needed = groups if self.step == 0 else min(2, groups)
         waited = self._keeping_alive(
-            partial(self.manager.start_quorum, timeout=wait), step=self.step
+            partial(self._start_quorum, timeout=wait, needed=needed), step=self.step
         )
         elapsed = time.perf_counter() - started
         participants = self.manager.num_participants()
@@ -280,6 +345,67 @@ class ReplicaTrainer(Trainer):
             )
             self._participants = participants
         return elapsed, waited and changed, healed
+
+    def _start_quorum(self, *, timeout: timedelta, needed: int) -> None:
+        """``Manager.start_quorum``, again until ``needed`` groups are in it (or ``timeout`` has
+        passed). In the shrinking semantics the Lighthouse forms a quorum of one group: at a
+        start the first group to arrive would otherwise train alone, skipping the others'
+        samples while they still import torch; a restarted group would train alone from its
+        own checkpoint instead of healing from a peer."""
+        deadline = time.monotonic() + timeout.total_seconds()
+        while True:
+            self.manager.start_quorum(timeout=timeout)
+            if not needed or len(self._members.groups) >= needed:
+                return
+            if time.monotonic() >= deadline:
+                # As the waiting semantics' quorum times out: a group back after its peers
+                # finished (or with none alive) must not train alone from its own checkpoint.
+                raise TimeoutError(
+                    f"replica group {self.topology.group}: not every group joined in "
+                    f"{timeout.total_seconds():.0f} s (resilience.replica_wait_s); "
+                    f"quorum had groups {sorted(self._members.groups)}"
+                )
+            time.sleep(0.2)
+
+    def _record_skipped_samples(self, *, step: int, position: int) -> None:
+        """Shrinking semantics, a step just committed: the samples of each group out of its
+        quorum are skipped. The lowest group present writes them down, every rank ``r`` the
+        indices group ``g``'s rank ``r`` would have read (the same sampler, ``g``'s layout, at
+        the step's position), so the account is every sample of the missing group's share."""
+        present = self._members.groups
+        missing = [g for g in range(self.topology.groups) if g not in present]
+        if not missing or not present or self.topology.group != min(present):
+            return
+        for g in missing:
+            sampler = self._missing_samplers.get(g)
+            if sampler is None:
+                t = self.config.train
+                layout = replica_layout(
+                    topology=ReplicaTopology(
+                        group=g, groups=self.topology.groups, lighthouse=self.topology.lighthouse
+                    ),
+                    group_size=self.env.world_size,
+                    rank=self.env.rank,
+                    micro_batch_size=t.micro_batch_size,
+                    grad_accum_steps=t.grad_accum_steps,
+                )
+                sampler = ResumableSampler(
+                    num_samples=self.shards.num_samples,
+                    layout=layout,
+                    seed=self.sampler.seed,
+                    shuffle=self.sampler.shuffle,
+                )
+                self._missing_samplers[g] = sampler
+            epoch, indices = samples_at(sampler=sampler, position=position)
+            self._emit(
+                "replica_samples_skipped",
+                step=step,
+                missing_group=g,
+                position=position,
+                epoch=epoch,
+                samples=len(indices),
+                indices=indices,
+            )
 
     def _keeping_alive(self, wait: Callable[[], None], *, step: int) -> bool:
         """Run ``wait`` (a quorum, which blocks while a group is out) in a thread while this one
@@ -331,6 +457,10 @@ class ReplicaTrainer(Trainer):
             finally:
                 self.optimizer = optimizer
             if gate.committed:
+                if self._shrink:
+                    self._record_skipped_samples(
+                        step=self.step + 1, position=int(sampler_state["consumed_samples"])
+                    )
                 return loss
             # A group failed during this step: nothing of it is kept, and every group redoes it.
             self.sampler.load_state_dict(sampler_state)

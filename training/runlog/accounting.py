@@ -199,7 +199,8 @@ class RunSummary:
     restarts: tuple[Restart, ...]
     """Incidents that contain a restart (restart_begin/restart_end or a new attempt)."""
     checkpoints_committed: int
-    """Distinct committed checkpoints (by step, else by path), duplicates across ranks removed."""
+    """Distinct committed checkpoints (by step, else by path), duplicates across ranks removed;
+    a checkpoint restored from storage counts (``proven_commit``)."""
     ckpt_blocking_median_s: float | None
     """Median over checkpoints of the slowest rank's blocking_s (the training stall)."""
     tokens_per_s_median: float | None
@@ -385,6 +386,19 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def proven_commit(event: dict[str, Any]) -> Any | None:
+    """The checkpoint an event proves committed (``("step", n)``, else its path), or None: a
+    ``checkpoint_committed`` line, or a restore from storage, which loads only a committed
+    checkpoint. The restore stands in for a commit line that a SIGKILL between the commit
+    record and the line's write lost (docs/observability.md)."""
+    kind, step = event.get("kind"), event.get("step")
+    if kind == "checkpoint_committed":
+        return ("step", step) if step is not None else event.get("path")
+    if kind == "checkpoint_load" and (event.get("source") or "storage") == "storage":
+        return ("step", step) if isinstance(step, int) else None
+    return None
+
+
 def summarize(*, run_dir: Path) -> RunSummary:
     """Compute the `RunSummary` of a run directory (see `Restart` for how time lost is defined).
 
@@ -481,10 +495,7 @@ def summarize(*, run_dir: Path) -> RunSummary:
         for r, ev in zip(restarts, per_restart, strict=True)
     ]
 
-    committed: set[Any] = set()
-    for e in events:
-        if e["kind"] == "checkpoint_committed":
-            committed.add(("step", e["step"]) if e.get("step") is not None else e.get("path"))
+    committed = {key for e in events if (key := proven_commit(e)) is not None}
     # The stall a checkpoint causes is the slowest rank's: group staged events per step.
     blocking: dict[Any, float] = {}
     for e in events:

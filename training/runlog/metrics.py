@@ -18,8 +18,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from training.runlog import writer
 from training.runlog.files import EVENTS_FILE, METRICS_FILE
 
@@ -31,13 +29,14 @@ PEAK_BF16_FLOPS: dict[str, float] = {
 }
 
 
-def peak_flops_for(device: torch.device) -> float | None:
-    """Peak bf16 FLOP/s of this device, or None (CPU, unknown GPU): MFU is then not reported."""
-    if device.type != "cuda":
+def peak_flops_for(device_name: str | None) -> float | None:
+    """Peak bf16 FLOP/s of the GPU named ``device_name`` (``torch.cuda.get_device_name``), or
+    None (no GPU: None; an unknown GPU): MFU is then not reported. Takes the name, not the
+    device: this module stays torch-free for the local launcher, which writes events too."""
+    if device_name is None:
         return None
-    name = torch.cuda.get_device_name(device)
     for key, value in PEAK_BF16_FLOPS.items():
-        if key in name:
+        if key in device_name:
             return value
     return None
 

@@ -11,10 +11,14 @@ group's run directory (``<run_dir>/group-<g>``)::
     replica_step_discarded {step, group, cause}  a cross-group collective failed in the step
     replica_stall    {step, group, stall_s}    a survivor's seconds without a step, per failure
     replica_heal     {step, from_step, group, heal_s, bytes}  this group healed from a peer
+    replica_samples_skipped {step, group, missing_group, position, epoch, samples, indices}
+                     shrinking semantics: a step committed without ``missing_group``; its
+                     samples (each rank: its counterpart's indices) are skipped, not replayed
 
 Every rank writes its own line; one occurrence is the same event of all ranks (a rank's k-th
 event of a kind at a step): seconds are the slowest rank's, bytes the sum (each rank heals its
-own shard). Standard library only.
+own shard); skipped samples are summed over every line (each rank wrote its own
+counterpart's). Standard library only.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ WAITING = "replica_waiting"
 DISCARDED = "replica_step_discarded"
 STALL = "replica_stall"
 HEAL = "replica_heal"
-KINDS = frozenset({QUORUM, WAITING, DISCARDED, STALL, HEAL})
+SKIPPED = "replica_samples_skipped"
+KINDS = frozenset({QUORUM, WAITING, DISCARDED, STALL, HEAL, SKIPPED})
 
 _ENDS_A_WAIT = frozenset({QUORUM, HEAL, "run_start", "attempt_start", "run_end", "fault"})
 """A rank's later event of one of these kinds ends its open wait (a quorum formed, or the rank
@@ -87,6 +92,11 @@ class ReplicaSummary:
     steps_discarded: int
     waiting_since: float | None
     """Unix time this group's ranks started a wait that has not ended (a group is out now)."""
+    samples_skipped: int = 0
+    """Shrinking semantics: samples of missing groups that steps committed without (written
+    by the lowest group present, so a run's total is the sum over its groups)."""
+    steps_skipped: tuple[tuple[int, int], ...] = ()
+    """(missing group, step) of each step committed without that group, in order."""
 
     @property
     def participants(self) -> int | None:
@@ -179,6 +189,10 @@ def summarize_replica(events: Iterable[dict[str, Any]]) -> ReplicaSummary | None
         )
         for lines in occurrences(mine, STALL)
     ]
+    skipped = [e for e in mine if e.get("kind") == SKIPPED]
+    steps_skipped = sorted(
+        {(int(e.get("missing_group") or 0), int(e.get("step") or 0)) for e in skipped}
+    )
     group = next((e["group"] for e in mine if isinstance(e.get("group"), int)), None)
     return ReplicaSummary(
         group=group,
@@ -187,6 +201,8 @@ def summarize_replica(events: Iterable[dict[str, Any]]) -> ReplicaSummary | None
         heals=tuple(heals),
         stalls=tuple(stalls),
         steps_discarded=len(occurrences(mine, DISCARDED)),
+        samples_skipped=sum(int(_num(e.get("samples")) or 0) for e in skipped),
+        steps_skipped=tuple(steps_skipped),
         waiting_since=_waiting_since(
             [e for e in events if e.get("kind") in _ENDS_A_WAIT | {WAITING}]
         ),

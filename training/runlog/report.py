@@ -190,6 +190,13 @@ def format_replica(summary: RunSummary) -> list[str]:
         ("survivors' stalls", stalls),
         ("heals", heals),
     ]
+    if r.samples_skipped:
+        head.append(
+            (
+                "samples skipped",
+                f"{r.samples_skipped} (shrink: {len(r.steps_skipped)} group-steps without a group)",
+            )
+        )
     if r.waiting_since is not None:
         head.append(("waiting for a group since", _fmt_s(r.waiting_since - t0)))
     rows = [

@@ -19,7 +19,8 @@ exception (``atexit``), SIGTERM (the loop's final checkpoint and ``run_end``, th
 exit; a forced exit flushes before ``os._exit``: ``training.trainer``), an in-process restart
 (``training.resilience.inprocess`` flushes at ``restart_begin``), an injected fault
 (``training.resilience.inject`` flushes before it fires). Only SIGKILL (and a frozen node) skips
-them: up to the last ``FLUSH_INTERVAL_S`` of lines. Standard library only.
+them: up to the last ``FLUSH_INTERVAL_S`` of lines. A commit's event is flushed when it is
+emitted (``training.checkpoint.manager``): it names a durable fact. Standard library only.
 """
 
 from __future__ import annotations

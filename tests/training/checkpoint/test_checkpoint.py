@@ -213,36 +213,40 @@ def test_nvrx_helper_processes_die_with_their_rank(tmp_path: Path) -> None:
     exist before the first save (otherwise that save pays its start-up on the training path)."""
     result_dir = tmp_path / "probe"
     result_dir.mkdir()
-    proc = subprocess.Popen(
-        [
-            str(VENV_BIN / "python"),
-            str(REPO_ROOT / "tests/training/probes/worker_lifetime_probe.py"),
-            str(result_dir),
-        ],
-        cwd=REPO_ROOT,
-        env=subprocess_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    # Output to a file, not a pipe nobody reads: the probe's processes (its resource tracker's
+    # leak warnings at exit among them) must never block on a full pipe and outlive the test.
+    log = tmp_path / "probe.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [
+                str(VENV_BIN / "python"),
+                str(REPO_ROOT / "tests/training/probes/worker_lifetime_probe.py"),
+                str(result_dir),
+            ],
+            cwd=REPO_ROOT,
+            env=subprocess_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     report_path = result_dir / "children.json"
     try:
         deadline = time.monotonic() + 90
         while not report_path.exists():
-            assert proc.poll() is None, f"probe exited early:\n{proc.stdout.read()[-3000:]}"
+            assert proc.poll() is None, f"probe exited early:\n{log.read_text()[-3000:]}"
             assert time.monotonic() < deadline, "probe never reported its children"
             time.sleep(0.2)
         report = json.loads(report_path.read_text())
     finally:
         proc.kill()
         proc.wait(timeout=30)
+    # The resource tracker last: it exits once the helpers holding its pipe are gone.
+    started = [*report["children"], *([report["tracker"]] if report["tracker"] else [])]
     deadline = time.monotonic() + 15
-    while (alive := [pid for pid in report["children"] if _alive(pid)]) and (
-        time.monotonic() < deadline
-    ):
+    while (alive := [pid for pid in started if _alive(pid)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     for pid in alive:  # do not leak them into the rest of the test session
         os.kill(pid, signal.SIGKILL)
     assert alive == [], f"helper processes outlived their SIGKILLed rank: {alive}"
+    assert report["tracker"], "the probe started no resource tracker: nothing checked its end"
     assert len(report["children"]) >= 2, report  # the persistent worker and the Manager
     assert report["queue_ready_at_start"], "NVRx's write-results queue was not started up front"

@@ -52,11 +52,14 @@ class _Trainer:
 @pytest.mark.distributed
 @pytest.mark.timeout(120)
 def test_an_async_save_commits_on_rank_0s_committer_not_in_the_loop(
-    tmp_path: Path, one_rank_group: None
+    tmp_path: Path, one_rank_group: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The loop's poll finalizes the save (every rank's files durable) and returns while the
     commit record is still being written; ``wait`` (the final save, ``close``) returns only
-    once it is. Retention runs after the commit on the same thread: the newest stays."""
+    once it is. Retention runs after the commit on the same thread: the newest stays. The
+    commit's event is on disk when the commit returns, not at the event writer's next flush
+    (here an hour away): a SIGKILL in between would hide a committed checkpoint."""
+    monkeypatch.setattr(writer, "_appender", writer.BufferedAppender(interval_s=3600))
     main = threading.get_ident()
     at_commit = threading.Event()
     release = threading.Event()
@@ -102,7 +105,6 @@ def test_an_async_save_commits_on_rank_0s_committer_not_in_the_loop(
         release.set()
         manager.close()
     assert commit_threads and all(t != main for t in commit_threads)
-    writer.flush()  # this process's queued event lines
     committed = [
         e["step"]
         for e in read_jsonl(tmp_path / EVENTS_FILE)[0]

@@ -20,6 +20,7 @@ from test_eks_launcher import IMAGE, JOB, NS, SPARE_CLASS, SPARES, _healthy, _po
 
 from manifests import render, replica
 from training.launch import eks
+from training.overrides import build_config
 
 JOBSETS = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets"
 fake = base.fake  # the fake API server and the stack outputs (fixtures, found by these names)
@@ -94,7 +95,9 @@ def test_the_groups_come_from_the_trainer_arguments(fake, outputs):
     assert "--resilience.replica_groups=3" in " ".join(args)
     lighthouse = next(r.body for r in fake.requests if r.path == LIGHTHOUSE[1][1])
     command = lighthouse["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert "--min_replicas=3" in command
+    # As the trainer derives it from the same arguments (resilience.replica_semantics).
+    config, _ = build_config(["--restart=replica", "--resilience.replica_groups=3"])
+    assert f"--min_replicas={config.resilience.replica_min_groups}" in command
 
 
 def test_a_changed_jobset_says_stop_first(fake, outputs):

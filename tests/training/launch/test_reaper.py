@@ -22,9 +22,13 @@ from training.launch import reaper
 
 LAUNCHER = textwrap.dedent(
     """
-    import os, subprocess, sys, time
+    import os, signal, subprocess, sys, time
     from pathlib import Path
     from training.launch.reaper import Reaper
+
+    # A terminal's session: SIGHUP ends the process. A suite started under nohup would hand
+    # its children SIGHUP ignored (signal(7): an ignored disposition survives fork and exec).
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
     shm = Path(sys.argv[1])
     reaper = Reaper()

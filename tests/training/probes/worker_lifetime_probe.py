@@ -3,8 +3,9 @@ tests/training/checkpoint/test_checkpoint.py).
 
 One rank (gloo, world size 1): start the NVRx checkpoint queue as a run does at start-up,
 record whether NVRx's write-results queue already exists, save one small checkpoint through
-NVRx and wait for it, then write the pids of every child process this rank started and sleep
-until the test SIGKILLs it. Usage: python worker_lifetime_probe.py RESULT_DIR
+NVRx and wait for it, then write the pids of every child process this rank started (its
+multiprocessing resource tracker too) and sleep until the test SIGKILLs it.
+Usage: python worker_lifetime_probe.py RESULT_DIR
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import sys
 import time
 from functools import partial
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 import torch
@@ -43,7 +45,16 @@ def main() -> None:
         queue.poll(blocking=False)
         time.sleep(0.05)
     children = [child.pid for child in multiprocessing.active_children()]
-    report = {"pid": os.getpid(), "children": children, "queue_ready_at_start": ready_at_start}
+    # The resource tracker is no Process (multiprocessing/resource_tracker.py starts it with
+    # spawnv_passfds): it exits once every process holding its pipe (this rank and the helpers
+    # it spawned) is gone.
+    tracker = resource_tracker._resource_tracker._pid
+    report = {
+        "pid": os.getpid(),
+        "children": children,
+        "tracker": tracker,
+        "queue_ready_at_start": ready_at_start,
+    }
     partial_path = result_dir / "children.json.tmp"
     partial_path.write_text(json.dumps(report))
     partial_path.rename(result_dir / "children.json")  # the test never reads half a file

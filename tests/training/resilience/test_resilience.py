@@ -300,30 +300,46 @@ def test_inprocess_alone_names_a_frozen_rank_and_exits_for_a_replacement(
     assert ends and all("gave up after" not in e["cause"] for e in ends)
 
 
-@pytest.mark.distributed
-@pytest.mark.timeout(300)
-def test_inprocess_hang_detection_calibrated_from_step_times(
-    tmp_path: Path, corpus: Path, reference: dict
-) -> None:
-    """With calibration on, a hang is detected within max(2 s, 5 x p99 step time) (the timeout
-    at the floor is 1.9 s: the floor less twice the watchdog's poll), long before
-    the configured 30 s soft timeout, and the run still ends bit-identical."""
-    run_dir = tmp_path / "run"
+CALIBRATED_HANGS = "hang@0:11;hang_kernel@1:21"
+"""Both in-process hangs of the calibrated watchdog, in one run (each attempt calibrates after
+its own 5 steps: the first hang's restart resumes from step 8 or later, so by step 21 the
+second attempt is calibrated again)."""
+
+
+@pytest.fixture(scope="module")
+def calibrated_inprocess_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
+    """One in-process run with calibration on and both hangs of CALIBRATED_HANGS; the two tests
+    below read different things from it (one run instead of two: ~35 s on 2 cores)."""
+    run_dir = tmp_path_factory.mktemp("calibrated-inprocess") / "run"
     proc = launch(
         run_dir,
         corpus,
         "--restart=inprocess",
-        "--faults=hang@0:14",
+        f"--faults={CALIBRATED_HANGS}",
         "--resilience.calibrate_timeouts_after=5",
         "--resilience.soft_timeout_s=30",
         "--resilience.hard_timeout_s=60",
     )
     assert proc.returncode == 0, tail(proc.log)
+    fired = [e["fault"] for e in events(run_dir) if e["kind"] == "fault"]
+    assert sorted(fired) == ["hang", "hang_kernel"], fired
+    return run_dir
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_inprocess_hang_detection_calibrated_from_step_times(
+    calibrated_inprocess_run: Path, reference: dict
+) -> None:
+    """With calibration on, a hang is detected within max(2 s, 5 x p99 step time) (the timeout
+    at the floor is 1.9 s: the floor less twice the watchdog's poll), long before
+    the configured 30 s soft timeout, and the run still ends bit-identical."""
+    run_dir = calibrated_inprocess_run
     log = events(run_dir)
-    detected = [e for e in log if e["kind"] == "hang_detected"]
+    (hang,) = [e for e in log if e["kind"] == "fault" and e["fault"] == "hang"]
+    detected = [e for e in log if e["kind"] == "hang_detected" and e["time"] > hang["time"]]
     assert detected, "the calibrated watchdog must have fired"
     assert all(1.9 <= e["timeout_s"] < 30 for e in detected)
-    (hang,) = [e for e in log if e["kind"] == "fault"]
     resumed = [m for m in read_metrics(run_dir) if m["time"] - m["step_time_s"] > hang["time"]]
     assert resumed and min(m["time"] for m in resumed) - hang["time"] < 30
     assert_identical(final_state(run_dir), reference)
@@ -332,7 +348,7 @@ def test_inprocess_hang_detection_calibrated_from_step_times(
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_inprocess_hang_in_native_code_releases_the_peer_before_the_call_returns(
-    tmp_path: Path, corpus: Path, reference: dict
+    calibrated_inprocess_run: Path, reference: dict
 ) -> None:
     """Rank 1 held in native code for 15 s (``hang_kernel``: on a GPU a spinning kernel and a
     synchronize; here one C call), where no Python signal handler or asynchronous exception
@@ -342,24 +358,23 @@ def test_inprocess_hang_in_native_code_releases_the_peer_before_the_call_returns
     run still ends bit-identical."""
     from training.faults import HANG_KERNEL_S
 
-    run_dir = tmp_path / "run"
-    proc = launch(
-        run_dir,
-        corpus,
-        "--restart=inprocess",
-        "--faults=hang_kernel@1:14",
-        "--resilience.calibrate_timeouts_after=5",
-        "--resilience.soft_timeout_s=30",
-        "--resilience.hard_timeout_s=60",
-    )
-    assert proc.returncode == 0, tail(proc.log)
+    run_dir = calibrated_inprocess_run
     log = events(run_dir)
-    (fault,) = [e for e in log if e["kind"] == "fault"]
-    detected = [e for e in log if e["kind"] == "hang_detected" and e["rank"] == 1]
+    (fault,) = [e for e in log if e["kind"] == "fault" and e["fault"] == "hang_kernel"]
+    detected = [
+        e
+        for e in log
+        if e["kind"] == "hang_detected" and e["rank"] == 1 and e["time"] > fault["time"]
+    ]
     assert detected and detected[0]["time"] - fault["time"] < 5
-    released = [e for e in log if e["kind"] == "restart_begin" and e["rank"] == 0]
+    released = [
+        e
+        for e in log
+        if e["kind"] == "restart_begin" and e["rank"] == 0 and e["time"] > fault["time"]
+    ]
     assert released, "rank 0 must have been interrupted"
     assert released[0]["time"] - fault["time"] < HANG_KERNEL_S - 5, (released[0], fault)
+    assert all(1.9 <= e["timeout_s"] < 30 for e in detected)
     assert_identical(final_state(run_dir), reference)
 
 

@@ -112,6 +112,18 @@ def test_summary_numbers_for_one_restart(one_restart: Path) -> None:
     assert s.skipped_lines == 1  # the truncated last line
 
 
+def test_a_commit_known_only_from_its_restore_still_counts(one_restart: Path) -> None:
+    """SIGKILL between the step-5 commit record and its line's write: the restart restores
+    step 5 from storage, which proves that commit (``proven_commit``). A memory restore
+    proves nothing about storage."""
+    events_file = one_restart / "events.jsonl"
+    rows = [json.loads(line) for line in events_file.read_text().splitlines()]
+    rows = [r for r in rows if not (r["kind"] == "checkpoint_committed" and r["step"] == 5)]
+    rows.append(_ev(T0 + 20.1, "checkpoint_load", 0, 7, seconds=0.1, source="memory"))
+    _write(events_file, rows)
+    assert summarize(run_dir=one_restart).checkpoints_committed == 2  # 5 (restored), 10
+
+
 def test_productive_plus_recompute_is_all_step_time(one_restart: Path) -> None:
     s = summarize(run_dir=one_restart)
     assert s.productive_s + sum(r.recompute_s for r in s.restarts) == pytest.approx(10 + 5)
