@@ -9,8 +9,8 @@
   hypervisor's side of a terminated instance (the node's processes killed).
 - ``jobs``: whole scenarios (one Job on a fresh cluster; a node lost at a step) and what to
   read back from them: the tests (tests/pods) and ``bench.node_loss`` run the same ones.
-- ``state``, ``cpu_quota``, ``machine``, ``model``: a run's final state, a slow node's CPU
-  quota, what the emulation needs from the machine, the tiny model every emulated run trains.
+- ``state``, ``slow_node``, ``machine``, ``model``: a run's final state, a slow node's duty
+  cycle, what the emulation needs from the machine, the tiny model every emulated run trains.
 
 Emulated, because they cannot exist here: the API server, the scheduler, EC2, the GPU and EFA.
 Needs root (``ip netns``, ``unshare``).

@@ -201,7 +201,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the pod emulation (tests/pods and bench.node_loss run it): above the manifests it renders
     # and the trainer it starts, below the benchmarks
     ("podsim", "podsim.model", "podsim.machine", "podsim.state"),
-    ("podsim.cluster", "podsim.kube_api", "podsim.cpu_quota"),
+    ("podsim.cluster", "podsim.kube_api", "podsim.slow_node"),
     ("podsim.control_plane",),
     ("podsim.ec2",),
     ("podsim.jobs",),

@@ -35,8 +35,8 @@ from podsim import cluster as emulator
 from podsim import ec2 as ec2_stand_in
 from podsim import jobs
 from podsim.control_plane import EKS, SCALE, ControlPlane
-from podsim.cpu_quota import CpuQuota, cpu_quota_reason
 from podsim.jobs import FAST, ONE_POD, STEPS, TWO_NODES, TWO_PODS
+from podsim.slow_node import SlowNode, slow_node_reason
 from training import exits, startup_check
 from training.checkpoint.layout import committed_steps
 from training.observe.catalog import METRICS_PORT, METRICS_PORT_NAME
@@ -52,7 +52,7 @@ STRAGGLER_EVERY = 3
 STRAGGLER_POLICY = (
     f"--straggler.report_every={STRAGGLER_EVERY}",
     "--straggler.reports=2",
-    # Above the quota'd node's scores (0.03-0.13); a fault-free report on a loaded 2-core
+    # Above the slowed node's scores (0.03-0.13); a fault-free report on a loaded 2-core
     # machine dips below it at times (0.09 once, in steps 1-3) but never twice in a row here.
     "--straggler.threshold=0.3",
     "--straggler.evict=true",
@@ -60,7 +60,7 @@ STRAGGLER_POLICY = (
 """The slow-node test's policy (a report every 3 steps, a node evicted after 2 slow ones);
 the fault-free reference runs with it too, and must evict nothing."""
 SLOW_NODE_TIMEOUTS = ("--resilience.soft_timeout_s=30", "--resilience.hard_timeout_s=60")
-"""The in-process layer's hang timeouts for a node at a tenth of its CPU: its work between
+"""The in-process layer's hang timeouts for a node at a tenth of its speed: its work between
 heartbeats (the checkpoint writer's shutdown after the eviction) runs 10x longer, beyond the
 6 s soft timeout of the other runs, which would read it as a hang."""
 
@@ -528,13 +528,12 @@ def test_a_lost_node_that_comes_back_mid_run_does_not_corrupt_it(
 # --- a slow node (docs/stragglers.md) -------------------------------------------------------------
 
 
-@pytest.mark.requires(reason=cpu_quota_reason())
+@pytest.mark.requires(reason=slow_node_reason())
 def test_a_slow_node_is_cordoned_and_moved_to_a_spare(tmp_path: Path, reference: dict) -> None:
-    """Pod 1's node is CPU-starved once the step-1 checkpoint is committed: every
-    process of the pod, and every process they start later, in one cgroup with a CFS quota of
-    1 ms in every 10 ms (podsim.cpu_quota.CpuQuota; how a throttled container or a slow node's host
-    behaves), in nested mode, the EKS default, with
-    the straggler policy on. Its node is named and evicted: every rank takes the final
+    """Pod 1's node runs at a tenth of its speed once the step-1 checkpoint is committed:
+    every process of the pod, and every process they start later, frozen for 9 ms of every
+    10 ms (podsim.slow_node.SlowNode, which says why not a CFS quota), in nested mode, the EKS
+    default, with the straggler policy on. Its node is named and evicted: every rank takes the final
     checkpoint; pod 1's rank writes the verdict and asks its launcher to leave the rendezvous
     (NVRx ExcludeThisNode), its supervisor cordons the node through the Kubernetes client
     (in-cluster config) and exits NODE_UNFIT; pod 0 keeps its launcher, which restarts its
@@ -555,14 +554,14 @@ def test_a_slow_node_is_cordoned_and_moved_to_a_spare(tmp_path: Path, reference:
         # Once the first checkpoint (step 1) is committed: the first save waits for the pod's
         # NVRx writer process to start (it imports torch), seconds of CPU that a tenth of a
         # CPU would stretch past every timeout. The commit record on disk, not the event (the
-        # event writer flushes every 0.5 s, several debug steps late: the quota then landed in
+        # event writer flushes every 0.5 s, several debug steps late: the slowdown then landed in
         # the middle of a report's window).
         checkpoints = tmp_path / "fsx" / "checkpoints" / render.size_of(TWO_NODES).job_name
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and 1 not in committed_steps(checkpoints):
             time.sleep(0.02)
         pids = pods.netns_pids(state["plane"].pods[1].netns)
-        state["quota"] = CpuQuota(pids, name=f"slow-node-{os.getpid()}")
+        state["slow"] = SlowNode(pids, name=f"slow-node-{os.getpid()}")
 
     try:
         result, job = jobs.run(
@@ -579,15 +578,15 @@ def test_a_slow_node_is_cordoned_and_moved_to_a_spare(tmp_path: Path, reference:
             when_step=(1, slow_down),
             control_plane=plane,
         )
-        throttled = state["quota"].throttled() if "quota" in state else 0
     finally:
-        if "quota" in state:
-            state["quota"].close()
+        if "slow" in state:
+            state["slow"].close()
+    frozen = state["slow"].periods if "slow" in state else 0
     log = jobs.logs(tmp_path)
     events = jobs.events(tmp_path, job)
     reports = {e["step"]: e["nodes"] for e in events if e["kind"] == "straggler_report"}
-    print(f"\n[straggler] scores by step: {reports}; periods throttled: {throttled}")
-    assert throttled > 0, "the quota never stopped the slow pod"
+    print(f"\n[straggler] scores by step: {reports}; periods frozen: {frozen}")
+    assert frozen > 0, "the slow pod was never frozen"
     assert result.status == "Complete", f"{result}\n{log}"
     assert result.exit_codes == {0: [0], 1: [exits.NODE_UNFIT, 0]}, f"{result}\n{log}"
     slow_node, new_node = result.nodes[1]
@@ -596,7 +595,7 @@ def test_a_slow_node_is_cordoned_and_moved_to_a_spare(tmp_path: Path, reference:
     (eviction,) = [e for e in events if e["kind"] == "straggler_eviction"]
     assert eviction["node"] == slow_node and eviction["ranks"] == [1]
     # Evicted at its second slow report in a row (the policy's `reports=2`): steps 4-6 and 7-9
-    # when the quota lands right after step 1; one report later when a loaded machine lets a
+    # when the slowdown lands right after step 1; one report later when a loaded machine lets a
     # step or two of 4-6 through before it does.
     slow = [step for step in sorted(reports) if reports[step].get(slow_node, 1.0) < 0.3]
     assert eviction["step"] in (3 * STRAGGLER_EVERY, 4 * STRAGGLER_EVERY), reports
