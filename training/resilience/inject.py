@@ -206,24 +206,38 @@ class FaultInjector(StepHooks):
             os.fsync(handle.fileno())
 
 
+PROBES = 3
+"""Timed probes that size a native block (their fastest)."""
+
+
 def block_in_native_code(*, seconds: float) -> None:
     """Hold the calling thread in native code for about ``seconds``, with no Python code run
     meanwhile: on a GPU, kernels that spin (``torch.cuda._sleep``, present in torch 2.11 and
     2.13) and a synchronize behind them, as a rank waits behind a stuck kernel or collective;
     on CPU, one scrypt call (C, GIL released, no system call that a signal could interrupt)
-    sized from a short timed one."""
+    sized from short timed ones. The fastest of three probes sizes it: one probe that a busy
+    machine preempted would measure a slower device and cut the block short (a 3 s block
+    once held 1.5 s), where the fastest can only make it longer."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         probe = 1 << 24
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        torch.cuda._sleep(probe)
-        torch.cuda.synchronize()
-        cycles_per_s = probe / max(time.perf_counter() - started, 1e-6)
+
+        def timed_sleep() -> float:
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            torch.cuda._sleep(probe)
+            torch.cuda.synchronize()
+            return time.perf_counter() - started
+
+        cycles_per_s = probe / max(min(timed_sleep() for _ in range(PROBES)), 1e-6)
         torch.cuda._sleep(int(cycles_per_s * seconds))
         torch.cuda.synchronize()
         return
     scrypt = dict(salt=b"hang", n=1 << 14, r=8, maxmem=64 << 20, dklen=8)
-    started = time.perf_counter()
-    hashlib.scrypt(b"probe", p=1, **scrypt)
-    per_lane = max(time.perf_counter() - started, 1e-4)
+
+    def timed_lane() -> float:
+        started = time.perf_counter()
+        hashlib.scrypt(b"probe", p=1, **scrypt)
+        return time.perf_counter() - started
+
+    per_lane = max(min(timed_lane() for _ in range(PROBES)), 1e-4)
     hashlib.scrypt(b"hang", p=max(1, round(seconds / per_lane)), **scrypt)
