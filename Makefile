@@ -138,7 +138,9 @@ format: $(VENV)/.stamp ## Apply ruff's fixes and formatting
 
 # TEST_WORKERS=N runs independent tests side by side on N pytest-xdist processes (tests that share
 # a machine-wide resource carry an xdist_group, tests/conftest.py). Default 0 (one process): on
-# 2 cores two workers took 52 min against 50-58 serial, and timing-bound tests failed under it.
+# 2 cores two workers once took 52 min against 50-58 serial, and timing-bound tests
+# failed under it; on 2026-12-07 a fresh clone's `make test TEST_WORKERS=2` passed once in 22.0
+# min against 30.1 serial. The default moves when two workers pass repeatedly.
 TEST_WORKERS ?= 0
 PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 

@@ -95,6 +95,10 @@ class SlowNode:
         with contextlib.suppress(ProcessLookupError):  # it has exited
             (group / "cgroup.procs").write_text(str(pid))
 
+    @property
+    def cycler_pid(self) -> int | None:
+        return None if self._cycler is None else self._cycler.pid
+
     def pids(self) -> list[int]:
         return [int(p) for p in (self.group / "cgroup.procs").read_text().split()]
 
@@ -121,6 +125,9 @@ def _thaw(state: Path) -> None:
 
 
 def _cycle(*, state: Path, on_s: float, off_s: float) -> int:
+    """Freezes and thaws until SIGTERM, or until the process that started it is gone (a test
+    killed without its ``finally``): then the group is left thawed, never frozen for good."""
+    owner = os.getppid()
     stopped = False
 
     def stop(_signum: int, _frame: object) -> None:
@@ -133,7 +140,7 @@ def _cycle(*, state: Path, on_s: float, off_s: float) -> int:
     os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(50))
     periods = 0
     try:
-        while not stopped:
+        while not stopped and os.getppid() == owner:
             _freeze(state)
             time.sleep(off_s)
             _thaw(state)
@@ -151,7 +158,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--off-us", type=int, required=True)
     args = parser.parse_args(argv)
     periods = _cycle(state=args.state_file, on_s=args.on_us / 1e6, off_s=args.off_us / 1e6)
-    print(periods, flush=True)
+    try:
+        print(periods, flush=True)
+    except BrokenPipeError:  # the owner is gone, and its end of the pipe with it
+        os._exit(0)
 
 
 if __name__ == "__main__":
