@@ -5,10 +5,11 @@ kernel docs, scheduler/sched-bwc.rst) lets a group that was idle spend its quota
 CPU's leftover slice, at full speed. On a CPU rank the straggler detector scores one rank-local
 section, AdamW's ~1.3 ms ``optimizer`` step between two collective waits, so under a quota of
 1 ms per 10 ms the rank's forward and backward ran 10x slower while its optimizer step mostly
-did not: of 60 such 1.6 ms sections after an idle wait, 57 ran unthrottled (measured on this
-machine, kernel 6.18); the detector then missed the node in one report of two. A node that
-runs only ``on_us`` of every ``on_us + off_us`` slows every section alike, as a slow GPU slows
-every kernel: of 60 sections after an idle wait, 58 took ~11 ms.
+did not: of 60 such 1.6 ms sections after an idle wait, 57 ran unthrottled; the detector then
+missed the node in one report of two. A node that runs only ``on_us`` of every
+``on_us + off_us`` slows every section alike, as a slow GPU slows every kernel: of 60 sections
+after an idle wait, 58 took ~11 ms. (A one-off measurement on the development machine, kernel
+6.18: docs/stragglers.md says how; no benchmark here repeats it.)
 
 The freezer cgroup stops the processes without a signal they or their parents could see
 (kernel docs, admin-guide/cgroup-v1/freezer-subsystem.rst; cgroup v2 ``cgroup.freeze``), and
@@ -35,7 +36,7 @@ V2_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
 
 
 def _freezer_root() -> Path | None:
-    if (V1_FREEZER / "freezer.state").exists() or (V1_FREEZER / "tasks").exists():
+    if (V1_FREEZER / "tasks").exists():
         return V1_FREEZER
     for root in V2_ROOTS:
         if (root / "cgroup.controllers").is_file():
